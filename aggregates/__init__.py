@@ -1,0 +1,53 @@
+"""aggbox's library for domain teams: aggregate types, handlers, the message envelope,
+dedup strategies, the store writer, dead letters and parked messages.
+
+It imports neither ``spark`` nor ``dispatcher``."""
+
+from aggregates.aggregate import AggregateType, Emit, Handled, Registry
+from aggregates.deadletters import DeadLetterStore
+from aggregates.dedup import HighWater, Inbox, NoDedup
+from aggregates.envelope import Message, Source
+from aggregates.errors import (
+    AggboxError,
+    ConfigurationError,
+    EnvelopeError,
+    HandlerError,
+    InvalidFieldName,
+    RetryableError,
+    StoreError,
+    UnknownAggregateType,
+    UnknownMessageType,
+)
+from aggregates.ids import emitted_message_id
+from aggregates.outcomes import Outcome, OutcomeCounts
+from aggregates.parking import ParkedStore
+from aggregates.settings import AggboxSettings
+from aggregates.writer import StoreWriter
+
+__all__ = [
+    "AggboxError",
+    "AggboxSettings",
+    "AggregateType",
+    "ConfigurationError",
+    "DeadLetterStore",
+    "Emit",
+    "EnvelopeError",
+    "Handled",
+    "HandlerError",
+    "HighWater",
+    "Inbox",
+    "InvalidFieldName",
+    "Message",
+    "NoDedup",
+    "Outcome",
+    "OutcomeCounts",
+    "ParkedStore",
+    "Registry",
+    "RetryableError",
+    "Source",
+    "StoreError",
+    "StoreWriter",
+    "UnknownAggregateType",
+    "UnknownMessageType",
+    "emitted_message_id",
+]

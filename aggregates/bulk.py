@@ -1,0 +1,51 @@
+"""Unordered bulk writes with per-operation errors.
+
+pymongo's ``bulk_write`` is used for every real server. mongomock (fast unit tests of
+pure logic only) cannot run pymongo ≥ 4.9's bulk operation objects, so for it the same
+operations are replayed one by one with the same error reporting (index + code)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pymongo import DeleteOne, UpdateOne
+from pymongo.collection import Collection
+from pymongo.errors import BulkWriteError, DuplicateKeyError
+
+
+def _is_mongomock(coll: Any) -> bool:
+    return type(coll).__module__.startswith("mongomock")
+
+
+def bulk_write_unordered(coll: Collection[Any], ops: Sequence[UpdateOne | DeleteOne]
+                         ) -> list[dict[str, Any]]:
+    """Run ``ops`` unordered; return the write errors (``{"index", "code", "errmsg"}``)."""
+    if not ops:
+        return []
+    if not _is_mongomock(coll):
+        try:
+            coll.bulk_write(list(ops), ordered=False)
+        except BulkWriteError as exc:
+            return list(exc.details.get("writeErrors", []))
+        return []
+    errors: list[dict[str, Any]] = []
+    for i, op in enumerate(ops):
+        doc: dict[str, Any] = op._doc  # type: ignore[union-attr]
+        try:
+            if isinstance(op, UpdateOne):
+                coll.update_one(op._filter, doc, upsert=bool(op._upsert))
+            else:
+                coll.delete_one(op._filter)
+        except DuplicateKeyError as exc:
+            errors.append({"index": i, "code": 11000, "errmsg": str(exc)})
+    return errors
+
+
+def raise_on_errors(errors: list[dict[str, Any]]) -> None:
+    if errors:
+        from aggregates.errors import StoreError
+
+        e = errors[0]
+        raise StoreError(f"{len(errors)} write(s) failed; first at op {e.get('index')}: "
+                         f"code {e.get('code')}: {e.get('errmsg')}")

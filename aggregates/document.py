@@ -1,0 +1,73 @@
+"""The aggregate document layout (DESIGN.md) and its in-memory snapshot. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from aggregates.dedup import DedupRecord
+
+# Field names of the aggregate document. The dispatcher imports these too.
+F_ID: Final = "_id"
+F_VERSION: Final = "_v"
+F_STATE: Final = "state"
+F_INBOX: Final = "inbox"
+F_INBOX_FLOOR: Final = "inbox_floor"
+F_HW: Final = "hw"
+F_SEQ: Final = "_seq"
+F_OUTBOX: Final = "outbox"
+F_BLOCKED: Final = "_blocked"
+F_TYPE: Final = "_type"
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """What the writer knows of one aggregate document (as read, or as last written)."""
+
+    aggregate_id: str
+    version: int = 0
+    state: dict[str, Any] | None = None
+    dedup: DedupRecord = field(default_factory=DedupRecord)
+    seq: int = 0
+    outbox_ids: list[str] = field(default_factory=list)
+    blocked: dict[str, Any] | None = None
+    size_bytes: int = 0
+
+    @property
+    def exists(self) -> bool:
+        return self.version > 0
+
+
+def _aware(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    return None
+
+
+def snapshot_from_document(doc: Mapping[str, Any] | None, aggregate_id: str) -> Snapshot:
+    """Turn a stored document (or ``None`` for a missing one) into a :class:`Snapshot`."""
+    if doc is None:
+        return Snapshot(aggregate_id=aggregate_id)
+    import bson
+
+    inbox = [
+        [e[0], _aware(e[1]) if len(e) > 1 else None, e[2] if len(e) > 2 else None]
+        for e in doc.get(F_INBOX) or []
+    ]
+    outbox = doc.get(F_OUTBOX) or []
+    return Snapshot(
+        aggregate_id=aggregate_id,
+        version=int(doc.get(F_VERSION, 0)),
+        state=dict(doc.get(F_STATE) or {}),
+        dedup=DedupRecord(
+            inbox=inbox,
+            inbox_floor=_aware(doc.get(F_INBOX_FLOOR)),
+            hw={str(k): int(v) for k, v in (doc.get(F_HW) or {}).items()},
+        ),
+        seq=int(doc.get(F_SEQ, 0)),
+        outbox_ids=[str(e.get("id")) for e in outbox],
+        blocked=doc.get(F_BLOCKED),
+        size_bytes=len(bson.encode(dict(doc))),
+    )

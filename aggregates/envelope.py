@@ -1,0 +1,203 @@
+"""The message envelope: what every input message and every emitted message looks like.
+
+One schema, declared here once (``ENVELOPE_FIELDS``) and shared with the Spark pipeline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from aggregates.errors import EnvelopeError
+from aggregates.fieldnames import check_field_names
+
+MAX_ID_LENGTH: Final = 512
+DEFAULT_MAX_PAYLOAD_BYTES: Final = 512 * 1024
+
+#: The envelope schema, field → (python type name, required). The Spark pipeline derives
+#: its input schema from this table so both sides agree.
+ENVELOPE_FIELDS: Final[dict[str, tuple[str, bool]]] = {
+    "message_id": ("string", True),
+    "type": ("string", True),
+    "aggregate_type": ("string", True),
+    "aggregate_id": ("string", True),
+    "payload": ("object", True),
+    "occurred_at": ("timestamp", False),
+    "source": ("source", False),
+    "correlation_id": ("string", False),
+    "causation_id": ("string", False),
+    "headers": ("map<string,string>", False),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """The aggregate that emitted a message and its position in that aggregate's stream."""
+
+    type: str
+    id: str
+    seq: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"type": self.type, "id": self.id, "seq": self.seq}
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """A validated message envelope. Build it with :meth:`from_dict` from untrusted input."""
+
+    message_id: str
+    type: str
+    aggregate_type: str
+    aggregate_id: str
+    payload: dict[str, Any]
+    occurred_at: datetime | None = None
+    source: Source | None = None
+    correlation_id: str | None = None
+    causation_id: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def aggregate_key(self) -> tuple[str, str]:
+        return (self.aggregate_type, self.aggregate_id)
+
+    @classmethod
+    def from_dict(
+        cls, raw: Any, *, max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES
+    ) -> Message:
+        """Validate an untrusted mapping. Raises :class:`EnvelopeError` naming the field."""
+        if not isinstance(raw, Mapping):
+            raise EnvelopeError("<envelope>", f"expected a JSON object, got {_kind(raw)}")
+        unknown = set(raw) - set(ENVELOPE_FIELDS)
+        if unknown:
+            raise EnvelopeError(sorted(unknown)[0], "unknown envelope field")
+        payload = raw.get("payload")
+        if payload is None:
+            raise EnvelopeError("payload", "is required")
+        if not isinstance(payload, Mapping):
+            raise EnvelopeError("payload", f"must be a JSON object, got {_kind(payload)}")
+        payload = dict(payload)
+        check_field_names(payload, "payload", envelope=True)
+        if max_payload_bytes and _payload_size(payload) > max_payload_bytes:
+            raise EnvelopeError(
+                "payload",
+                f"larger than the limit of {max_payload_bytes} bytes (BSON); split the "
+                "message or raise max_payload_bytes",
+            )
+        headers = raw.get("headers") or {}
+        if not isinstance(headers, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+        ):
+            raise EnvelopeError("headers", "must be an object of string → string")
+        return cls(
+            message_id=_req_str(raw, "message_id"),
+            type=_req_str(raw, "type"),
+            aggregate_type=_req_str(raw, "aggregate_type"),
+            aggregate_id=_req_str(raw, "aggregate_id"),
+            payload=payload,
+            occurred_at=parse_time(raw.get("occurred_at"), "occurred_at"),
+            source=_source(raw.get("source")),
+            correlation_id=_opt_str(raw, "correlation_id"),
+            causation_id=_opt_str(raw, "causation_id"),
+            headers=dict(headers),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The envelope as a JSON-compatible dict (times as ISO-8601 strings)."""
+        out: dict[str, Any] = {
+            "message_id": self.message_id,
+            "type": self.type,
+            "aggregate_type": self.aggregate_type,
+            "aggregate_id": self.aggregate_id,
+            "payload": self.payload,
+        }
+        if self.occurred_at is not None:
+            out["occurred_at"] = self.occurred_at.isoformat()
+        if self.source is not None:
+            out["source"] = self.source.to_dict()
+        if self.correlation_id is not None:
+            out["correlation_id"] = self.correlation_id
+        if self.causation_id is not None:
+            out["causation_id"] = self.causation_id
+        if self.headers:
+            out["headers"] = dict(self.headers)
+        return out
+
+
+def _kind(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def _req_str(raw: Mapping[str, Any], name: str) -> str:
+    value = raw.get(name)
+    if value is None:
+        raise EnvelopeError(name, "is required")
+    if not isinstance(value, str):
+        raise EnvelopeError(name, f"must be a string, got {_kind(value)}")
+    if not value or value.strip() != value:
+        raise EnvelopeError(name, "must be non-empty without surrounding white space")
+    if len(value) > MAX_ID_LENGTH:
+        raise EnvelopeError(name, f"longer than {MAX_ID_LENGTH} characters")
+    return value
+
+
+def _opt_str(raw: Mapping[str, Any], name: str) -> str | None:
+    return None if raw.get(name) is None else _req_str(raw, name)
+
+
+def _source(value: Any) -> Source | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise EnvelopeError("source", f"must be an object {{type, id, seq}}, got {_kind(value)}")
+    seq = value.get("seq")
+    if isinstance(seq, float) and seq.is_integer():
+        seq = int(seq)
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        raise EnvelopeError("source.seq", f"must be an integer ≥ 1, got {seq!r}")
+    return Source(
+        type=_sub_str(value, "type"),
+        id=_sub_str(value, "id"),
+        seq=seq,
+    )
+
+
+def _sub_str(value: Mapping[str, Any], name: str) -> str:
+    try:
+        return _req_str(value, name)
+    except EnvelopeError as exc:
+        raise EnvelopeError(f"source.{name}", exc.reason) from None
+
+
+def parse_time(value: Any, field_name: str) -> datetime | None:
+    """ISO-8601 string, datetime or epoch milliseconds → aware UTC datetime (ms precision,
+    which is what BSON stores)."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        dt = value
+    elif isinstance(value, str):
+        try:
+            dt = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            raise EnvelopeError(field_name, f"not an ISO-8601 time: {value!r}") from None
+    elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        dt = datetime.fromtimestamp(value / 1000.0, tz=UTC)
+    else:
+        raise EnvelopeError(field_name, f"must be an ISO-8601 string, got {_kind(value)}")
+    if dt.tzinfo is None:
+        dt = dt.replace(tzinfo=UTC)
+    dt = dt.astimezone(UTC)
+    return dt.replace(microsecond=dt.microsecond // 1000 * 1000)
+
+
+def _payload_size(payload: dict[str, Any]) -> int:
+    import bson
+
+    try:
+        return len(bson.encode(payload))
+    except Exception as exc:  # non-encodable values (e.g. huge ints)
+        raise EnvelopeError("payload", f"cannot be stored in MongoDB: {exc}") from None

@@ -1,0 +1,78 @@
+"""Every error aggbox raises derives from :class:`AggboxError`.
+
+Messages say what went wrong *and* what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class AggboxError(Exception):
+    """Base of every aggbox error."""
+
+
+class EnvelopeError(AggboxError, ValueError):
+    """A message envelope is invalid. ``field`` names the offending field."""
+
+    def __init__(self, field: str, reason: str) -> None:
+        self.field = field
+        self.reason = reason
+        super().__init__(f"invalid message envelope: field {field!r}: {reason}")
+
+
+class ConfigurationError(AggboxError):
+    """A setting, aggregate definition or registry is wrong."""
+
+
+class UnknownAggregateType(ConfigurationError, KeyError):
+    """No aggregate type with this name is registered."""
+
+    def __init__(self, name: str, known: list[str]) -> None:
+        self.name = name
+        super().__init__(
+            f"unknown aggregate type {name!r}; registered types: {sorted(known)}. "
+            "Register it with Registry.register(...) or pass the module that defines it "
+            "(--aggregates)."
+        )
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class UnknownMessageType(ConfigurationError, KeyError):
+    """The aggregate type has no handler for this message type."""
+
+    def __init__(self, aggregate_type: str, message_type: str, known: list[str]) -> None:
+        self.aggregate_type = aggregate_type
+        self.message_type = message_type
+        super().__init__(
+            f"aggregate type {aggregate_type!r} has no handler for message type "
+            f"{message_type!r}; it handles {sorted(known)}. Add a handler with "
+            f"@<your AggregateType>.handles({message_type!r})."
+        )
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class InvalidFieldName(AggboxError, ValueError):
+    """A document key starts with ``$`` or contains ``.`` (operator injection)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        super().__init__(
+            f"field name at {path!r} starts with '$' or contains '.'; such names could "
+            "become MongoDB operators or update paths. Rename the key in the payload/state."
+        )
+
+
+class HandlerError(AggboxError):
+    """A handler broke its contract (bad return value, non-deterministic output)."""
+
+
+class RetryableError(AggboxError):
+    """Raise from a handler for a transient failure: the batch fails and is retried
+    (by Spark or the caller) instead of dead-lettering the message."""
+
+
+class StoreError(AggboxError):
+    """The store returned something the writer cannot interpret."""

@@ -1,0 +1,337 @@
+"""Applying messages to one aggregate in memory (pure: no I/O, no clock of its own).
+
+The store writer and the in-memory testing helpers both use :func:`fold`, so dedup, outbox
+and parking rules are the same in tests and in production.
+"""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import bson
+
+from aggregates import outcomes as oc
+from aggregates.aggregate import AggregateType, Emit
+from aggregates.dedup import SEQUENCE_GAP, Decision, Inbox, source_key
+from aggregates.document import Snapshot
+from aggregates.envelope import Message
+from aggregates.errors import (
+    AggboxError,
+    HandlerError,
+    InvalidFieldName,
+    RetryableError,
+    UnknownMessageType,
+)
+from aggregates.fieldnames import check_field_names
+from aggregates.ids import emitted_message_id, payload_hash
+from aggregates.outcomes import Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Parked:
+    """A message waiting in the parked store, with why it waits."""
+
+    message: Message
+    reason: str
+    detail: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message that cannot be applied, with the reason code and error text."""
+
+    message: Message | None
+    raw: Any
+    reason: str
+    detail: str | None
+    traceback: str | None = None
+    aggregate_type: str | None = None
+    aggregate_id: str | None = None
+
+
+@dataclass(slots=True)
+class Changes:
+    """What one fold adds to the stored document (appends only; invariant 2)."""
+
+    state: dict[str, Any] | None = None
+    inbox: list[list[object]] = field(default_factory=list)
+    inbox_floor: datetime | None = None
+    hw: dict[str, int] = field(default_factory=dict)
+    outbox: list[dict[str, Any]] = field(default_factory=list)
+    seq: int | None = None
+    blocked: dict[str, Any] | None = None
+
+    @property
+    def empty(self) -> bool:
+        return (
+            self.state is None
+            and not self.inbox
+            and not self.outbox
+            and not self.hw
+            and self.blocked is None
+        )
+
+
+@dataclass(slots=True)
+class FoldResult:
+    snapshot: Snapshot
+    changes: Changes
+    outcomes: list[Outcome]
+    dead_letters: list[DeadLetter]
+    parked: list[Parked]
+    released: list[str]
+
+
+def fold(
+    atype: AggregateType[Any],
+    snap: Snapshot,
+    messages: Sequence[Message],
+    *,
+    now: datetime,
+    parked: Sequence[Parked] = (),
+    max_document_bytes: int = 8 * 1024 * 1024,
+    attempt: int = 1,
+) -> FoldResult:
+    """Apply ``messages`` (in order) to a copy of ``snap``; previously ``parked`` messages
+    of this aggregate are retried first and whenever a sequence gap may have closed.
+
+    Returns the new snapshot, the changes to write, and one outcome per input message (plus
+    outcomes for released parked messages, marked ``from_parked``)."""
+    f = _Folder(atype, snap, now=now, max_bytes=max_document_bytes, attempt=attempt)
+    f.retry_parked(list(parked), first=True)
+    for msg in messages:
+        f.step(msg, from_parked=False)
+    f.finish()
+    return FoldResult(f.snap, f.changes, f.outcomes, f.dead, f.parked, f.released)
+
+
+class _Folder:
+    def __init__(
+        self,
+        atype: AggregateType[Any],
+        snap: Snapshot,
+        *,
+        now: datetime,
+        max_bytes: int,
+        attempt: int,
+    ) -> None:
+        self.atype = atype
+        self.now = now
+        self.max_bytes = max_bytes
+        self.attempt = attempt
+        # Work on a copy so the caller's snapshot stays valid for a retry after a conflict.
+        self.snap = Snapshot(
+            aggregate_id=snap.aggregate_id,
+            version=snap.version,
+            state=snap.state,
+            dedup=type(snap.dedup)(
+                inbox=list(snap.dedup.inbox),
+                inbox_floor=snap.dedup.inbox_floor,
+                hw=dict(snap.dedup.hw),
+            ),
+            seq=snap.seq,
+            outbox_ids=list(snap.outbox_ids),
+            blocked=snap.blocked,
+            size_bytes=snap.size_bytes,
+        )
+        self._floor0 = snap.dedup.inbox_floor
+        self.state_obj: Any = atype.codec.load(snap.state)
+        self.changes = Changes()
+        self.outcomes: list[Outcome] = []
+        self.dead: list[DeadLetter] = []
+        self.parked: list[Parked] = []
+        self.released: list[str] = []
+        self.waiting: list[Parked] = []  # parked and still waiting after a retry
+        self.added_bytes = 0
+
+    # -- outcomes ---------------------------------------------------------------------
+    def _out(self, msg: Message, kind: oc.OutcomeKind, from_parked: bool, reason: str | None = None,
+             detail: str | None = None, emitted: tuple[str, ...] = ()) -> None:
+        self.outcomes.append(
+            Outcome(msg.message_id, msg.aggregate_type, msg.aggregate_id, kind, reason, detail,
+                    emitted, self.attempt, from_parked)
+        )
+        if from_parked and kind != "parked":
+            self.released.append(msg.message_id)
+
+    def _dead(self, msg: Message, from_parked: bool, reason: str, detail: str | None,
+              tb: str | None = None) -> None:
+        self.dead.append(DeadLetter(msg, None, reason, detail, tb, msg.aggregate_type,
+                                    msg.aggregate_id))
+        self._out(msg, "dead_lettered", from_parked, reason, detail)
+
+    def _park(self, msg: Message, from_parked: bool, reason: str, detail: str | None) -> None:
+        p = Parked(msg, reason, detail)
+        if from_parked:
+            self.waiting.append(p)  # still parked: no new outcome, it was counted already
+        else:
+            self.parked.append(p)
+            self._out(msg, "parked", False, reason, detail)
+
+    # -- the step ---------------------------------------------------------------------
+    def step(self, msg: Message, *, from_parked: bool) -> None:
+        if self.snap.blocked is not None:
+            blocker = self.snap.blocked.get("message_id")
+            self._park(msg, from_parked, oc.AGGREGATE_BLOCKED,
+                       f"aggregate blocked by failed message {blocker!r}; release it with "
+                       "`aggbox parked release`")
+            return
+        phash = payload_hash(msg.payload)
+        decision: Decision = self.atype.dedup.decide(self.snap.dedup, msg, phash)
+        if decision.verdict == "duplicate":
+            self._out(msg, "duplicate", from_parked)
+            return
+        if decision.verdict == "dead_letter":
+            self._dead(msg, from_parked, decision.reason or "dedup", decision.detail)
+            return
+        if decision.verdict == "park":
+            self._park(msg, from_parked, decision.reason or "parked", decision.detail)
+            return
+        if len(self.snap.outbox_ids) >= self.atype.max_outbox:
+            self._park(msg, from_parked, oc.OUTBOX_FULL,
+                       f"{len(self.snap.outbox_ids)} entries wait in the outbox (limit "
+                       f"{self.atype.max_outbox}); is the dispatcher running?")
+            return
+        try:
+            handler = self.atype.handler_for(msg.type)
+        except UnknownMessageType as exc:
+            self._dead(msg, from_parked, oc.UNKNOWN_MESSAGE_TYPE, str(exc))
+            return
+        try:
+            result = handler(self.state_obj, msg)
+            new_state, emits = _normalise(result, msg)
+            state_doc = self.atype.codec.dump(new_state)
+            check_field_names(state_doc, "state")
+            entries = self._entries(msg, emits)
+        except RetryableError:
+            raise
+        except InvalidFieldName as exc:
+            self._dead(msg, from_parked, oc.INVALID_STATE, str(exc))
+            return
+        except (HandlerError, _EmitError) as exc:
+            self._dead(msg, from_parked, oc.INVALID_EMIT, str(exc))
+            return
+        except Exception as exc:  # a handler bug: dead-letter, keep going (or block)
+            tb = traceback.format_exc(limit=20)
+            detail = f"{type(exc).__name__}: {exc}"
+            self._dead(msg, from_parked, oc.HANDLER_ERROR, detail, tb)
+            if self.atype.on_handler_error == "park":
+                self.snap.blocked = {"message_id": msg.message_id, "error": detail,
+                                     "at": self.now}
+                self.changes.blocked = self.snap.blocked
+            return
+        if len(self.snap.outbox_ids) + len(entries) > self.atype.max_outbox:
+            self._park(msg, from_parked, oc.OUTBOX_FULL,
+                       f"handling would put {len(self.snap.outbox_ids) + len(entries)} entries "
+                       f"in the outbox (limit {self.atype.max_outbox})")
+            return
+        added = sum(len(bson.encode(e)) for e in entries) + 64 + len(msg.message_id)
+        if self.snap.size_bytes + self.added_bytes + added > self.max_bytes:
+            self._park(msg, from_parked, oc.DOCUMENT_TOO_LARGE,
+                       f"the document would exceed its size budget of {self.max_bytes} bytes; "
+                       "it shrinks as the dispatcher drains the outbox")
+            return
+        self.added_bytes += added
+        # Commit the step in memory.
+        self.state_obj = new_state
+        self.snap.state = state_doc
+        self.changes.state = state_doc
+        dedup = self.snap.dedup
+        self.atype.dedup.record(dedup, msg, msg.occurred_at or self.now, phash)
+        if isinstance(self.atype.dedup, Inbox):
+            self.changes.inbox.append(dedup.inbox[-1])
+        key = source_key(msg)
+        if key is not None and key in dedup.hw:
+            self.changes.hw[key] = dedup.hw[key]
+        self.snap.seq += len(entries)
+        self.snap.outbox_ids.extend(e["id"] for e in entries)
+        self.changes.outbox.extend(entries)
+        self.changes.seq = self.snap.seq
+        self._out(msg, "applied", from_parked, emitted=tuple(e["id"] for e in entries))
+        if key is not None and self.waiting:
+            self.retry_parked([], first=False, source=key)
+
+    def retry_parked(self, candidates: list[Parked], *, first: bool,
+                     source: str | None = None) -> None:
+        if first:
+            pool = sorted(candidates, key=_parked_order)
+        else:
+            pool = [p for p in self.waiting if p.reason == SEQUENCE_GAP
+                    and source_key(p.message) == source]
+            if not pool:
+                return
+            ids = {id(p) for p in pool}
+            self.waiting = [p for p in self.waiting if id(p) not in ids]
+            pool.sort(key=_parked_order)
+        for p in pool:
+            self.step(p.message, from_parked=True)
+
+    def finish(self) -> None:
+        # Record the inbox appends/evictions relative to the snapshot we started from.
+        if self.snap.dedup.inbox_floor != self._floor0:
+            self.changes.inbox_floor = self.snap.dedup.inbox_floor
+        # Messages that were parked before and still wait keep their parked entry as is.
+
+    def _entries(self, msg: Message, emits: Sequence[Emit]) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for i, e in enumerate(emits):
+            if not isinstance(e, Emit):
+                raise _EmitError(f"handler emitted {type(e).__name__}, expected Emit")
+            if not isinstance(e.type, str) or not e.type:
+                raise _EmitError("Emit.type must be a non-empty string")
+            if not isinstance(e.payload, dict):
+                raise _EmitError(f"Emit({e.type!r}).payload must be a dict")
+            try:
+                check_field_names(e.payload, f"emit[{i}].payload")
+            except InvalidFieldName as exc:
+                raise _EmitError(str(exc)) from None
+            seq = self.snap.seq + i + 1
+            entry: dict[str, Any] = {
+                "id": emitted_message_id(self.atype.name, self.snap.aggregate_id,
+                                         msg.message_id, i),
+                "type": e.type,
+                "topic": e.topic or self.atype.topic,
+                "key": e.key or self.snap.aggregate_id,
+                "payload": dict(e.payload),
+                "headers": dict(e.headers),
+                "causation_id": msg.message_id,
+                "correlation_id": msg.correlation_id or msg.message_id,
+                "source": {"type": self.atype.name, "id": self.snap.aggregate_id, "seq": seq},
+                "created_at": self.now,
+            }
+            if e.to is not None:
+                entry["target"] = {"type": e.to[0], "id": e.to[1]}
+            out.append(entry)
+        return out
+
+
+class _EmitError(AggboxError):
+    pass
+
+
+def _parked_order(p: Parked) -> tuple[int, str]:
+    src = p.message.source
+    return (src.seq if src else 0, p.message.message_id)
+
+
+def _normalise(result: Any, msg: Message) -> tuple[Any, Sequence[Emit]]:
+    if isinstance(result, tuple):
+        if len(result) != 2:
+            raise HandlerError(
+                f"handler for {msg.type!r} returned a tuple of {len(result)}; return state "
+                "or (state, [Emit, ...])"
+            )
+        state, emits = result
+        if isinstance(emits, Emit):
+            emits = [emits]
+        if not isinstance(emits, list | tuple):
+            raise HandlerError(f"handler for {msg.type!r} returned emits of type "
+                               f"{type(emits).__name__}; use a list of Emit")
+        return state, emits
+    if result is None:
+        raise HandlerError(f"handler for {msg.type!r} returned None; return the new state")
+    return result, ()

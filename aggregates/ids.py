@@ -1,0 +1,44 @@
+"""Deterministic ids and hashes (pure). DESIGN.md invariant 3."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from datetime import datetime
+from typing import Any, Final
+
+#: Namespace of every id aggbox derives. Never change it: ids would stop matching.
+AGGBOX_NAMESPACE: Final = uuid.UUID("5b1f3c8e-9a47-5d0e-8c3b-2f6a9e41d7c0")
+
+
+def emitted_message_id(
+    aggregate_type: str, aggregate_id: str, causation_id: str, index: int
+) -> str:
+    """The id of the ``index``-th message emitted while handling ``causation_id`` on one
+    aggregate. Same inputs → same id, so re-running a handler after a conflict or a task
+    retry re-emits identical ids and downstream consumers can dedup."""
+    name = json.dumps([aggregate_type, aggregate_id, causation_id, index], separators=(",", ":"))
+    return str(uuid.uuid5(AGGBOX_NAMESPACE, name))
+
+
+def _default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)
+
+
+def payload_hash(payload: dict[str, Any]) -> str:
+    """A short, stable hash of a payload (key order does not matter), kept next to the
+    message id in the inbox to flag a reused id with a different payload."""
+    canon = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=_default)
+    return hashlib.blake2b(canon.encode(), digest_size=6).hexdigest()
+
+
+def raw_message_id(raw: bytes | str) -> str:
+    """An id for input that has no usable ``message_id`` (bad rows): a hash of its bytes, so
+    dead-lettering the same bad row twice stays idempotent."""
+    data = raw.encode() if isinstance(raw, str) else raw
+    return "raw:" + hashlib.blake2b(data, digest_size=16).hexdigest()
