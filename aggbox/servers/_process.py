@@ -187,7 +187,9 @@ class ServerProcess:
         last_error: BaseException | None = None
         while True:
             if not self.is_running():
-                raise self.failure(f"{self.name} exited with code {self.returncode()} {what}")
+                code = self.returncode()
+                self.stop()  # close the pipe and the log, forget it at exit
+                raise self.failure(f"{self.name} exited with code {code} {what}")
             try:
                 if ready():
                     return
