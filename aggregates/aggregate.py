@@ -88,6 +88,11 @@ class StateCodec(Generic[S]):
         )
 
     def dump(self, state: S) -> dict[str, Any]:
+        if isinstance(self._factory, type) and not isinstance(state, self._factory):
+            from aggregates.errors import HandlerError
+
+            raise HandlerError(f"handler returned state of type {type(state).__name__}, "
+                               f"expected {self._factory.__name__}")
         if self._is_dataclass:
             return {k: _plain(getattr(state, k)) for k in self._fields}
         if self._is_pydantic:

@@ -31,10 +31,9 @@ def bulk_write_unordered(coll: Collection[Any], ops: Sequence[UpdateOne | Delete
         return []
     errors: list[dict[str, Any]] = []
     for i, op in enumerate(ops):
-        doc: dict[str, Any] = op._doc  # type: ignore[union-attr]
         try:
             if isinstance(op, UpdateOne):
-                coll.update_one(op._filter, doc, upsert=bool(op._upsert))
+                coll.update_one(op._filter, op._doc, upsert=bool(op._upsert))
             else:
                 coll.delete_one(op._filter)
         except DuplicateKeyError as exc:

@@ -212,8 +212,11 @@ class _Folder:
         except InvalidFieldName as exc:
             self._dead(msg, from_parked, oc.INVALID_STATE, str(exc))
             return
-        except (HandlerError, _EmitError) as exc:
+        except _EmitError as exc:
             self._dead(msg, from_parked, oc.INVALID_EMIT, str(exc))
+            return
+        except HandlerError as exc:
+            self._dead(msg, from_parked, oc.INVALID_RESULT, str(exc))
             return
         except Exception as exc:  # a handler bug: dead-letter, keep going (or block)
             tb = traceback.format_exc(limit=20)

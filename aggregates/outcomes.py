@@ -14,6 +14,7 @@ OUTCOME_KINDS: Final[tuple[OutcomeKind, ...]] = ("applied", "duplicate", "dead_l
 HANDLER_ERROR: Final = "handler_error"
 INVALID_STATE: Final = "invalid_state"
 INVALID_EMIT: Final = "invalid_emit"
+INVALID_RESULT: Final = "invalid_handler_result"
 UNKNOWN_MESSAGE_TYPE: Final = "unknown_message_type"
 UNKNOWN_AGGREGATE_TYPE: Final = "unknown_aggregate_type"
 INVALID_ENVELOPE: Final = "invalid_envelope"

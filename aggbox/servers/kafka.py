@@ -73,6 +73,7 @@ logger.authorizer.level = warn
 def _require_confluent_kafka() -> Any:
     try:
         import confluent_kafka
+        import confluent_kafka.admin
     except ImportError as exc:  # pragma: no cover - the dev environment has it
         raise ServerError(
             "confluent-kafka is needed to talk to the local Kafka broker; "
@@ -293,6 +294,10 @@ def _properties(
         "share.coordinator.state.topic.replication.factor": "1",
         "share.coordinator.state.topic.min.isr": "1",
         "group.initial.rebalance.delay.ms": "0",
+        # after a SIGKILL the restarted broker cannot register until the controller expires
+        # the old registration: keep that wait short (default 9 s)
+        "broker.session.timeout.ms": "3000",
+        "broker.heartbeat.interval.ms": "500",
         "auto.create.topics.enable": "true",
         "message.max.bytes": str(message_max_bytes),
         "log.retention.hours": "168",

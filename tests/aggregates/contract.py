@@ -1,0 +1,364 @@
+"""The store contract: every backend the writer runs on passes the same suite.
+
+Subclasses provide the ``store_db`` fixture (a fresh pymongo-compatible ``Database``).
+Run against mongomock (pure logic, fast), the local server (mongod or mongo-java-server)
+and a real MongoDB replica set when ``AGGBOX_MONGODB_URI`` is set."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pymongo import UpdateOne
+
+from aggregates import AggboxSettings, StoreWriter
+from aggregates import outcomes as oc
+from aggregates.dedup import (
+    BEYOND_DEDUP_HORIZON,
+    DUPLICATE_DIFFERENT_PAYLOAD,
+    HIGH_WATER_MAP_FULL,
+    SEQUENCE_GAP,
+)
+from aggregates.document import F_OUTBOX, F_VERSION
+from aggregates.ids import emitted_message_id
+from tests.aggregates.domain import (
+    Registry,
+    counters,
+    make_counter,
+    msg,
+    oracle,
+    outcomes_add_up,
+    registry,
+    stored,
+)
+
+
+def writer(db: Any, reg: Registry = registry, **settings: Any) -> StoreWriter:
+    w = StoreWriter(db, reg, settings=AggboxSettings(**settings), sleep=lambda s: None)
+    w.ensure_indexes()
+    return w
+
+
+def kinds(outcomes: list[Any]) -> list[str]:
+    return [o.outcome for o in outcomes]
+
+
+class StoreContract:
+    """Behaviour every store backend must show. See DESIGN.md for the invariants."""
+
+    @pytest.fixture
+    def store_db(self) -> Any:  # overridden per backend
+        raise NotImplementedError
+
+    # -- basics and invariant 6 ---------------------------------------------------------
+    def test_applies_in_order_and_counts_add_up(self, store_db: Any) -> None:
+        w = writer(store_db)
+        inputs = [msg("m1", 3), msg("m2", 4), msg("m1", 3), msg("m3", 9, agg="a2")]
+        out = w.process(inputs)
+        assert kinds(out) == ["applied", "applied", "duplicate", "applied"]
+        assert outcomes_add_up(inputs, out)
+        doc = store_db.counters.find_one({"_id": "a1"})
+        assert doc["state"] == {"total": 7, "items": [3, 4]}
+        assert doc[F_VERSION] == 1  # one write for the whole chunk
+        assert stored(store_db) == oracle(inputs)
+
+    def test_redelivered_batch_is_all_duplicates(self, store_db: Any) -> None:
+        w = writer(store_db)
+        inputs = [msg(f"m{i}", i, agg=f"a{i % 3}") for i in range(1, 30)]
+        w.process(inputs)
+        before = stored(store_db)
+        again = w.process(inputs)
+        assert set(kinds(again)) == {"duplicate"}
+        assert stored(store_db) == before
+
+    def test_duplicate_with_different_payload_is_flagged(self, store_db: Any) -> None:
+        w = writer(store_db)
+        w.process([msg("m1", 3)])
+        out = w.process([msg("m1", 5)])
+        assert out[0].outcome == "dead_lettered"
+        assert out[0].reason == DUPLICATE_DIFFERENT_PAYLOAD
+        dl = store_db.aggbox_dead_letters.find_one({"message_id": "m1"})
+        assert dl["reason"] == DUPLICATE_DIFFERENT_PAYLOAD
+        assert store_db.counters.find_one()["state"]["total"] == 3
+
+    # -- inbox window and dedup horizon -------------------------------------------------
+    def test_inbox_window_and_dedup_horizon(self, store_db: Any) -> None:
+        small = make_counter("Small", window=3)
+        w = writer(store_db, Registry([small]))
+        times = [f"2026-01-01T00:00:0{i}Z" for i in range(6)]
+        inputs = [msg(f"m{i}", 1, atype="Small", at=times[i]) for i in range(5)]
+        w.process(inputs)
+        doc = store_db.smalls.find_one()
+        assert [e[0] for e in doc["inbox"]] == ["m2", "m3", "m4"]
+        assert doc["inbox_floor"].replace(tzinfo=None).isoformat() == "2026-01-01T00:00:01"
+        # m0 is evicted and occurred before the floor: cannot be proven new.
+        out = w.process(
+            [
+                msg("m0", 1, atype="Small", at=times[0]),
+                msg("m3", 1, atype="Small", at=times[3]),
+                msg("m9", 1, atype="Small", at=times[5]),
+            ]
+        )
+        assert [(o.outcome, o.reason) for o in out] == [
+            ("dead_lettered", BEYOND_DEDUP_HORIZON),
+            ("duplicate", None),
+            ("applied", None),
+        ]
+        assert store_db.smalls.find_one()["state"]["total"] == 6
+
+    # -- high-water ---------------------------------------------------------------------
+    def test_high_water_monotonic(self, store_db: Any) -> None:
+        w = writer(store_db)
+        src = "Up"
+        out = w.process(
+            [
+                msg("x1", 1, atype="Mono", source=(src, "u1", 1)),
+                msg("x3", 3, atype="Mono", source=(src, "u1", 3)),
+                msg("x2", 2, atype="Mono", source=(src, "u1", 2)),
+                msg("y1", 5, atype="Mono", source=(src, "u.2$", 1)),
+            ]
+        )
+        assert kinds(out) == ["applied", "applied", "duplicate", "applied"]
+        doc = store_db.monos.find_one()
+        assert doc["hw"] == {"Up/u1": 3, "Up/u%2E2%24": 1}  # keys escaped: no injection
+
+    def test_high_water_contiguous_parks_gaps_and_releases_them(self, store_db: Any) -> None:
+        w = writer(store_db)
+        first = w.process(
+            [
+                msg("s1", 1, atype="Seq", source=("Up", "u", 1)),
+                msg("s3", 3, atype="Seq", source=("Up", "u", 3)),
+                msg("s4", 4, atype="Seq", source=("Up", "u", 4)),
+            ]
+        )
+        assert [(o.outcome, o.reason) for o in first] == [
+            ("applied", None),
+            ("parked", SEQUENCE_GAP),
+            ("parked", SEQUENCE_GAP),
+        ]
+        assert store_db.aggbox_parked.count_documents({}) == 2
+        second = w.process([msg("s2", 2, atype="Seq", source=("Up", "u", 2))])
+        mine = [o for o in second if not o.from_parked]
+        released = [o for o in second if o.from_parked]
+        assert kinds(mine) == ["applied"]
+        assert sorted(o.message_id for o in released) == ["s3", "s4"]
+        assert {o.outcome for o in released} == {"applied"}
+        assert store_db.aggbox_parked.count_documents({}) == 0
+        doc = store_db.seqs.find_one()
+        assert doc["state"]["items"] == [1, 2, 3, 4]
+        assert doc["hw"] == {"Up/u": 4}
+
+    def test_high_water_map_is_bounded(self, store_db: Any) -> None:
+        w = writer(store_db)
+        inputs = [msg(f"s{i}", 1, atype="Seq", source=("Up", f"u{i}", 1)) for i in range(4)]
+        out = w.process(inputs)
+        assert kinds(out) == ["applied"] * 3 + ["dead_lettered"]
+        assert out[-1].reason == HIGH_WATER_MAP_FULL
+        assert "max_sources" in (out[-1].detail or "")
+
+    # -- guards ---------------------------------------------------------------------------
+    def test_outbox_backlog_limit_parks_then_resumes(self, store_db: Any) -> None:
+        tight = make_counter("Tight", max_outbox=2)
+        w = writer(store_db, Registry([tight]))
+        out = w.process([msg(f"t{i}", 3, atype="Tight") for i in range(4)])
+        assert [(o.outcome, o.reason) for o in out] == [
+            ("applied", None),
+            ("applied", None),
+            ("parked", oc.OUTBOX_FULL),
+            ("parked", oc.OUTBOX_FULL),
+        ]
+        # The dispatcher drains the outbox; the parked messages go through next time.
+        store_db.tights.update_one(
+            {"_id": "a1"},
+            {
+                "$pull": {
+                    "outbox": {
+                        "id": {"$in": [e["id"] for e in store_db.tights.find_one()["outbox"]]}
+                    }
+                }
+            },
+        )
+        again = w.process([msg("t9", 1, atype="Tight")])
+        assert sorted((o.message_id, o.outcome) for o in again) == [
+            ("t2", "applied"),
+            ("t3", "applied"),
+            ("t9", "parked"),
+        ]  # full again
+        assert store_db.tights.find_one()["state"]["total"] == 12
+
+    def test_document_size_budget_parks_instead_of_failing(self, store_db: Any) -> None:
+        w = writer(store_db, max_document_bytes=64 * 1024)
+        out = w.process(
+            [
+                msg("b1", mtype="Big", payload={"size": 40_000}),
+                msg("b2", mtype="Big", payload={"size": 40_000}),
+            ]
+        )
+        assert [(o.outcome, o.reason) for o in out] == [
+            ("applied", None),
+            ("parked", oc.DOCUMENT_TOO_LARGE),
+        ]
+
+    def test_injection_keys_are_rejected(self, store_db: Any) -> None:
+        w = writer(store_db)
+        out = w.process([msg("i1", mtype="Inject"), msg("i2", mtype="BadEmit"), msg("i3", 2)])
+        assert [(o.outcome, o.reason) for o in out] == [
+            ("dead_lettered", oc.INVALID_STATE),
+            ("dead_lettered", oc.INVALID_EMIT),
+            ("applied", None),
+        ]
+        doc = store_db.counters.find_one()
+        assert "$where" not in doc["state"]
+
+    def test_handler_error_skip_policy(self, store_db: Any) -> None:
+        w = writer(store_db)
+        out = w.process([msg("e1", 1), msg("e2", mtype="Boom"), msg("e3", 2)])
+        assert kinds(out) == ["applied", "dead_lettered", "applied"]
+        dl = store_db.aggbox_dead_letters.find_one({"message_id": "e2"})
+        assert dl["reason"] == oc.HANDLER_ERROR
+        assert "RuntimeError: boom" in dl["error"] and "Traceback" in dl["traceback"]
+
+    def test_handler_error_park_policy_blocks_aggregate_until_released(self, store_db: Any) -> None:
+        strict = make_counter("Strict", on_handler_error="park")
+        w = writer(store_db, Registry([strict]))
+        out = w.process(
+            [
+                msg("p1", 1, atype="Strict"),
+                msg("p2", atype="Strict", mtype="Boom"),
+                msg("p3", 2, atype="Strict"),
+            ]
+        )
+        assert [(o.outcome, o.reason) for o in out] == [
+            ("applied", None),
+            ("dead_lettered", oc.HANDLER_ERROR),
+            ("parked", oc.AGGREGATE_BLOCKED),
+        ]
+        later = w.process([msg("p4", 4, atype="Strict")])
+        assert [(o.outcome, o.reason) for o in later] == [("parked", oc.AGGREGATE_BLOCKED)]
+        # An operator releases the aggregate: clear the block, retry parked messages.
+        store_db.stricts.update_one({"_id": "a1"}, {"$unset": {"_blocked": ""}, "$inc": {"_v": 1}})
+        released = w.retry_parked("Strict", ["a1"])
+        assert sorted((o.message_id, o.outcome) for o in released) == [
+            ("p3", "applied"),
+            ("p4", "applied"),
+        ]
+        assert store_db.stricts.find_one()["state"]["total"] == 7
+
+    def test_unknown_types_are_dead_lettered_not_lost(self, store_db: Any) -> None:
+        w = writer(store_db)
+        inputs = [msg("u1", atype="Nope"), msg("u2", mtype="Nope"), msg("u3", 1)]
+        out = w.process(inputs)
+        assert outcomes_add_up(inputs, out)
+        reasons = {o.message_id: o.reason for o in out}
+        assert reasons == {
+            "u1": oc.UNKNOWN_AGGREGATE_TYPE,
+            "u2": oc.UNKNOWN_MESSAGE_TYPE,
+            "u3": None,
+        }
+
+    def test_dead_letter_write_is_idempotent(self, store_db: Any) -> None:
+        w = writer(store_db)
+        w.process([msg("d1", mtype="Boom")])
+        w.process([msg("d1", mtype="Boom")])
+        docs = list(store_db.aggbox_dead_letters.find({"message_id": "d1"}))
+        assert len(docs) == 1
+        assert docs[0]["attempts"] == 2
+        assert docs[0]["first_seen"] <= docs[0]["last_seen"]
+
+    # -- invariants 1-4 -------------------------------------------------------------------
+    def test_one_conditional_write_per_aggregate_and_appends_only(self, store_db: Any) -> None:
+        seen: list[UpdateOne] = []
+        w = writer(store_db)
+        w.before_write = seen.extend
+        w.process([msg("m1", 3), msg("m2", 6), msg("m3", 1, agg="a2")])
+        assert len(seen) == 2  # invariant 1: one write per aggregate
+        for op in seen:
+            doc = op._doc
+            assert set(op._filter) == {"_id", F_VERSION}
+            assert op._upsert is True
+            assert "outbox" not in doc.get("$set", {}) and "inbox" not in doc.get("$set", {})
+        first = seen[0]._doc
+        assert first["$push"]["outbox"]["$each"][0]["source"]["seq"] == 1
+        assert first["$push"]["inbox"]["$slice"] == -10_000
+
+    def test_pulled_entries_are_never_resurrected(self, store_db: Any) -> None:
+        w = writer(store_db)
+        w.process([msg("m1", 3)])
+        first_id = store_db.counters.find_one()["outbox"][0]["id"]
+
+        def dispatcher_pulls(ops: list[UpdateOne]) -> None:
+            # The dispatcher publishes and pulls between the writer's read and its write.
+            store_db.counters.update_one(
+                {"_id": "a1"}, {"$pull": {F_OUTBOX: {"id": {"$in": [first_id]}}}}
+            )
+
+        w.before_write = dispatcher_pulls
+        w.process([msg("m2", 6)])
+        ids = [e["id"] for e in store_db.counters.find_one()["outbox"]]
+        assert first_id not in ids
+        assert ids == [emitted_message_id("Counter", "a1", "m2", 0)]
+
+    def test_version_conflicts_are_retried_with_same_ids(self, store_db: Any) -> None:
+        w = writer(store_db)
+        rival = writer(store_db)
+        inputs = [msg("m1", 3), msg("m2", 9), msg("m3", 1, agg="a2")]
+        calls = {"n": 0}
+
+        def rival_writes_first(ops: list[UpdateOne]) -> None:
+            calls["n"] += 1
+            if calls["n"] == 1:  # a concurrent task processes the same messages first
+                rival.process(inputs[:2])
+
+        w.before_write = rival_writes_first
+        out = w.process(inputs)
+        assert w.stats.conflicts == 1
+        assert {o.message_id: o.outcome for o in out} == {
+            "m1": "duplicate",
+            "m2": "duplicate",
+            "m3": "applied",
+        }
+        assert stored(store_db) == oracle(inputs)  # same ids, nothing doubled
+
+    def test_conflict_storm_gives_up_by_parking(self, store_db: Any) -> None:
+        w = writer(store_db, max_conflict_retries=2)
+
+        def always_bump(ops: list[UpdateOne]) -> None:
+            store_db.counters.update_one(
+                {"_id": "a1"}, {"$inc": {F_VERSION: 1}, "$set": {"state.total": 0}}, upsert=True
+            )
+
+        w.before_write = always_bump
+        out = w.process([msg("m1", 1), msg("m2", 2)])
+        assert [(o.outcome, o.reason) for o in out] == [("parked", oc.VERSION_CONFLICT)] * 2
+        w.before_write = None
+        again = w.retry_parked("Counter", ["a1"])
+        assert sorted((o.message_id, o.outcome) for o in again) == [
+            ("m1", "applied"),
+            ("m2", "applied"),
+        ]
+
+    def test_hot_aggregate_is_written_in_slices(self, store_db: Any) -> None:
+        w = writer(store_db, slice_messages=50, chunk_messages=120)
+        inputs = [msg(f"h{i}", i % 7) for i in range(500)]
+        out = w.process(inputs)
+        assert kinds(out).count("applied") == 500
+        assert w.stats.writes >= 10  # 500 / 50
+        assert stored(store_db) == oracle(inputs)
+        assert store_db.counters.find_one()["_seq"] == oracle(inputs)["a1"].seq
+
+    def test_emitted_messages_carry_contiguous_source_seq(self, store_db: Any) -> None:
+        w = writer(store_db)
+        w.process([msg("m1", 3), msg("m2", 9)])
+        w.process([msg("m3", 6)])
+        outbox = store_db.counters.find_one()["outbox"]
+        assert [e["source"]["seq"] for e in outbox] == [1, 2, 3, 4]
+        assert {e["source"]["type"] for e in outbox} == {"Counter"}
+        assert [e["causation_id"] for e in outbox] == ["m1", "m2", "m2", "m3"]
+        assert outbox[2]["target"] == {"type": "Counter", "id": "sink"}
+
+    def test_ensure_indexes_is_idempotent(self, store_db: Any) -> None:
+        w = writer(store_db)
+        w.ensure_indexes()
+        names = {ix["name"] for ix in store_db.counters.list_indexes()}
+        assert "aggbox_id_v" in names
+        assert counters.collection == "counters"

@@ -1,0 +1,77 @@
+"""Shared pytest fixtures: the real servers every test suite may use.
+
+Servers are started lazily, once per test session, only when a test requests them:
+
+- ``mongo_server`` — ``AGGBOX_MONGODB_URI`` if set, else a local server (``mongod`` on PATH,
+  else mongo-java-server; ``AGGBOX_LOCAL_MONGO=mjs`` forces the latter). See
+  :mod:`aggbox.servers.mongo`. Its capabilities (``mongo_server.capabilities``) say what the
+  stand-in cannot do.
+- ``kafka_server`` — a real single-node KRaft broker (:mod:`aggbox.servers.kafka`).
+
+Add fixtures below; keep each one small and commented.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+from pymongo.database import Database
+
+from aggbox.servers import LocalKafka, LocalMongo, start_local_kafka, start_local_mongodb
+
+
+@pytest.fixture(scope="session")
+def mongo_server() -> Iterator[LocalMongo]:
+    """The MongoDB of this test session (a handle: ``.uri``, ``.kind``, ``.capabilities``)."""
+    with start_local_mongodb() as server:
+        # Child processes (Spark workers, a dispatcher run as a subprocess) must use this same
+        # server, not start their own in-memory one: hand them the URI through the variable
+        # that start_local_mongodb()/mongodb_uri() honour first.
+        previous = os.environ.get("AGGBOX_MONGODB_URI")
+        os.environ["AGGBOX_MONGODB_URI"] = server.uri
+        try:
+            yield server
+        finally:
+            if previous is None:
+                os.environ.pop("AGGBOX_MONGODB_URI", None)
+            else:
+                os.environ["AGGBOX_MONGODB_URI"] = previous
+
+
+@pytest.fixture(scope="session")
+def mongo_uri(mongo_server: LocalMongo) -> str:
+    """Connection string of :func:`mongo_server`."""
+    return mongo_server.uri
+
+
+@pytest.fixture(scope="session")
+def mongo_client(mongo_uri: str) -> Iterator[MongoClient[dict[str, Any]]]:
+    """One pymongo client for the whole session (clients are thread-safe and pooled)."""
+    client: MongoClient[dict[str, Any]] = MongoClient(mongo_uri)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def db(
+    mongo_client: MongoClient[dict[str, Any]], request: pytest.FixtureRequest
+) -> Iterator[Database[dict[str, Any]]]:
+    """A fresh database for one test, named after it (max. 63 characters), dropped afterwards."""
+    test = re.sub(r"[^A-Za-z0-9_]", "_", request.node.name)[:40]
+    name = f"t_{test}_{uuid.uuid4().hex[:8]}"
+    yield mongo_client[name]
+    mongo_client.drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def kafka_server() -> Iterator[LocalKafka]:
+    """A Kafka broker for the session: ``.bootstrap_servers``; tests may kill/restart it
+    (it comes back on the same ports), but must leave it running."""
+    with start_local_kafka() as server:
+        yield server
