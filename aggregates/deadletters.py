@@ -84,6 +84,14 @@ class DeadLetterStore:
             query["status"] = status
         return list(self.coll.find(query).sort("last_seen", -1).limit(limit))
 
+    def get(self, ids: Sequence[str]) -> list[dict[str, Any]]:
+        """The dead letters whose ``_id`` or ``message_id`` is in ``ids`` (any status)."""
+        wanted = list(ids)
+        if not wanted:
+            return []
+        query = {"$or": [{"_id": {"$in": wanted}}, {"message_id": {"$in": wanted}}]}
+        return list(self.coll.find(query).sort("last_seen", -1))
+
     def counts_by_reason(self) -> dict[str, int]:
         out: dict[str, int] = {}
         for d in self.coll.find({"status": "open"}, {"reason": 1}):

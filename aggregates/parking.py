@@ -90,5 +90,10 @@ class ParkedStore:
             query["reason"] = reason
         return list(self.coll.find(query).sort("parked_at", 1).limit(limit))
 
+    def for_aggregate(self, aggregate_type: str, aggregate_id: str) -> list[dict[str, Any]]:
+        """The parked entries of one aggregate, oldest first."""
+        query = {"aggregate_type": aggregate_type, "aggregate_id": aggregate_id}
+        return list(self.coll.find(query).sort("parked_at", 1))
+
     def count(self) -> int:
         return int(self.coll.count_documents({}))

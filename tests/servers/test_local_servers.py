@@ -231,7 +231,9 @@ def _consume(bootstrap: str, topic: str, count: int) -> list[tuple[str, str]]:
             if msg is None:
                 continue
             assert msg.error() is None, msg.error()
-            received.append((msg.key().decode(), msg.value().decode()))
+            key, value = msg.key(), msg.value()
+            assert isinstance(key, bytes) and isinstance(value, bytes)
+            received.append((key.decode(), value.decode()))
     finally:
         consumer.close()
     return received

@@ -1,0 +1,189 @@
+"""Outbox entry → published record (pure).
+
+The record's value is the input envelope (:class:`aggregates.envelope.Message` as JSON), so
+whatever consumes the broker topic or the JSON Lines directory — another aggbox pipeline in
+particular — reads it with ``Message.from_dict``:
+
+- ``message_id`` = entry id, ``type``, ``payload``;
+- ``aggregate_type``/``aggregate_id`` = the entry's ``target`` when it is addressed to
+  another aggregate, else the emitting aggregate;
+- ``occurred_at`` = ``created_at``; ``source``, ``causation_id``, ``correlation_id``,
+  ``headers`` as stored.
+
+Broker headers carry the ids without parsing the value: :data:`HEADER_NAMES`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final
+
+from aggregates.envelope import Message
+from aggregates.errors import AggboxError, EnvelopeError
+
+__all__ = [
+    "HEADER_NAMES",
+    "InvalidEntry",
+    "OutboundRecord",
+    "build_record",
+    "envelope_json",
+    "render_topic",
+]
+
+H_MESSAGE_ID: Final = "message_id"
+H_TYPE: Final = "type"
+H_CAUSATION_ID: Final = "causation_id"
+H_CORRELATION_ID: Final = "correlation_id"
+H_SOURCE_TYPE: Final = "source_type"
+H_SOURCE_ID: Final = "source_id"
+H_SOURCE_SEQ: Final = "source_seq"
+H_AGGREGATE_TYPE: Final = "aggregate_type"
+H_AGGREGATE_ID: Final = "aggregate_id"
+
+#: Headers set on every record (the entry's own headers are added unless they clash).
+HEADER_NAMES: Final = (
+    H_MESSAGE_ID, H_TYPE, H_CAUSATION_ID, H_CORRELATION_ID, H_SOURCE_TYPE, H_SOURCE_ID,
+    H_SOURCE_SEQ, H_AGGREGATE_TYPE, H_AGGREGATE_ID,
+)
+
+_PLACEHOLDER = re.compile(r"{([^{}]*)}")
+_TEMPLATE_FIELDS: Final = frozenset({"aggregate_type", "target_type", "type", "collection"})
+
+
+class InvalidEntry(AggboxError):
+    """An outbox entry cannot become a record (it is dead-lettered, never retried)."""
+
+    def __init__(self, entry_id: str, reason: str) -> None:
+        self.entry_id = entry_id
+        self.reason = reason
+        super().__init__(f"outbox entry {entry_id!r} cannot be published: {reason}")
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundRecord:
+    """One outbox entry ready for a publisher.
+
+    ``collection``/``document_id`` locate the entry in MongoDB (the emitting aggregate);
+    ``value`` is the JSON envelope; ``headers`` are :data:`HEADER_NAMES` plus the entry's."""
+
+    message_id: str
+    collection: str
+    document_id: Any
+    source_type: str
+    topic: str
+    key: str
+    value: bytes
+    headers: dict[str, str]
+    message: Message
+    created_at: datetime | None = None
+    entry: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def envelope(self) -> dict[str, Any]:
+        return self.message.to_dict()
+
+
+def check_template(template: str) -> None:
+    """Raise :class:`aggregates.errors.ConfigurationError` for an unknown placeholder."""
+    from aggregates.errors import ConfigurationError
+
+    for name in _PLACEHOLDER.findall(template):
+        if name not in _TEMPLATE_FIELDS:
+            raise ConfigurationError(
+                f"topic_template {template!r}: unknown placeholder {{{name}}}; use "
+                f"{', '.join('{' + f + '}' for f in sorted(_TEMPLATE_FIELDS))}"
+            )
+
+
+def render_topic(template: str, *, aggregate_type: str, target_type: str, type: str,
+                 collection: str) -> str:
+    values = {"aggregate_type": aggregate_type, "target_type": target_type, "type": type,
+              "collection": collection}
+    return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), template)
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    return str(value)  # ObjectId, Decimal128, UUID, …
+
+
+def envelope_json(message: Message) -> bytes:
+    """The envelope as compact UTF-8 JSON (one line)."""
+    return json.dumps(message.to_dict(), separators=(",", ":"), ensure_ascii=False,
+                      default=_json_default).encode()
+
+
+def _str_or_none(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def build_record(entry: Mapping[str, Any], *, collection: str, document_id: Any,
+                 source_type: str, topic_template: str) -> OutboundRecord:
+    """Turn one stored outbox entry into a record. Raises :class:`InvalidEntry` when the
+    entry cannot form a valid envelope (a corrupted or hand-edited document)."""
+    entry_id = str(entry.get("id") or "")
+    if not entry_id:
+        raise InvalidEntry("<missing>", "the entry has no id")
+    src = entry.get("source")
+    src_map: Mapping[str, Any] = src if isinstance(src, Mapping) else {}
+    emitter_type = str(src_map.get("type") or source_type)
+    emitter_id = str(src_map.get("id") if src_map.get("id") is not None else document_id)
+    target = entry.get("target")
+    if isinstance(target, Mapping) and target.get("type") and target.get("id") is not None:
+        agg_type, agg_id = str(target["type"]), str(target["id"])
+    else:
+        agg_type, agg_id = emitter_type, emitter_id
+    raw: dict[str, Any] = {
+        "message_id": entry_id,
+        "type": entry.get("type"),
+        "aggregate_type": agg_type,
+        "aggregate_id": agg_id,
+        "payload": entry.get("payload") if entry.get("payload") is not None else {},
+        "occurred_at": entry.get("created_at"),
+        "source": dict(src_map) if src_map else None,
+        "correlation_id": _str_or_none(entry.get("correlation_id")),
+        "causation_id": _str_or_none(entry.get("causation_id")),
+        "headers": entry.get("headers") or {},
+    }
+    try:
+        message = Message.from_dict(raw, max_payload_bytes=0)
+    except EnvelopeError as exc:
+        raise InvalidEntry(entry_id, str(exc)) from None
+    topic = entry.get("topic") or render_topic(
+        topic_template, aggregate_type=emitter_type, target_type=agg_type, type=message.type,
+        collection=collection)
+    headers: dict[str, str] = dict(message.headers)
+    headers.update({
+        H_MESSAGE_ID: message.message_id,
+        H_TYPE: message.type,
+        H_AGGREGATE_TYPE: message.aggregate_type,
+        H_AGGREGATE_ID: message.aggregate_id,
+    })
+    if message.causation_id is not None:
+        headers[H_CAUSATION_ID] = message.causation_id
+    if message.correlation_id is not None:
+        headers[H_CORRELATION_ID] = message.correlation_id
+    if message.source is not None:
+        headers[H_SOURCE_TYPE] = message.source.type
+        headers[H_SOURCE_ID] = message.source.id
+        headers[H_SOURCE_SEQ] = str(message.source.seq)
+    key = entry.get("key")
+    return OutboundRecord(
+        message_id=message.message_id,
+        collection=collection,
+        document_id=document_id,
+        source_type=emitter_type,
+        topic=str(topic),
+        key=str(key) if key not in (None, "") else emitter_id,
+        value=envelope_json(message),
+        headers=headers,
+        message=message,
+        created_at=message.occurred_at,
+        entry=entry,
+    )

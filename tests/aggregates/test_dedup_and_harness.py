@@ -1,0 +1,152 @@
+"""Pure logic: dedup decisions, outbox id derivation, the in-memory testing harness."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+
+import pytest
+
+from aggregates import (
+    AggregateType,
+    ConfigurationError,
+    Emit,
+    HandlerError,
+    HighWater,
+    Inbox,
+    Message,
+    NoDedup,
+    Registry,
+    UnknownAggregateType,
+    emitted_message_id,
+)
+from aggregates.dedup import DedupRecord
+from aggregates.ids import payload_hash
+from aggregates.testing import AggregateHarness, message
+from tests.aggregates.domain import counters, msg
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def test_emitted_ids_are_deterministic_and_distinct() -> None:
+    a = emitted_message_id("Order", "o1", "m1", 0)
+    assert a == emitted_message_id("Order", "o1", "m1", 0)
+    others = {emitted_message_id(*k) for k in [("Order", "o1", "m1", 1), ("Order", "o2", "m1", 0),
+                                                ("Order", "o1", "m2", 0), ("Orde", "ro1", "m1", 0)]}
+    assert a not in others and len(others) == 4
+
+
+def test_payload_hash_ignores_key_order() -> None:
+    assert payload_hash({"a": 1, "b": [1, 2]}) == payload_hash({"b": [1, 2], "a": 1})
+    assert payload_hash({"a": 1}) != payload_hash({"a": 2})
+
+
+def test_inbox_decisions() -> None:
+    inbox = Inbox(window=2)
+    rec = DedupRecord()
+    m1, m2, m3 = msg("m1"), msg("m2", at="2026-01-01T00:00:05Z"), msg("m3")
+    assert inbox.decide(rec, m1, "h1").verdict == "apply"
+    inbox.record(rec, m1, T0, "h1")
+    assert inbox.decide(rec, m1, "h1").verdict == "duplicate"
+    assert inbox.decide(rec, m1, "h2").verdict == "dead_letter"
+    inbox.record(rec, m2, m2.occurred_at or T0, "h")
+    inbox.record(rec, m3, T0.replace(second=9), "h")
+    assert rec.inbox_floor == T0  # m1 evicted
+    assert [e[0] for e in rec.inbox] == ["m2", "m3"]
+    late = msg("m0", at="2025-12-31T00:00:00Z")
+    assert inbox.decide(rec, late, "h").reason == "beyond_dedup_horizon"
+    undated = msg("mx", at=None)
+    assert inbox.decide(rec, undated, "h").reason == "beyond_dedup_horizon"
+
+
+def test_high_water_decisions() -> None:
+    rec = DedupRecord()
+    mono, cont = HighWater(), HighWater(mode="contiguous")
+    m = msg("s2", source=("Up", "u", 2))
+    assert mono.decide(rec, m, "h").verdict == "apply"
+    assert cont.decide(rec, m, "h").reason == "sequence_gap"
+    assert mono.decide(rec, msg("x"), "h").reason == "missing_source"
+    mono.record(rec, m, T0, "h")
+    assert mono.decide(rec, msg("s1", source=("Up", "u", 1)), "h").verdict == "duplicate"
+    assert NoDedup().decide(rec, m, "h").verdict == "apply"
+    with pytest.raises(ConfigurationError):
+        HighWater(mode="sometimes")  # type: ignore[arg-type]
+
+
+def test_registry_errors_say_what_to_do() -> None:
+    reg = Registry([counters])
+    with pytest.raises(UnknownAggregateType) as info:
+        reg.get("Nope")
+    assert "registered types: ['Counter']" in str(info.value)
+    with pytest.raises(ConfigurationError, match="already has a handler"):
+        counters.handles("Add")(lambda s, m: s)
+    with pytest.raises(ConfigurationError, match="registered twice"):
+        reg.register(AggregateType("Counter", state=dict))
+
+
+# -- the harness ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Account:
+    balance: int = 0
+
+
+accounts = AggregateType("Account", state=Account)
+
+
+@accounts.handles("Deposited")
+def deposited(state: Account, m: Message) -> Account:
+    return replace(state, balance=state.balance + m.payload["amount"])
+
+
+@accounts.handles("Withdrawn")
+def withdrawn(state: Account, m: Message) -> tuple[Account, list[Emit]]:
+    amount = m.payload["amount"]
+    if amount > state.balance:
+        return state, [Emit("WithdrawalRefused", {"amount": amount})]
+    return replace(state, balance=state.balance - amount), []
+
+
+def test_harness_given_when_then() -> None:
+    h = AggregateHarness(accounts, aggregate_id="acc-1")
+    h.given(message("Deposited", {"amount": 50}, to=accounts, id="acc-1"))
+    refused = message("Withdrawn", {"amount": 80}, to=accounts, id="acc-1")
+    step = h.when(refused)
+    assert step.outcome == "applied"
+    assert step.emitted_types == ["WithdrawalRefused"]
+    assert step.emitted[0]["id"] == emitted_message_id("Account", "acc-1", refused.message_id, 0)
+    assert h.state.balance == 50
+    assert h.when(refused).outcome == "duplicate"  # same rules as the real writer
+    assert [e["type"] for e in h.dispatch()] == ["WithdrawalRefused"]
+    assert h.version == 2
+
+
+def test_harness_catches_impure_handlers() -> None:
+    counter = {"n": 0}
+    impure = AggregateType("Impure", state=dict)
+
+    @impure.handles("Tick")
+    def tick(state: dict[str, int], m: Message) -> dict[str, int]:
+        counter["n"] += 1
+        return {"n": counter["n"]}  # depends on outside state: not deterministic
+
+    h = AggregateHarness(impure)
+    with pytest.raises(HandlerError, match="not deterministic"):
+        h.when(message("Tick", to=impure, id="test-1"))
+
+    mutating = AggregateType("Mutating", state=dict)
+
+    @mutating.handles("Tick")
+    def mutate(state: dict[str, int], m: Message) -> dict[str, int]:
+        state["n"] = state.get("n", 0) + 1
+        return state
+
+    h2 = AggregateHarness(mutating)
+    h2.snapshot.state = {"n": 1}
+    with pytest.raises(HandlerError, match="mutated"):
+        h2.when(message("Tick", to=mutating, id="test-1"))
+
+
+def test_harness_given_fails_loudly() -> None:
+    h = AggregateHarness(accounts, aggregate_id="acc-1")
+    with pytest.raises(Exception, match="was dead_lettered"):
+        h.given(message("Nope", to=accounts, id="acc-1"))

@@ -1,0 +1,74 @@
+"""Envelope validation: every bad input names the field and the reason."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from aggregates import EnvelopeError, Message
+
+
+def raw(**over: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {"message_id": "m1", "type": "Add", "aggregate_type": "Counter",
+                            "aggregate_id": "a1", "payload": {"n": 1}}
+    base.update(over)
+    return {k: v for k, v in base.items() if v is not ...}
+
+
+def test_valid_envelope_round_trips() -> None:
+    m = Message.from_dict(raw(occurred_at="2026-01-02T03:04:05.123456Z",
+                              source={"type": "Up", "id": "u1", "seq": 7},
+                              correlation_id="c", headers={"h": "v"}))
+    assert m.occurred_at is not None and m.occurred_at.microsecond == 123000  # BSON ms
+    assert m.source is not None and m.source.seq == 7
+    assert Message.from_dict(m.to_dict()) == m
+
+
+@pytest.mark.parametrize(
+    ("bad", "field", "reason"),
+    [
+        (raw(message_id=...), "message_id", "is required"),
+        (raw(message_id=5), "message_id", "must be a string, got int"),
+        (raw(message_id=" x"), "message_id", "non-empty"),
+        (raw(type=""), "type", "non-empty"),
+        (raw(aggregate_id=None), "aggregate_id", "is required"),
+        (raw(payload=...), "payload", "is required"),
+        (raw(payload=[1, 2]), "payload", "must be a JSON object, got list"),
+        (raw(payload="{}"), "payload", "must be a JSON object, got str"),
+        (raw(payload={"$set": 1}), "payload.$set", "operator injection"),
+        (raw(payload={"a": {"b.c": 1}}), "payload.a.b.c", "operator injection"),
+        (raw(payload={"a": [{"$x": 1}]}), "payload.a[0].$x", "operator injection"),
+        (raw(occurred_at="yesterday"), "occurred_at", "not an ISO-8601 time"),
+        (raw(occurred_at=True), "occurred_at", "must be an ISO-8601 string"),
+        (raw(source={"type": "Up", "id": "u"}), "source.seq", "integer ≥ 1"),
+        (raw(source={"type": "Up", "id": "u", "seq": 0}), "source.seq", "integer ≥ 1"),
+        (raw(source={"id": "u", "seq": 1}), "source.type", "is required"),
+        (raw(source="Up/u/1"), "source", "must be an object"),
+        (raw(headers={"a": 1}), "headers", "string → string"),
+        (raw(extra=1), "extra", "unknown envelope field"),
+        ("not an object", "<envelope>", "expected a JSON object, got str"),
+        (raw(message_id="x" * 600), "message_id", "longer than"),
+    ],
+)
+def test_invalid_envelopes_name_the_field(bad: Any, field: str, reason: str) -> None:
+    with pytest.raises(EnvelopeError) as info:
+        Message.from_dict(bad)
+    assert info.value.field == field
+    assert reason in info.value.reason
+    assert field in str(info.value)
+
+
+def test_huge_payload_is_rejected_with_the_limit() -> None:
+    with pytest.raises(EnvelopeError) as info:
+        Message.from_dict(raw(payload={"blob": "x" * 2_000_000}))
+    assert info.value.field == "payload"
+    assert "524288" in info.value.reason
+    assert Message.from_dict(raw(payload={"blob": "x" * 2_000_000}), max_payload_bytes=4_000_000)
+
+
+def test_epoch_millis_and_naive_times_become_utc() -> None:
+    m = Message.from_dict(raw(occurred_at=1_767_225_600_000))
+    assert m.occurred_at is not None and m.occurred_at.isoformat() == "2026-01-01T00:00:00+00:00"
+    n = Message.from_dict(raw(occurred_at="2026-01-01T00:00:00"))
+    assert n.occurred_at == m.occurred_at
