@@ -26,6 +26,33 @@ def dead_letter_id(letter: DeadLetter) -> str:
     return raw_message_id(repr(letter.raw))
 
 
+def dead_letter_update(letter: DeadLetter, *, now: datetime
+                       ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The ``(filter, update)`` of the idempotent upsert that records ``letter`` — shared
+    with writers that use another client (the dispatcher's async one), so every dead letter
+    has the same shape."""
+    msg = letter.message
+    return (
+        {"_id": dead_letter_id(letter)},
+        {
+            "$setOnInsert": {"first_seen": now},
+            "$set": {
+                "message_id": msg.message_id if msg else None,
+                "aggregate_type": letter.aggregate_type,
+                "aggregate_id": letter.aggregate_id,
+                "message": msg.to_dict() if msg else None,
+                "raw": None if msg else _raw_text(letter.raw),
+                "reason": letter.reason,
+                "error": letter.detail,
+                "traceback": letter.traceback,
+                "last_seen": now,
+                "status": "open",
+            },
+            "$inc": {"attempts": 1},
+        },
+    )
+
+
 class DeadLetterStore:
     """Reads and writes ``aggbox_dead_letters`` (name configurable)."""
 
@@ -40,32 +67,16 @@ class DeadLetterStore:
     def write(self, letters: Sequence[DeadLetter], *, now: datetime) -> None:
         if not letters:
             return
-        ops = []
-        for dl in letters:
-            msg = dl.message
-            ops.append(
-                UpdateOne(
-                    {"_id": dead_letter_id(dl)},
-                    {
-                        "$setOnInsert": {"first_seen": now},
-                        "$set": {
-                            "message_id": msg.message_id if msg else None,
-                            "aggregate_type": dl.aggregate_type,
-                            "aggregate_id": dl.aggregate_id,
-                            "message": msg.to_dict() if msg else None,
-                            "raw": None if msg else _raw_text(dl.raw),
-                            "reason": dl.reason,
-                            "error": dl.detail,
-                            "traceback": dl.traceback,
-                            "last_seen": now,
-                            "status": "open",
-                        },
-                        "$inc": {"attempts": 1},
-                    },
-                    upsert=True,
-                )
-            )
+        ops = [UpdateOne(*dead_letter_update(dl, now=now), upsert=True) for dl in letters]
         _raise_on_errors(bulk_write_unordered(self.coll, ops))
+
+    def get(self, ids: Sequence[str]) -> list[dict[str, Any]]:
+        """The dead letters whose ``_id`` or ``message_id`` is in ``ids`` (any status)."""
+        wanted = list(ids)
+        if not wanted:
+            return []
+        query = {"$or": [{"_id": {"$in": wanted}}, {"message_id": {"$in": wanted}}]}
+        return list(self.coll.find(query).sort("last_seen", -1))
 
     def list(
         self,
@@ -83,14 +94,6 @@ class DeadLetterStore:
         if status:
             query["status"] = status
         return list(self.coll.find(query).sort("last_seen", -1).limit(limit))
-
-    def get(self, ids: Sequence[str]) -> list[dict[str, Any]]:
-        """The dead letters whose ``_id`` or ``message_id`` is in ``ids`` (any status)."""
-        wanted = list(ids)
-        if not wanted:
-            return []
-        query = {"$or": [{"_id": {"$in": wanted}}, {"message_id": {"$in": wanted}}]}
-        return list(self.coll.find(query).sort("last_seen", -1))
 
     def counts_by_reason(self) -> dict[str, int]:
         out: dict[str, int] = {}

@@ -101,11 +101,20 @@ def fold(
 
     Returns the new snapshot, the changes to write, and one outcome per input message (plus
     outcomes for released parked messages, marked ``from_parked``)."""
-    f = _Folder(atype, snap, now=now, max_bytes=max_document_bytes, attempt=attempt)
-    f.retry_parked(list(parked), first=True)
-    for msg in messages:
-        f.step(msg, from_parked=False)
-    f.finish()
+    # Fast path: state validation and the size budget are checked once, on the result. If
+    # that check fails, the fold is redone strictly (per message) to find the culprit(s);
+    # both passes are pure, so the redo sees exactly the same inputs.
+    for strict in (False, True):
+        f = _Folder(atype, snap, now=now, max_bytes=max_document_bytes, attempt=attempt,
+                    strict=strict)
+        try:
+            f.retry_parked(list(parked), first=True)
+            for msg in messages:
+                f.step(msg, from_parked=False)
+            f.finish()
+        except _NeedStrict:
+            continue
+        break
     return FoldResult(f.snap, f.changes, f.outcomes, f.dead, f.parked, f.released)
 
 
@@ -118,8 +127,11 @@ class _Folder:
         now: datetime,
         max_bytes: int,
         attempt: int,
+        strict: bool = True,
     ) -> None:
         self.atype = atype
+        self.strict = strict
+        self.applied = False
         self.now = now
         self.max_bytes = max_bytes
         self.attempt = attempt
@@ -139,6 +151,7 @@ class _Folder:
             size_bytes=snap.size_bytes,
         )
         self._floor0 = snap.dedup.inbox_floor
+        self._state0_bytes = len(bson.encode(snap.state)) if snap.state else 0
         self.state_obj: Any = atype.codec.load(snap.state)
         self.changes = Changes()
         self.outcomes: list[Outcome] = []
@@ -204,8 +217,10 @@ class _Folder:
         try:
             result = handler(self.state_obj, msg)
             new_state, emits = _normalise(result, msg)
-            state_doc = self.atype.codec.dump(new_state)
-            check_field_names(state_doc, "state")
+            state_doc: dict[str, Any] | None = None
+            if self.strict:
+                state_doc = self.atype.codec.dump(new_state)
+                check_field_names(state_doc, "state")
             entries = self._entries(msg, emits)
         except RetryableError:
             raise
@@ -232,17 +247,19 @@ class _Folder:
                        f"handling would put {len(self.snap.outbox_ids) + len(entries)} entries "
                        f"in the outbox (limit {self.atype.max_outbox})")
             return
-        added = sum(len(bson.encode(e)) for e in entries) + 64 + len(msg.message_id)
-        if self.snap.size_bytes + self.added_bytes + added > self.max_bytes:
-            self._park(msg, from_parked, oc.DOCUMENT_TOO_LARGE,
-                       f"the document would exceed its size budget of {self.max_bytes} bytes; "
-                       "it shrinks as the dispatcher drains the outbox")
-            return
-        self.added_bytes += added
+        if self.strict:
+            added = _entries_size(entries) + _INBOX_ENTRY_BYTES + len(msg.message_id)
+            if self._size_with(state_doc) + added > self.max_bytes:
+                self._park(msg, from_parked, oc.DOCUMENT_TOO_LARGE,
+                           f"the document would exceed its size budget of {self.max_bytes} "
+                           "bytes; it shrinks as the dispatcher drains the outbox")
+                return
+            self.added_bytes += added
+            self.snap.state = state_doc
+            self.changes.state = state_doc
         # Commit the step in memory.
+        self.applied = True
         self.state_obj = new_state
-        self.snap.state = state_doc
-        self.changes.state = state_doc
         dedup = self.snap.dedup
         self.atype.dedup.record(dedup, msg, msg.occurred_at or self.now, phash)
         if isinstance(self.atype.dedup, Inbox):
@@ -273,7 +290,27 @@ class _Folder:
         for p in pool:
             self.step(p.message, from_parked=True)
 
+    def _size_with(self, state_doc: dict[str, Any] | None) -> int:
+        # The stored size, adjusted by the state's growth and what this fold appended.
+        if state_doc is None:
+            return self.snap.size_bytes + self.added_bytes
+        new_state = len(bson.encode(state_doc))
+        return self.snap.size_bytes - self._state0_bytes + new_state + self.added_bytes
+
     def finish(self) -> None:
+        if not self.strict and self.applied:
+            try:
+                state_doc = self.atype.codec.dump(self.state_obj)
+                check_field_names(state_doc, "state")
+            except (InvalidFieldName, HandlerError):
+                raise _NeedStrict() from None
+            self.added_bytes = (_entries_size(self.changes.outbox)
+                                + len(self.changes.inbox) * _INBOX_ENTRY_BYTES)
+            if self._size_with(state_doc) > self.max_bytes:
+                raise _NeedStrict()
+            self.snap.state = state_doc
+            self.changes.state = state_doc
+        self.snap.size_bytes = self._size_with(self.snap.state if self.applied else None)
         # Record the inbox appends/evictions relative to the snapshot we started from.
         if self.snap.dedup.inbox_floor != self._floor0:
             self.changes.inbox_floor = self.snap.dedup.inbox_floor
@@ -314,6 +351,17 @@ class _Folder:
 
 class _EmitError(AggboxError):
     pass
+
+
+class _NeedStrict(Exception):
+    """The fast pass found a problem only a per-message pass can attribute."""
+
+
+_INBOX_ENTRY_BYTES = 64
+
+
+def _entries_size(entries: list[dict[str, Any]]) -> int:
+    return len(bson.encode({"e": entries})) if entries else 0
 
 
 def _parked_order(p: Parked) -> tuple[int, str]:

@@ -81,6 +81,11 @@ class ParkedStore:
         if ops:
             _raise_on_errors(bulk_write_unordered(self.coll, ops))
 
+    def for_aggregate(self, aggregate_type: str, aggregate_id: str) -> list[dict[str, Any]]:
+        """The parked entries of one aggregate, oldest first."""
+        query = {"aggregate_type": aggregate_type, "aggregate_id": aggregate_id}
+        return list(self.coll.find(query).sort("parked_at", 1))
+
     def list(self, *, aggregate_type: str | None = None, reason: str | None = None,
              limit: int = 100) -> list[dict[str, Any]]:
         query: dict[str, Any] = {}
@@ -89,11 +94,6 @@ class ParkedStore:
         if reason:
             query["reason"] = reason
         return list(self.coll.find(query).sort("parked_at", 1).limit(limit))
-
-    def for_aggregate(self, aggregate_type: str, aggregate_id: str) -> list[dict[str, Any]]:
-        """The parked entries of one aggregate, oldest first."""
-        query = {"aggregate_type": aggregate_type, "aggregate_id": aggregate_id}
-        return list(self.coll.find(query).sort("parked_at", 1))
 
     def count(self) -> int:
         return int(self.coll.count_documents({}))

@@ -117,6 +117,9 @@ class AggboxSettings(SectionSettings):
     chunk_messages: int = Field(5000, ge=1, description="Messages buffered per chunk at most.")
     slice_messages: int = Field(1000, ge=1, description="Messages of one aggregate per write; "
                                 "a hot aggregate is written in several slices.")
+    pipeline_depth: int = Field(2, ge=1, le=8, description="Chunks processed concurrently "
+                                "(disjoint aggregates only): handlers of one chunk run while "
+                                "another waits for MongoDB. 1 = strictly sequential.")
     max_conflict_retries: int = Field(10, ge=0, description="Re-read/re-apply rounds after "
                                       "version conflicts before the messages are parked.")
     conflict_backoff_ms: float = Field(5.0, ge=0, description="First backoff after a conflict; "

@@ -11,6 +11,7 @@ dedup, outbox and parking rules as the real writer (both use :func:`aggregates.f
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -137,10 +138,9 @@ class AggregateHarness(Generic[S]):
         codec = self.atype.codec
         probe = codec.load(self.snapshot.state)
         before = _freeze(codec.dump(probe))
-        try:
+        # The fold reports handler errors; only mutation matters here.
+        with contextlib.suppress(Exception):
             self.atype.handler_for(msg.type)(probe, msg)
-        except Exception:
-            pass  # the fold reports handler errors; only mutation matters here
         if _freeze(codec.dump(probe)) != before:
             raise HandlerError(f"handler for {msg.type!r} mutated the state it was given; "
                                "return a new state instead (frozen dataclasses help)")

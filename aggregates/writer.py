@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
-from collections import OrderedDict
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -106,6 +108,13 @@ class WriterStats:
     writes: int = 0
     conflicts: int = 0
     rounds: int = 0
+    read_s: float = 0.0
+    fold_s: float = 0.0
+    write_s: float = 0.0
+
+    def merge(self, other: WriterStats) -> None:
+        for name in self.__slots__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 class StoreWriter:
@@ -133,6 +142,7 @@ class StoreWriter:
         self.dead_letters = DeadLetterStore(db, collection=self.settings.dead_letter_collection)
         self.parking = ParkedStore(db, collection=self.settings.parked_collection)
         self.stats = WriterStats()
+        self._stats_lock = threading.Lock()
         self._rng = random.Random()
 
     # -- set-up -----------------------------------------------------------------------
@@ -157,9 +167,38 @@ class StoreWriter:
         return list(self.process_iter(messages))
 
     def process_iter(self, messages: Iterable[Message]) -> Iterator[Outcome]:
-        """Streaming variant with memory bounded by the chunk size."""
+        """Streaming variant with memory bounded by ``pipeline_depth`` chunks.
+
+        Chunks whose aggregates are disjoint are processed concurrently (``pipeline_depth``
+        threads), so one chunk's handlers run while another waits for MongoDB. Outcomes
+        come out in chunk order. A chunk that shares an aggregate with one in flight waits
+        for it: per aggregate, writes stay strictly ordered."""
+        depth = self.settings.pipeline_depth
+        if depth <= 1:
+            for works, dead in self._chunks(messages):
+                yield from self._flush(works, dead)
+            return
+        inflight: deque[tuple[Future[list[Outcome]], set[tuple[str, str]]]] = deque()
+        with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="aggbox-writer") as pool:
+            try:
+                for works, dead in self._chunks(messages):
+                    keys = {(w.atype.name, w.aggregate_id) for w in works}
+                    while inflight and (len(inflight) >= depth
+                                        or any(keys & k for _, k in inflight)):
+                        yield from inflight.popleft()[0].result()
+                    inflight.append((pool.submit(self._flush, works, dead), keys))
+                while inflight:
+                    yield from inflight.popleft()[0].result()
+            finally:
+                for fut, _ in inflight:
+                    fut.cancel()
+
+    def _chunks(self, messages: Iterable[Message]
+                ) -> Iterator[tuple[list[_Work], list[DeadLetter]]]:
+        """Cut the input into chunks of at most ``chunk_aggregates`` aggregates and about
+        ``chunk_messages`` messages."""
         s = self.settings
-        chunk: OrderedDict[tuple[str, str], _Work] = OrderedDict()
+        chunk: dict[tuple[str, str], _Work] = {}
         pending_dead: list[DeadLetter] = []
         n = 0
         for msg in messages:
@@ -172,25 +211,27 @@ class StoreWriter:
             key = (atype.name, msg.aggregate_id)
             work = chunk.get(key)
             if work is None:
+                if len(chunk) >= s.chunk_aggregates or n >= s.chunk_messages:
+                    yield list(chunk.values()), pending_dead
+                    chunk, pending_dead, n = {}, [], 0
                 work = chunk[key] = _Work(atype, msg.aggregate_id)
             work.messages.append(msg)
             n += 1
-            if n >= s.chunk_messages or len(chunk) >= s.chunk_aggregates:
-                yield from self._flush(list(chunk.values()), pending_dead)
-                chunk.clear()
-                pending_dead = []
-                n = 0
+            if n >= s.chunk_messages * 4:
+                # A hot aggregate: do not buffer without bound waiting for its end.
+                yield list(chunk.values()), pending_dead
+                chunk, pending_dead, n = {}, [], 0
         if chunk or pending_dead:
-            yield from self._flush(list(chunk.values()), pending_dead)
+            yield list(chunk.values()), pending_dead
 
     def retry_parked(self, aggregate_type: str, aggregate_ids: Sequence[str]) -> list[Outcome]:
         """Process these aggregates with no new input: their parked messages are retried."""
         atype = self.registry.get(aggregate_type)
-        return list(self._flush([_Work(atype, a) for a in aggregate_ids], []))
+        return self._flush([_Work(atype, a) for a in aggregate_ids], [])
 
     # -- one chunk --------------------------------------------------------------------
-    def _flush(self, works: list[_Work], dead: list[DeadLetter]) -> Iterator[Outcome]:
-        self.stats.chunks += 1
+    def _flush(self, works: list[_Work], dead: list[DeadLetter]) -> list[Outcome]:
+        st = WriterStats(chunks=1)
         now = self.clock()
         outcomes: list[Outcome] = [
             Outcome(d.message.message_id if d.message else "", d.aggregate_type or "",
@@ -205,13 +246,15 @@ class StoreWriter:
         for cname, cworks in by_coll.items():
             self._process_collection(self.db[cname], cworks, now, outcomes, dead,
                                      parked_new.setdefault(cname, []),
-                                     released.setdefault(cname, []))
+                                     released.setdefault(cname, []), st)
         # Side records after the aggregate writes. A crash in between leaves the input
         # unacknowledged; re-running it re-derives the same decisions (idempotent).
         self.dead_letters.write(dead, now=now)
         for cname in by_coll:
             self.parking.apply(cname, parked_new[cname], released[cname], now=now)
-        yield from outcomes
+        with self._stats_lock:
+            self.stats.merge(st)
+        return outcomes
 
     def _process_collection(
         self,
@@ -222,21 +265,25 @@ class StoreWriter:
         dead: list[DeadLetter],
         parked_new: list[Parked],
         released: list[tuple[str, str]],
+        st: WriterStats,
     ) -> None:
         s = self.settings
         ids = [w.aggregate_id for w in works]
+        t0 = time.perf_counter()
         snaps = self._read(coll, ids)
         parked = self.parking.load(coll.name, ids)
+        st.read_s += time.perf_counter() - t0
         for w in works:
             w.parked = parked.get(w.aggregate_id, [])
         active = {w.aggregate_id: w for w in works}
         attempt_round = 0
         while active:
             attempt_round += 1
-            self.stats.rounds += 1
+            st.rounds += 1
             ops: list[UpdateOne] = []
             op_work: list[tuple[_Work, FoldResult, int]] = []
             settled: list[_Work] = []
+            t0 = time.perf_counter()
             for w in active.values():
                 end = w.pos + s.slice_messages
                 batch = w.messages[w.pos:end]
@@ -252,17 +299,20 @@ class StoreWriter:
                 ops.append(build_update(w.atype, snaps[w.aggregate_id], res.changes))
             for w in settled:
                 del active[w.aggregate_id]
+            t1 = time.perf_counter()
+            st.fold_s += t1 - t0
             if not ops:
                 continue
             if self.before_write is not None:
                 self.before_write(ops)
             conflicted = self._bulk(coll, ops)
-            self.stats.writes += len(ops) - len(conflicted)
+            st.write_s += time.perf_counter() - t1
+            st.writes += len(ops) - len(conflicted)
             retry_ids: list[str] = []
             for i, (w, res, n) in enumerate(op_work):
                 if i in conflicted:
                     w.conflicts += 1
-                    self.stats.conflicts += 1
+                    st.conflicts += 1
                     if w.conflicts > s.max_conflict_retries:
                         self._give_up(w, outcomes, parked_new)
                         del active[w.aggregate_id]

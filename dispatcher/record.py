@@ -30,6 +30,7 @@ __all__ = [
     "InvalidEntry",
     "OutboundRecord",
     "build_record",
+    "check_template",
     "envelope_json",
     "render_topic",
 ]

@@ -43,6 +43,7 @@ import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
@@ -103,14 +104,31 @@ class MongoCapabilities:
 
     @classmethod
     def replica_set(cls) -> MongoCapabilities:
-        return cls(True, True, True, True, True, True)
+        """A real replica set member or ``mongos``: everything."""
+        return cls(
+            change_streams=True,
+            change_streams_complete=True,
+            change_streams_await=True,
+            sessions=True,
+            transactions=True,
+            enforces_16mb=True,
+        )
 
     @classmethod
     def standalone(cls) -> MongoCapabilities:
-        return cls(False, False, False, True, False, True)
+        """A standalone ``mongod``: no oplog, hence no change streams and no transactions."""
+        return cls(
+            change_streams=False,
+            change_streams_complete=False,
+            change_streams_await=False,
+            sessions=True,
+            transactions=False,
+            enforces_16mb=True,
+        )
 
     @classmethod
     def mongo_java_server(cls) -> MongoCapabilities:
+        """mongo-java-server with its oplog: partial change streams, no sessions, no 16 MB."""
         return cls(
             change_streams=True,
             change_streams_complete=False,
@@ -233,7 +251,7 @@ def _mode() -> str:
     return mode
 
 
-def start_local_mongodb(*, timeout: float = 60.0, java_options: tuple[str, ...] = ()) -> LocalMongo:
+def start_local_mongodb(*, timeout: float = 60.0, java_options: Sequence[str] = ()) -> LocalMongo:
     """The MongoDB to use: ``AGGBOX_MONGODB_URI``, else a new local server (see module doc).
 
     ``timeout`` bounds the start of a local server (not the first Maven resolution);
@@ -283,7 +301,7 @@ def _ping(uri: str) -> bool:
         client.close()
 
 
-def _start_mjs(timeout: float, java_options: tuple[str, ...]) -> LocalMongo:
+def _start_mjs(timeout: float, java_options: Sequence[str]) -> LocalMongo:
     java = maven.java_executable()
     jars = maven.resolve_classpath(_MJS_POM)
     classes = maven.compile_java(_MJS_LAUNCHER, jars)

@@ -7,6 +7,7 @@ Kafka: a real KRaft broker, including a crash (SIGKILL) and a graceful restart.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -148,7 +149,7 @@ def test_local_server_exits_when_its_parent_dies() -> None:
         "import time\n"
         "from aggbox.servers import start_local_mongodb\n"
         "m = start_local_mongodb()\n"
-        "print(m.uri, flush=True)\n"
+        "print(m.uri, m.work_dir, flush=True)\n"
         "time.sleep(600)\n"
     )
     child = subprocess.Popen(
@@ -156,9 +157,11 @@ def test_local_server_exits_when_its_parent_dies() -> None:
     )
     try:
         assert child.stdout is not None
-        uri = child.stdout.readline().strip()
+        line = child.stdout.readline()
+        assert len(line.split()) == 2, f"child printed {line!r} instead of '<uri> <work dir>'"
+        uri, work_dir = line.split()
         port = urlparse(uri).port
-        assert port is not None, f"child printed no URI: {uri!r}"
+        assert port is not None, uri
         assert _process.port_accepts(port)
     finally:
         child.kill()
@@ -167,6 +170,45 @@ def test_local_server_exits_when_its_parent_dies() -> None:
     while _process.port_accepts(port) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _process.port_accepts(port), "the server outlived its parent"
+    shutil.rmtree(work_dir, ignore_errors=True)  # nobody else will: its owner was killed
+
+
+def test_sidecar_stops_a_server_that_does_not_watch_stdin(tmp_path: Path) -> None:
+    """The mechanism used for mongod: a sidecar terminates it when its owner is SIGKILLed."""
+    script = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from aggbox.servers._process import ServerProcess\n"
+        "p = ServerProcess('sleeper', ['sleep', '600'], Path(sys.argv[1]), watch_stdin=False)\n"
+        "p.start()\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, str(tmp_path / "sleeper.log")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        pid = int(child.stdout.readline())
+        os.kill(pid, 0)  # running
+    finally:
+        child.kill()
+        child.wait()
+    deadline = time.monotonic() + 20
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid), "the server outlived its owner"
+
+
+def _alive(pid: int) -> bool:
+    """Running and not a zombie (an orphan's zombie lingers until its new parent reaps it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 # --------------------------------------------------------------------------- Maven cache

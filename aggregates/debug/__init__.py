@@ -1,0 +1,55 @@
+"""Notebook debugging helpers and operator actions (no Spark needed; pandas only for the
+functions that return DataFrames — ``pip install aggbox[notebook]``).
+
+- :func:`load_aggregate` → :class:`AggregateView`: state, ``_v``, inbox, high-water marks,
+  pending outbox, ``_blocked`` and parked messages of one aggregate.
+- :func:`replay` / :func:`replay_steps`: fold messages one at a time in memory, one row per
+  outcome with the state changes; nothing is written.
+- :func:`trace`: a message's causation chain through the outcome audit log.
+- :func:`dead_letters`, :func:`parked_messages`: listings as DataFrames.
+- :func:`replay_dead_letters`, :func:`release_aggregate`: what ``aggbox deadletters replay``
+  and ``aggbox parked release`` do.
+"""
+
+from aggregates.debug._deps import MissingDependency
+from aggregates.debug.diff import MISSING, state_diff
+from aggregates.debug.listing import (
+    DEAD_LETTER_COLUMNS,
+    PARKED_COLUMNS,
+    dead_letter_record,
+    dead_letters,
+    parked_messages,
+    parked_record,
+)
+from aggregates.debug.redrive import DeadLetterReplay, replay_dead_letters
+from aggregates.debug.release import ReleaseResult, clear_block, release_aggregate
+from aggregates.debug.replay import REPLAY_COLUMNS, ReplayRun, ReplayStep, replay, replay_steps
+from aggregates.debug.trace import Trace, trace
+from aggregates.debug.view import AggregateView, InboxEntry, load_aggregate
+
+__all__ = [
+    "DEAD_LETTER_COLUMNS",
+    "MISSING",
+    "PARKED_COLUMNS",
+    "REPLAY_COLUMNS",
+    "AggregateView",
+    "DeadLetterReplay",
+    "InboxEntry",
+    "MissingDependency",
+    "ReleaseResult",
+    "ReplayRun",
+    "ReplayStep",
+    "Trace",
+    "clear_block",
+    "dead_letter_record",
+    "dead_letters",
+    "load_aggregate",
+    "parked_messages",
+    "parked_record",
+    "release_aggregate",
+    "replay",
+    "replay_dead_letters",
+    "replay_steps",
+    "state_diff",
+    "trace",
+]

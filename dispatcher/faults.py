@@ -1,0 +1,118 @@
+"""Fault injection for crash and recovery tests. Inert unless configured.
+
+``AGGBOX_DISPATCHER_FAULT`` holds comma-separated rules ``point:action[@n]``: at the n-th
+time (default 1st) the dispatcher reaches ``point``, ``action`` happens.
+
+Points (in the order one batch goes through them):
+
+- ``stream_open`` — a change stream is about to be opened;
+- ``before_publish`` — records are about to go to the publisher;
+- ``after_publish`` — the broker acknowledged, nothing pulled yet;
+- ``after_pull`` — entries pulled from the outbox, resume token not yet saved;
+- ``after_checkpoint`` — resume token saved.
+
+Actions:
+
+- ``kill`` — SIGKILL this process (as ``kill -9`` would);
+- ``exit`` — ``os._exit(70)`` without any clean-up;
+- ``history_lost`` — raise ``OperationFailure`` code 286 (ChangeStreamHistoryLost), which
+  mongo-java-server never produces by itself;
+- ``invalid_token`` — raise ``OperationFailure`` code 260 (InvalidResumeToken).
+
+Example: ``AGGBOX_DISPATCHER_FAULT=after_publish:kill@3`` kills the process right after the
+third batch was acknowledged by the broker and before it was pulled.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from collections import Counter
+from dataclasses import dataclass
+from typing import Final, Literal
+
+from pymongo.errors import OperationFailure
+
+from aggregates.errors import ConfigurationError
+
+__all__ = ["FAULT_ENV", "POINTS", "FaultRule", "Faults"]
+
+log = logging.getLogger("aggbox.dispatcher.faults")
+
+FAULT_ENV: Final = "AGGBOX_DISPATCHER_FAULT"
+POINTS: Final = ("stream_open", "before_publish", "after_publish", "after_pull",
+                 "after_checkpoint")
+Action = Literal["kill", "exit", "history_lost", "invalid_token"]
+ACTIONS: Final = ("kill", "exit", "history_lost", "invalid_token")
+
+CHANGE_STREAM_HISTORY_LOST: Final = 286
+INVALID_RESUME_TOKEN: Final = 260
+
+
+@dataclass(frozen=True, slots=True)
+class FaultRule:
+    point: str
+    action: Action
+    at: int = 1
+
+
+class Faults:
+    """The configured rules and how often each point was reached."""
+
+    def __init__(self, rules: list[FaultRule] | None = None) -> None:
+        self.rules = list(rules or [])
+        self.hits: Counter[str] = Counter()
+
+    @classmethod
+    def parse(cls, spec: str | None) -> Faults:
+        rules: list[FaultRule] = []
+        for part in (spec or "").split(","):
+            part = part.strip()
+            if not part:
+                continue
+            point, _, rest = part.partition(":")
+            action, _, count = rest.partition("@")
+            if point not in POINTS or action not in ACTIONS:
+                raise ConfigurationError(
+                    f"{FAULT_ENV}: bad rule {part!r}; use point:action[@n] with point in "
+                    f"{POINTS} and action in {ACTIONS}"
+                )
+            try:
+                at = int(count) if count else 1
+            except ValueError:
+                raise ConfigurationError(f"{FAULT_ENV}: bad count in {part!r}") from None
+            rules.append(FaultRule(point, action, at))  # type: ignore[arg-type]
+        return cls(rules)
+
+    @classmethod
+    def from_env(cls) -> Faults:
+        return cls.parse(os.environ.get(FAULT_ENV))
+
+    def add(self, point: str, action: Action, at: int = 1) -> None:
+        """Arm a rule at run time (in-process tests); ``at`` counts from now."""
+        self.rules.append(FaultRule(point, action, self.hits[point] + at))
+
+    def hit(self, point: str) -> None:
+        """Called by the dispatcher at each point; does nothing unless a rule matches."""
+        if not self.rules:
+            return
+        self.hits[point] += 1
+        n = self.hits[point]
+        for rule in self.rules:
+            if rule.point == point and rule.at == n:
+                self._act(rule)
+
+    def _act(self, rule: FaultRule) -> None:
+        log.warning("fault injection: %s at %s (hit %d)", rule.action, rule.point, rule.at)
+        if rule.action == "kill":
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+        elif rule.action == "exit":
+            os._exit(70)
+        elif rule.action == "history_lost":
+            raise OperationFailure("injected: change stream history lost",
+                                   code=CHANGE_STREAM_HISTORY_LOST)
+        elif rule.action == "invalid_token":
+            raise OperationFailure("injected: invalid resume token", code=INVALID_RESUME_TOKEN)

@@ -1,0 +1,35 @@
+"""Publishers: where outbox entries go. See :mod:`dispatcher.publishers.base` for the
+interface (and how to add one)."""
+
+from __future__ import annotations
+
+from dispatcher.publishers.base import Publisher, PublisherError, PublishResult, PublishStatus
+from dispatcher.settings import DispatcherSettings
+
+__all__ = [
+    "PublishResult",
+    "PublishStatus",
+    "Publisher",
+    "PublisherError",
+    "create_publisher",
+]
+
+
+def create_publisher(settings: DispatcherSettings) -> Publisher:
+    """The publisher named by ``settings.publisher`` (not started yet)."""
+    if settings.publisher == "kafka":
+        from dispatcher.publishers.kafka import KafkaPublisher
+
+        return KafkaPublisher(settings.kafka_bootstrap_servers, config=settings.kafka_config,
+                              delivery_timeout_s=settings.kafka_delivery_timeout_s)
+    if settings.publisher == "jsonl":
+        from dispatcher.publishers.jsonl import JsonLinesPublisher
+
+        return JsonLinesPublisher(settings.jsonl_dir)
+    if settings.publisher == "stdout":
+        from dispatcher.publishers.stdout import StdoutPublisher
+
+        return StdoutPublisher()
+    raise PublisherError(  # unreachable through settings validation
+        f"unknown publisher {settings.publisher!r}; use kafka, jsonl or stdout"
+    )

@@ -1,0 +1,205 @@
+"""Kafka through confluent-kafka (librdkafka): idempotent producer, ``acks=all``.
+
+Idempotence keeps records of one partition in produce order across the producer's own
+retries, and every record is keyed (by the emitting aggregate's id by default), so the
+records of one aggregate reach their partition in emission order.
+
+``publish`` produces every record, then waits for all delivery reports (served by a
+background thread calling ``poll``). Broker outages are retried inside librdkafka until
+``delivery_timeout_s``; what then still fails comes back *retryable* and the dispatcher backs
+off. Records the broker will never accept (too large, invalid topic name, policy) come back
+*permanent* and are dead-lettered."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from dispatcher.publishers.base import PublisherError, PublishResult
+from dispatcher.record import OutboundRecord
+
+__all__ = ["KafkaPublisher", "valid_topic_name"]
+
+log = logging.getLogger("aggbox.dispatcher.kafka")
+
+_TOPIC_RE: Final = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+# librdkafka error codes (confluent_kafka.KafkaError) that no retry will fix.
+_TOO_LARGE: Final = frozenset({10, 18})  # MSG_SIZE_TOO_LARGE, RECORD_LIST_TOO_LARGE
+_INVALID_TOPIC: Final = frozenset({17})  # TOPIC_EXCEPTION
+_REJECTED: Final = frozenset({87, 44, -186})  # INVALID_RECORD, POLICY_VIOLATION, _INVALID_ARG
+_FATAL: Final = -150
+
+#: Settings the dispatcher's guarantees depend on; ``kafka_config`` cannot override them.
+FORCED_CONFIG: Final[Mapping[str, Any]] = {"enable.idempotence": True, "acks": "all"}
+
+
+def valid_topic_name(topic: str) -> bool:
+    """Kafka's rule: 1–249 of ``[A-Za-z0-9._-]``, not ``.`` or ``..``."""
+    return bool(_TOPIC_RE.match(topic)) and topic not in (".", "..")
+
+
+def classify(code: int, text: str) -> PublishResult:
+    """A librdkafka error → the dispatcher's view of it."""
+    if code in _TOO_LARGE:
+        return PublishResult.permanent("message_too_large", text)
+    if code in _INVALID_TOPIC:
+        return PublishResult.permanent("invalid_topic", text)
+    if code in _REJECTED:
+        return PublishResult.permanent("rejected_by_broker", text)
+    return PublishResult.retryable(text)
+
+
+class _Batch:
+    """Collects the delivery reports of one ``publish`` call (reports arrive on the poll
+    thread; the waiting coroutine is woken through the event loop)."""
+
+    def __init__(self, n: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.results: list[PublishResult | None] = [None] * n
+        self.remaining = n
+        self.loop = loop
+        self.done = loop.create_future()
+        self._lock = threading.Lock()
+        if n == 0:
+            self.done.set_result(None)
+
+    def settle(self, index: int, result: PublishResult) -> None:
+        with self._lock:
+            if self.results[index] is not None:
+                return
+            self.results[index] = result
+            self.remaining -= 1
+            finished = self.remaining == 0
+        if finished:
+            self.loop.call_soon_threadsafe(self._finish)
+
+    def _finish(self) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+
+    def report(self, index: int, err: Any, _msg: Any) -> None:
+        if err is None:
+            self.settle(index, PublishResult.ok())
+        else:
+            self.settle(index, classify(err.code(), err.str()))
+
+
+class KafkaPublisher:
+    """See the module documentation. ``config`` adds librdkafka settings (e.g. security)."""
+
+    name = "kafka"
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        config: Mapping[str, Any] | None = None,
+        delivery_timeout_s: float = 60.0,
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.delivery_timeout_s = delivery_timeout_s
+        self.config: dict[str, Any] = {
+            "bootstrap.servers": bootstrap_servers,
+            "linger.ms": 5,
+            "batch.num.messages": 10_000,
+            "queue.buffering.max.messages": 200_000,
+            "message.timeout.ms": int(delivery_timeout_s * 1000),
+            "max.in.flight.requests.per.connection": 5,
+            "reconnect.backoff.max.ms": 2000,
+            "log_level": 4,
+            **dict(config or {}),
+            **FORCED_CONFIG,
+        }
+        self._producer: Any = None
+        self._closing = threading.Event()
+        self._fatal: str | None = None
+        self._thread: threading.Thread | None = None
+
+    async def start(self) -> None:
+        try:
+            import confluent_kafka
+        except ImportError as exc:
+            raise PublisherError(
+                "the kafka publisher needs confluent-kafka: pip install 'aggbox[dispatcher]'"
+            ) from exc
+        try:
+            self._producer = confluent_kafka.Producer({**self.config,
+                                                      "error_cb": self._on_error})
+        except confluent_kafka.KafkaException as exc:
+            raise PublisherError(
+                f"invalid Kafka producer configuration: {exc}; check kafka_config"
+            ) from exc
+        self._closing.clear()
+        self._thread = threading.Thread(target=self._poll_loop, name="aggbox-kafka-poll",
+                                        daemon=True)
+        self._thread.start()
+
+    def _on_error(self, err: Any) -> None:
+        if err.fatal():
+            self._fatal = err.str()
+            log.error("kafka producer fatal error: %s; the producer is recreated", err.str())
+        else:
+            log.debug("kafka client error: %s", err.str())
+
+    def _poll_loop(self) -> None:
+        producer = self._producer
+        while not self._closing.is_set():
+            producer.poll(0.05)
+
+    async def _recreate_if_fatal(self) -> None:
+        if self._fatal is None:
+            return
+        self._fatal = None
+        await self.close()
+        await self.start()
+
+    async def publish(self, records: Sequence[OutboundRecord]) -> list[PublishResult]:
+        if self._producer is None:
+            raise PublisherError("KafkaPublisher.publish called before start()")
+        await self._recreate_if_fatal()
+        import confluent_kafka
+
+        loop = asyncio.get_running_loop()
+        batch = _Batch(len(records), loop)
+        producer = self._producer
+        for i, r in enumerate(records):
+            if not valid_topic_name(r.topic):
+                batch.settle(i, PublishResult.permanent(
+                    "invalid_topic", f"{r.topic!r} is not a valid Kafka topic name "
+                    "(1-249 of A-Z a-z 0-9 . _ -)"))
+                continue
+            headers = [(k, v.encode()) for k, v in r.headers.items()]
+            while True:
+                try:
+                    producer.produce(r.topic, value=r.value, key=r.key.encode(),
+                                     headers=headers,
+                                     on_delivery=lambda err, msg, i=i: batch.report(i, err, msg))
+                    break
+                except BufferError:  # local queue full: let the poll thread drain it
+                    await asyncio.sleep(0.005)
+                except confluent_kafka.KafkaException as exc:
+                    err = exc.args[0]
+                    batch.settle(i, classify(err.code(), err.str()))
+                    break
+        try:
+            await asyncio.wait_for(asyncio.shield(batch.done), self.delivery_timeout_s + 30)
+        except TimeoutError:
+            for i in range(len(records)):
+                batch.settle(i, PublishResult.retryable("no delivery report in time"))
+        return [r if r is not None else PublishResult.retryable("no report")
+                for r in batch.results]
+
+    async def close(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is None:
+            return
+        self._closing.set()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join)
+            self._thread = None
+        # Outstanding records were reported already (publish waits for all of them).
+        await asyncio.to_thread(producer.flush, 5.0)

@@ -1,0 +1,178 @@
+"""Following a collection's change stream, and the resume-token checkpoints.
+
+Contract with the server (it holds for MongoDB and for mongo-java-server):
+
+- ``full_document="updateLookup"``; we match on ``operationType`` and
+  ``fullDocument.outbox`` only, never on ``updateDescription`` (mongo-java-server has none,
+  and on MongoDB ``outbox`` vs ``outbox.N`` keys in ``updatedFields`` are not stable);
+- the stream is read with ``try_next`` and a ``batch_size``; after an empty read we pause
+  ourselves (``pacing``): mongo-java-server's ``getMore`` answers at once instead of
+  waiting, so ``async for`` would spin. On MongoDB ``max_await_time_ms`` makes the server
+  wait for the same time and no extra pause is added;
+- a plain ``watch()`` fails on mongo-java-server ("operationTime missing"), so a new stream
+  always gets ``start_at_operation_time`` (from the server, see :func:`server_time`) or
+  ``resume_after``. Resume tokens are opaque: stored and handed back, never inspected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import calendar
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from bson import Timestamp
+from pymongo.asynchronous.change_stream import AsyncChangeStream
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.asynchronous.database import AsyncDatabase
+
+from aggregates.document import F_OUTBOX
+
+__all__ = [
+    "CHANGE_STREAMS_UNSUPPORTED",
+    "TOKEN_UNUSABLE",
+    "Checkpoints",
+    "StreamBatch",
+    "StreamFollower",
+    "server_time",
+]
+
+#: Server error codes meaning "this resume token cannot be used any more": history lost
+#: (286), fatal change-stream error (280), invalid resume token (260), bad value/parse (2, 9).
+TOKEN_UNUSABLE: Final = frozenset({286, 280, 260, 2, 9})
+#: "$changeStream is only supported on replica sets" and friends: poll instead.
+CHANGE_STREAMS_UNSUPPORTED: Final = frozenset({40573, 40324, 115})
+
+PIPELINE: Final[list[dict[str, Any]]] = [
+    {"$match": {
+        "operationType": {"$in": ["insert", "update", "replace"]},
+        f"fullDocument.{F_OUTBOX}.0": {"$exists": True},
+    }},
+]
+
+
+async def server_time(db: AsyncDatabase[Any]) -> Timestamp:
+    """A start point for a new stream, taken *before* the sweep that accompanies it.
+
+    The ``operationTime`` of a ``ping`` when the server reports one (replica sets); else
+    (mongo-java-server) the server's ``localTime`` rounded down to the second — replaying a
+    few events rather than missing one."""
+    reply = await db.client.admin.command("ping")
+    op_time = reply.get("operationTime")
+    if isinstance(op_time, Timestamp):
+        return op_time
+    hello = await db.client.admin.command("isMaster")
+    local = hello.get("localTime")
+    if isinstance(local, datetime):
+        return Timestamp(calendar.timegm(local.utctimetuple()), 0)
+    return Timestamp(int(time.time()), 0)
+
+
+class Checkpoints:
+    """Resume tokens in ``aggbox_dispatcher_checkpoints``, one document per collection."""
+
+    def __init__(self, coll: AsyncCollection[Any], key: str) -> None:
+        self.coll = coll
+        self.key = key
+        self._last: Any = None
+
+    async def load(self) -> Mapping[str, Any] | None:
+        doc = await self.coll.find_one({"_id": self.key})
+        token = doc.get("token") if doc else None
+        self._last = token
+        return token if isinstance(token, Mapping) else None
+
+    async def save(self, token: Mapping[str, Any] | None, *, owner: str) -> bool:
+        """Persist ``token`` unless it is the one saved last. ``True`` when written."""
+        if token is None or token == self._last:
+            return False
+        await self.coll.update_one(
+            {"_id": self.key},
+            {"$set": {"token": dict(token), "owner": owner, "updated_at": datetime.now(UTC)}},
+            upsert=True,
+        )
+        self._last = dict(token)
+        return True
+
+    async def clear(self) -> None:
+        await self.coll.delete_one({"_id": self.key})
+        self._last = None
+
+
+@dataclass(slots=True)
+class StreamBatch:
+    documents: list[Mapping[str, Any]]
+    events: int
+    newest: Timestamp | None
+
+
+class StreamFollower:
+    """An open change stream on one collection, read in paced batches."""
+
+    def __init__(self, coll: AsyncCollection[Any], *, batch_size: int, pacing_s: float) -> None:
+        self.coll = coll
+        self.batch_size = batch_size
+        self.pacing_s = pacing_s
+        self._stream: AsyncChangeStream[Any] | None = None
+
+    async def open(self, *, resume_after: Mapping[str, Any] | None = None,
+                   start_at: Timestamp | None = None) -> None:
+        await self.close()
+        kwargs: dict[str, Any] = {}
+        if resume_after is not None:
+            kwargs["resume_after"] = resume_after
+        else:
+            kwargs["start_at_operation_time"] = start_at
+        self._stream = await self.coll.watch(
+            PIPELINE, full_document="updateLookup", batch_size=self.batch_size,
+            max_await_time_ms=max(1, int(self.pacing_s * 1000)), **kwargs)
+
+    @property
+    def resume_token(self) -> Mapping[str, Any] | None:
+        return self._stream.resume_token if self._stream is not None else None
+
+    async def read(self) -> StreamBatch:
+        """Up to ``batch_size`` events; waits at most about ``pacing_s`` when there are none
+        (never spins)."""
+        assert self._stream is not None, "open() first"
+        started = time.monotonic()
+        docs: list[Mapping[str, Any]] = []
+        newest: Timestamp | None = None
+        n = 0
+        while n < self.batch_size:
+            event = await self._stream.try_next()
+            if event is None:
+                break
+            n += 1
+            ct = event.get("clusterTime")
+            if isinstance(ct, Timestamp):
+                newest = ct
+            doc = event.get("fullDocument")
+            if isinstance(doc, Mapping) and doc.get(F_OUTBOX):
+                docs.append(doc)
+        if n == 0:
+            remaining = self.pacing_s - (time.monotonic() - started)
+            if remaining > 0:
+                await asyncio.sleep(remaining)
+        return StreamBatch(docs, n, newest)
+
+    async def close(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                await stream.close()
+            except Exception:  # closing a broken cursor must not mask the real error
+                pass
+
+
+def latest_documents(docs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """One document per ``_id``, the last one seen, in order of last appearance."""
+    by_id: dict[Any, Mapping[str, Any]] = {}
+    for d in docs:
+        key = d.get("_id")
+        by_id.pop(key, None)
+        by_id[key] = d
+    return list(by_id.values())

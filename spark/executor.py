@@ -1,0 +1,204 @@
+"""The executor side: the ``mapInArrow`` function that runs the store writer per partition.
+
+Rows arrive repartitioned by aggregate key and sorted within each aggregate (see
+:mod:`spark.pipeline`). Per Arrow batch the rows become :class:`Message` objects (the final
+:meth:`Message.from_dict` check happens here) or dead letters; the messages go to
+:meth:`StoreWriter.process` and one outcome row per message comes back.
+
+An aggregate's messages may span two Arrow batches: the trailing run of the last aggregate
+in a batch is carried into the next one, so it is read and written once — unless the run is
+longer than ``carry_over_max``, then it is written as it is (correct either way: the writer
+re-reads the aggregate; only the number of writes differs), which keeps memory bounded for a
+hot aggregate.
+
+Per Python worker process (workers are reused across tasks) there is one cached
+``MongoClient`` per URI and one cached :class:`Registry` per module name. Exceptions
+from the writer (e.g. :class:`aggregates.errors.RetryableError` from a handler, a MongoDB
+outage) fail the task; Spark retries it, and everything the failed attempt wrote is then
+recognised as duplicate.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from aggregates import outcomes as oc
+from aggregates.aggregate import Registry
+from aggregates.deadletters import DeadLetterStore
+from aggregates.envelope import Message
+from aggregates.errors import EnvelopeError
+from aggregates.fold import DeadLetter
+from aggregates.ids import raw_message_id
+from aggregates.outcomes import Outcome
+from aggregates.settings import AggboxSettings
+from aggregates.writer import StoreWriter, utc_now
+from spark.schema import OUTCOME_COLUMNS, outcome_row
+from spark.validate import INVALID_JSON, PAYLOAD_TOO_LARGE
+
+__all__ = ["WriterTask", "get_client", "get_registry", "write_partition"]
+
+_lock = threading.Lock()
+_clients: dict[str, Any] = {}
+_registries: dict[str, Registry] = {}
+
+#: Reasons given in Spark for rows whose envelope is valid (kept as a parsed message).
+_ROUTING_REASONS = frozenset({oc.UNKNOWN_AGGREGATE_TYPE, oc.UNKNOWN_MESSAGE_TYPE})
+
+
+@dataclass(frozen=True, slots=True)
+class WriterTask:
+    """Everything an executor needs, shipped from the driver (plain, picklable values)."""
+
+    mongodb_uri: str
+    aggregates: str
+    settings: dict[str, Any]
+    carry_over_max: int = 5_000
+
+
+def get_client(uri: str) -> Any:
+    """The worker's ``MongoClient`` for ``uri`` (created once per Python worker process)."""
+    with _lock:
+        client = _clients.get(uri)
+        if client is None:
+            from pymongo import MongoClient
+
+            client = _clients[uri] = MongoClient(uri, appname="aggbox-spark-executor")
+        return client
+
+
+def get_registry(module: str) -> Registry:
+    """The registry of aggregates module ``module`` (imported once per worker)."""
+    with _lock:
+        reg = _registries.get(module)
+        if reg is None:
+            reg = _registries[module] = Registry.from_module(module)
+        return reg
+
+
+def _task_attempt() -> int:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return int(ctx.attemptNumber()) if ctx is not None else 0
+
+
+def _envelope_reason(exc: EnvelopeError) -> str:
+    # Message.from_dict reports an oversized payload as field 'payload', "larger than …".
+    if exc.field == "payload" and exc.reason.startswith("larger than"):
+        return PAYLOAD_TOO_LARGE
+    return oc.INVALID_ENVELOPE
+
+
+class _Partition:
+    """State of one partition's run through the writer."""
+
+    def __init__(self, task: WriterTask) -> None:
+        client = get_client(task.mongodb_uri)
+        self.settings = AggboxSettings.model_construct(**task.settings)
+        self.db = client[self.settings.database]
+        self.registry = get_registry(task.aggregates)
+        self.writer = StoreWriter(self.db, self.registry, settings=self.settings)
+        self.dead_store = DeadLetterStore(self.db,
+                                          collection=self.settings.dead_letter_collection)
+        self.carry_over_max = task.carry_over_max
+        self.task_attempt = _task_attempt()
+        self.carry: list[Message] = []
+
+    # -- one Arrow batch → messages and dead letters --------------------------------------
+    def parse(self, batch: Any) -> tuple[list[Message], list[tuple[DeadLetter, Outcome]]]:
+        cols = batch.to_pydict()
+        messages: list[Message] = []
+        dead: list[tuple[DeadLetter, Outcome]] = []
+        max_payload = self.settings.max_payload_bytes
+        for raw, reason, detail, mid, atype, aid in zip(
+            cols["_raw"], cols["_reason"], cols["_detail"], cols["_mid"], cols["_atype"],
+            cols["_aid"], strict=True,
+        ):
+            msg: Message | None = None
+            if reason is None or reason in _ROUTING_REASONS:
+                try:
+                    msg = Message.from_dict(json.loads(raw), max_payload_bytes=max_payload)
+                except EnvelopeError as exc:
+                    if reason is None:
+                        reason, detail = _envelope_reason(exc), str(exc)
+                except ValueError as exc:  # JSON the JVM accepted but Python does not
+                    if reason is None:
+                        reason, detail = INVALID_JSON, f"not valid JSON: {exc}"
+                if reason is None and msg is not None:
+                    messages.append(msg)
+                    continue
+            letter = DeadLetter(msg, None if msg else raw, str(reason), detail, None,
+                                atype, aid)
+            ident = mid or raw_message_id(raw if raw is not None else "")
+            dead.append((letter, Outcome(ident, atype or "", aid or "", "dead_lettered",
+                                         reason, detail)))
+        return messages, dead
+
+    # -- carry-over of the last aggregate's run ------------------------------------------
+    def take(self, messages: list[Message], *, final: bool) -> list[Message]:
+        """The messages to write now; keeps the trailing aggregate run for the next batch."""
+        todo = self.carry + messages if self.carry else messages
+        self.carry = []
+        if final or not todo:
+            return todo
+        key = todo[-1].aggregate_key
+        start = len(todo) - 1
+        while start > 0 and todo[start - 1].aggregate_key == key:
+            start -= 1
+        if len(todo) - start > self.carry_over_max:
+            return todo
+        self.carry = todo[start:]
+        return todo[:start]
+
+    def write(self, messages: list[Message], dead: list[tuple[DeadLetter, Outcome]]) -> Any:
+        outcomes = self.writer.process(messages) if messages else []
+        if dead:
+            self.dead_store.write([d for d, _ in dead], now=utc_now())
+            outcomes.extend(o for _, o in dead)
+        return outcomes
+
+    def to_arrow(self, outcomes: list[Outcome]) -> Any:
+        import pyarrow as pa
+
+        from spark.schema import OUTCOME_SCHEMA
+
+        rows = [outcome_row(o, task_attempt=self.task_attempt) for o in outcomes]
+        columns = list(zip(*rows, strict=True)) if rows else [()] * len(OUTCOME_COLUMNS)
+        return pa.RecordBatch.from_arrays(
+            [pa.array(list(c), type=t) for c, t in zip(columns, _arrow_types(), strict=True)],
+            names=list(OUTCOME_COLUMNS),
+        )
+
+
+_ARROW_TYPES: list[Any] = []
+
+
+def _arrow_types() -> list[Any]:
+    if not _ARROW_TYPES:
+        import pyarrow as pa
+
+        _ARROW_TYPES.extend([pa.string(), pa.string(), pa.string(), pa.string(), pa.string(),
+                             pa.string(), pa.list_(pa.string()), pa.int32(), pa.bool_(),
+                             pa.int32()])
+    return _ARROW_TYPES
+
+
+def write_partition(task: WriterTask, batches: Iterator[Any]) -> Iterator[Any]:
+    """The ``mapInArrow`` function (bind ``task`` with ``functools.partial``): Arrow batches
+    of validated rows in, Arrow batches of :data:`spark.schema.OUTCOME_SCHEMA` out."""
+    part: _Partition | None = None
+    for batch in batches:
+        if batch.num_rows == 0:
+            continue
+        if part is None:
+            part = _Partition(task)
+        messages, dead = part.parse(batch)
+        outcomes = part.write(part.take(messages, final=False), dead)
+        if outcomes:
+            yield part.to_arrow(outcomes)
+    if part is not None and part.carry:
+        yield part.to_arrow(part.write(part.take([], final=True), []))

@@ -1,0 +1,102 @@
+"""Spark schemas: the message envelope (derived from :data:`aggregates.envelope.ENVELOPE_FIELDS`,
+declared once there) and the per-message outcome rows the pipeline returns.
+
+The payload travels as a JSON string column (``payload``): aggregate types have different
+payload shapes, and a string keeps one schema for all of them.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from pyspark.sql.types import (
+    ArrayType,
+    BooleanType,
+    DataType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from aggregates.envelope import ENVELOPE_FIELDS
+from aggregates.outcomes import Outcome
+
+__all__ = [
+    "ENVELOPE_FIELDS",
+    "OUTCOME_COLUMNS",
+    "OUTCOME_SCHEMA",
+    "SOURCE_SCHEMA",
+    "envelope_schema",
+    "outcome_row",
+    "spark_type",
+]
+
+#: ``source`` of an envelope: the emitting aggregate and its position in that stream.
+SOURCE_SCHEMA: Final = StructType(
+    [
+        StructField("type", StringType(), False),
+        StructField("id", StringType(), False),
+        StructField("seq", LongType(), False),
+    ]
+)
+
+_TYPES: Final[dict[str, DataType]] = {
+    "string": StringType(),
+    "object": StringType(),  # JSON text: one column for every payload shape
+    "timestamp": TimestampType(),
+    "source": SOURCE_SCHEMA,
+    "map<string,string>": MapType(StringType(), StringType(), False),
+}
+
+
+def spark_type(type_name: str) -> DataType:
+    """The Spark type of an ``ENVELOPE_FIELDS`` type name."""
+    try:
+        return _TYPES[type_name]
+    except KeyError:
+        raise ValueError(
+            f"envelope type {type_name!r} has no Spark mapping; add it to spark.schema._TYPES"
+        ) from None
+
+
+def envelope_schema() -> StructType:
+    """The envelope as a Spark schema (``payload`` as JSON text), in ``ENVELOPE_FIELDS`` order.
+
+    Use it to read typed envelopes (e.g. Parquet written by aggbox, a notebook view of
+    valid input); the pipeline itself validates raw JSON so bad rows become dead letters.
+    """
+    return StructType(
+        [
+            StructField(name, spark_type(type_name), not required)
+            for name, (type_name, required) in ENVELOPE_FIELDS.items()
+        ]
+    )
+
+
+#: One row per message (and per parked message released in this run): the audit log.
+OUTCOME_SCHEMA: Final = StructType(
+    [
+        StructField("message_id", StringType(), False),
+        StructField("aggregate_type", StringType(), True),
+        StructField("aggregate_id", StringType(), True),
+        StructField("outcome", StringType(), False),
+        StructField("reason", StringType(), True),
+        StructField("detail", StringType(), True),
+        StructField("emitted_ids", ArrayType(StringType(), False), False),
+        StructField("attempt", IntegerType(), False),
+        StructField("from_parked", BooleanType(), False),
+        StructField("task_attempt", IntegerType(), False),
+    ]
+)
+
+OUTCOME_COLUMNS: Final = tuple(f.name for f in OUTCOME_SCHEMA.fields)
+
+
+def outcome_row(o: Outcome, *, task_attempt: int) -> tuple[object, ...]:
+    """An :class:`Outcome` as a tuple in :data:`OUTCOME_SCHEMA` order."""
+    return (o.message_id, o.aggregate_type or None, o.aggregate_id or None, o.outcome,
+            o.reason, o.detail, list(o.emitted_ids), o.attempt, o.from_parked, task_attempt)
