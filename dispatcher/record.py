@@ -58,9 +58,10 @@ _TEMPLATE_FIELDS: Final = frozenset({"aggregate_type", "target_type", "type", "c
 class InvalidEntry(AggboxError):
     """An outbox entry cannot become a record (it is dead-lettered, never retried)."""
 
-    def __init__(self, entry_id: str, reason: str) -> None:
+    def __init__(self, entry_id: str, reason: str, *, entry: Any = None) -> None:
         self.entry_id = entry_id
         self.reason = reason
+        self.entry = entry
         super().__init__(f"outbox entry {entry_id!r} cannot be published: {reason}")
 
 
@@ -130,7 +131,7 @@ def build_record(entry: Mapping[str, Any], *, collection: str, document_id: Any,
     entry cannot form a valid envelope (a corrupted or hand-edited document)."""
     entry_id = str(entry.get("id") or "")
     if not entry_id:
-        raise InvalidEntry("<missing>", "the entry has no id")
+        raise InvalidEntry("<missing>", "the entry has no id", entry=entry)
     src = entry.get("source")
     src_map: Mapping[str, Any] = src if isinstance(src, Mapping) else {}
     emitter_type = str(src_map.get("type") or source_type)
@@ -155,7 +156,7 @@ def build_record(entry: Mapping[str, Any], *, collection: str, document_id: Any,
     try:
         message = Message.from_dict(raw, max_payload_bytes=0)
     except EnvelopeError as exc:
-        raise InvalidEntry(entry_id, str(exc)) from None
+        raise InvalidEntry(entry_id, str(exc), entry=entry) from None
     topic = entry.get("topic") or render_topic(
         topic_template, aggregate_type=emitter_type, target_type=agg_type, type=message.type,
         collection=collection)

@@ -164,8 +164,6 @@ class _Partition:
     def to_arrow(self, outcomes: list[Outcome]) -> Any:
         import pyarrow as pa
 
-        from spark.schema import OUTCOME_SCHEMA
-
         rows = [outcome_row(o, task_attempt=self.task_attempt) for o in outcomes]
         columns = list(zip(*rows, strict=True)) if rows else [()] * len(OUTCOME_COLUMNS)
         return pa.RecordBatch.from_arrays(

@@ -41,10 +41,10 @@ def detect_format(path: str) -> str:
     if p.endswith(".parquet") or p.endswith(".parq"):
         return "parquet"
     local = p[7:] if p.startswith("file://") else p
-    if "://" not in local and os.path.isdir(local):
-        if glob.glob(os.path.join(local, "*.parquet")) or glob.glob(
-                os.path.join(local, "*", "*.parquet")):
-            return "parquet"
+    if ("://" not in local and os.path.isdir(local)
+            and (glob.glob(os.path.join(local, "*.parquet"))
+                 or glob.glob(os.path.join(local, "*", "*.parquet")))):
+        return "parquet"
     return "json"
 
 

@@ -95,7 +95,7 @@ class _Checks:
     def add(self, cond: str, reason: str, detail_sql: str) -> None:
         self.items.append((cond, reason, detail_sql))
 
-    def string_field(self, name: str, path: str, *, required: bool) -> None:
+    def string_field(self, name: str, *, required: bool) -> None:
         t, s = f"_t_{name.replace('.', '_')}", f"_s_{name.replace('.', '_')}"
         if required:
             self.add(f"{t} IS NULL OR {t} = 'VOID'", oc.INVALID_ENVELOPE,
@@ -118,7 +118,8 @@ class _Checks:
         return f"CASE {whens} ELSE NULL END"
 
 
-def _projections(info: RegistryInfo, max_payload_bytes: int) -> tuple[list[str], _Checks]:
+def _projections(info: RegistryInfo, max_payload_bytes: int
+                 ) -> tuple[list[str], list[str], _Checks]:
     cols = [
         "_raw", "_src", "_o1", "_o2",
         "try_parse_json(_raw) AS _v",
@@ -165,7 +166,7 @@ def _projections(info: RegistryInfo, max_payload_bytes: int) -> tuple[list[str],
     c.add("_t_payload NOT LIKE 'OBJECT%'", oc.INVALID_ENVELOPE,
           _bad("payload", f"concat('must be a JSON object, got ', {_kind('_t_payload')})"))
     for name in ("message_id", "type", "aggregate_type", "aggregate_id"):
-        c.string_field(name, f"$.{name}", required=True)
+        c.string_field(name, required=True)
     # occurred_at: optional; ISO-8601 text or epoch milliseconds.
     c.add("_t_occurred_at IS NOT NULL AND _t_occurred_at NOT IN ('VOID', 'STRING') AND "
           "_d_occurred_at IS NULL", oc.INVALID_ENVELOPE,
@@ -191,7 +192,7 @@ def _projections(info: RegistryInfo, max_payload_bytes: int) -> tuple[list[str],
         c.add(f"{src_present} AND {t} <> 'STRING'", oc.INVALID_ENVELOPE,
               _bad(f"source.{sub}", f"concat('must be a string, got ', {_kind(t)})"))
     for name in ("correlation_id", "causation_id"):
-        c.string_field(name, f"$.{name}", required=False)
+        c.string_field(name, required=False)
     c.add("_t_headers IS NOT NULL AND _t_headers <> 'VOID' AND _t_headers NOT LIKE 'OBJECT%'",
           oc.INVALID_ENVELOPE, _bad("headers", "'must be an object of string → string'"))
     # Routing: the aggregate type must be registered and handle the message type.
@@ -210,7 +211,7 @@ def _projections(info: RegistryInfo, max_payload_bytes: int) -> tuple[list[str],
           f"concat('[', array_join(transform(array_sort({handled}), x -> concat('\\'', x, "
           f"'\\'')), ', '), ']'), '. Add a handler with @<your AggregateType>.handles(\\'', "
           "_s_type, '\\').')")
-    return cols + ["|"] + second, c
+    return cols, second, c
 
 
 def _unknown_aggregate_detail(names: list[str]) -> str:
@@ -224,9 +225,8 @@ def validate(df: Any, info: RegistryInfo, *, max_payload_bytes: int) -> Any:
     """Add ``_reason``/``_detail`` (NULL for valid rows), the routing columns ``_mid``,
     ``_atype``, ``_aid`` and the ordering columns ``_seq`` (source seq) and ``_ts``
     (occurred_at). Returns exactly :data:`VALIDATED_COLUMNS`."""
-    projections, checks = _projections(info, max_payload_bytes)
-    split = projections.index("|")
-    parsed = df.selectExpr(*projections[:split]).selectExpr(*projections[split + 1:])
+    first, second, checks = _projections(info, max_payload_bytes)
+    parsed = df.selectExpr(*first).selectExpr(*second)
     return parsed.selectExpr(
         "_raw",
         f"{checks.case(1)} AS _reason",

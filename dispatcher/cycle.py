@@ -1,0 +1,289 @@
+"""One publish cycle: documents → records → publisher → dead letters → ``$pull`` (DESIGN.md
+"The dispatcher", steps 2, 3 and 6).
+
+Per document the entries go out in outbox order. After the publisher reports:
+
+- acknowledged entries, and entries rejected for good (dead-lettered first), are removed
+  with ``$pull: {outbox: {id: {$in: [...]}}}`` — exactly those ids, ``_v`` untouched
+  (invariant 2: appends by the writer and our pulls commute);
+- from the first entry that failed *retryably* on, nothing of that document is pulled; the
+  document is handed back for a retry after backoff.
+
+A crash anywhere in between leaves the entries in the outbox: they are published again,
+with the same ids (at-least-once, never lost).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pymongo import UpdateOne
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import PyMongoError
+
+from aggregates.deadletters import dead_letter_update
+from aggregates.document import F_OUTBOX, F_TYPE
+from aggregates.fold import DeadLetter
+from dispatcher.faults import Faults
+from dispatcher.inflight import InFlight
+from dispatcher.metrics import Metrics
+from dispatcher.publishers.base import Publisher, PublishResult
+from dispatcher.record import InvalidEntry, OutboundRecord, build_record
+
+__all__ = ["Cycle", "CycleResult", "INVALID_OUTBOX_ENTRY"]
+
+log = logging.getLogger("aggbox.dispatcher")
+
+#: Dead-letter reason of an entry that cannot form a valid envelope.
+INVALID_OUTBOX_ENTRY = "invalid_outbox_entry"
+
+_PULL_ATTEMPTS = 6
+
+
+@dataclass(slots=True)
+class CycleResult:
+    documents: int = 0
+    published: int = 0
+    dead_lettered: int = 0
+    stale: int = 0
+    #: documents with entries still pending after a retryable failure (retry after backoff)
+    retry: list[Any] = field(default_factory=list)
+    retry_error: str | None = None
+    #: the lease was not held: nothing was published
+    lease_lost: bool = False
+
+    def add(self, other: CycleResult) -> None:
+        self.documents += other.documents
+        self.published += other.published
+        self.dead_lettered += other.dead_lettered
+        self.stale += other.stale
+        self.retry.extend(other.retry)
+        self.retry_error = self.retry_error or other.retry_error
+        self.lease_lost = self.lease_lost or other.lease_lost
+
+
+@dataclass(slots=True)
+class _Doc:
+    key: Any
+    records: list[OutboundRecord | InvalidEntry]
+    stale: list[str]
+
+
+class Cycle:
+    """Publishes batches of documents of one collection."""
+
+    def __init__(
+        self,
+        coll: AsyncCollection[Any],
+        *,
+        publisher: Publisher,
+        inflight: InFlight,
+        dead_letters: AsyncCollection[Any],
+        topic_template: str,
+        max_batch_records: int,
+        metrics: Metrics,
+        faults: Faults,
+        lease_held: Callable[[], bool],
+        source_type: str | None = None,
+        backoff_s: Callable[[int], float] = lambda n: min(5.0, 0.1 * 2 ** n),
+    ) -> None:
+        self.coll = coll
+        self.collection = coll.name
+        self.publisher = publisher
+        self.inflight = inflight
+        self.dead_letters = dead_letters
+        self.topic_template = topic_template
+        self.max_batch_records = max_batch_records
+        self.metrics = metrics
+        self.faults = faults
+        self.lease_held = lease_held
+        self.source_type = source_type or coll.name
+        self.backoff_s = backoff_s
+
+    async def run(self, docs: Sequence[Mapping[str, Any]]) -> CycleResult:
+        """Publish the pending entries of ``docs`` (current views of the documents)."""
+        total = CycleResult()
+        chunk: list[_Doc] = []
+        n = 0
+        for doc in docs:
+            if not self.lease_held():
+                total.lease_lost = True
+                break
+            prepared = self._prepare(doc)
+            if prepared is None:
+                continue
+            chunk.append(prepared)
+            n += len(prepared.records)
+            if n >= self.max_batch_records:
+                total.add(await self._publish(chunk))
+                chunk, n = [], 0
+        if chunk:
+            total.add(await self._publish(chunk))
+        return total
+
+    def _prepare(self, doc: Mapping[str, Any]) -> _Doc | None:
+        key = doc.get("_id")
+        outbox = doc.get(F_OUTBOX) or []
+        if not isinstance(outbox, list) or not outbox:
+            return None
+        claim = self.inflight.claim(key, outbox)
+        if claim.malformed:
+            log.error("%s/%r: %d outbox entries without an id are ignored (they cannot be "
+                      "pulled by id; remove them by hand)", self.collection, key,
+                      claim.malformed, extra={"collection": self.collection})
+        if not claim.fresh and not claim.stale:
+            return None
+        source_type = str(doc.get(F_TYPE) or self.source_type)
+        records: list[OutboundRecord | InvalidEntry] = []
+        for entry in claim.fresh:
+            try:
+                records.append(build_record(entry, collection=self.collection,
+                                            document_id=key, source_type=source_type,
+                                            topic_template=self.topic_template))
+            except InvalidEntry as exc:
+                records.append(exc)
+        return _Doc(key, records, claim.stale)
+
+    async def _publish(self, docs: list[_Doc]) -> CycleResult:
+        result = CycleResult(documents=len(docs))
+        if not self.lease_held():
+            for d in docs:
+                self.inflight.finish(d.key, (), self._ids(d.records))
+            result.lease_lost = True
+            return result
+        records = [r for d in docs for r in d.records if isinstance(r, OutboundRecord)]
+        self.faults.hit("before_publish")
+        outcomes: list[PublishResult]
+        if records:
+            try:
+                outcomes = await self.publisher.publish(records)
+                if len(outcomes) != len(records):
+                    raise RuntimeError(f"publisher {self.publisher.name} returned "
+                                       f"{len(outcomes)} results for {len(records)} records")
+            except asyncio.CancelledError:
+                for d in docs:
+                    self.inflight.finish(d.key, (), self._ids(d.records))
+                raise
+            except Exception as exc:  # the whole batch failed: retry it
+                log.warning("publisher %s failed: %s", self.publisher.name, exc,
+                            extra={"collection": self.collection})
+                outcomes = [PublishResult.retryable(f"{type(exc).__name__}: {exc}")] * len(
+                    records)
+        else:
+            outcomes = []
+        by_record = dict(zip((id(r) for r in records), outcomes, strict=True))
+        now = datetime.now(UTC)
+        letters: list[DeadLetter] = []
+        pulls: list[tuple[_Doc, list[str], list[str]]] = []
+        for d in docs:
+            done: list[str] = []
+            released: list[str] = []
+            failed = False
+            for r in d.records:
+                rid = r.message_id if isinstance(r, OutboundRecord) else r.entry_id
+                if failed:
+                    released.append(rid)
+                    continue
+                if isinstance(r, InvalidEntry):
+                    letters.append(self._letter_invalid(r, d.key))
+                    self.metrics.failed.labels(self.collection, "permanent").inc()
+                    self.metrics.dead_lettered.labels(self.collection, INVALID_OUTBOX_ENTRY).inc()
+                    done.append(rid)
+                    continue
+                res = by_record[id(r)]
+                if res.status == "ok":
+                    done.append(rid)
+                    result.published += 1
+                    if r.created_at is not None:
+                        self.metrics.latency.labels(self.collection).observe(
+                            max(0.0, (now - r.created_at).total_seconds()))
+                elif res.status == "permanent":
+                    letters.append(self._letter_rejected(r, res))
+                    self.metrics.failed.labels(self.collection, "permanent").inc()
+                    self.metrics.dead_lettered.labels(self.collection,
+                                                      res.reason or "rejected").inc()
+                    log.error("dead-lettered %s (%s/%r → topic %s): %s: %s", rid,
+                              self.collection, d.key, r.topic, res.reason, res.error,
+                              extra={"collection": self.collection, "message_id": rid,
+                                     "reason": res.reason, "alert": True})
+                    done.append(rid)
+                else:
+                    failed = True
+                    released.append(rid)
+                    self.metrics.failed.labels(self.collection, "retryable").inc()
+                    result.retry_error = result.retry_error or res.error
+            if failed:
+                result.retry.append(d.key)
+            pulls.append((d, done, released))
+        result.dead_lettered = len(letters)
+        try:
+            if letters:
+                await self._write_letters(letters, now)
+            self.faults.hit("after_publish")
+            await self._pull([(d.key, done + d.stale) for d, done, _ in pulls
+                              if done or d.stale])
+        except BaseException:
+            for d, _done, _released in pulls:  # published but not pulled: sent again later
+                self.inflight.finish(d.key, (), self._ids(d.records))
+            raise
+        self.faults.hit("after_pull")
+        for d, done, released in pulls:
+            self.inflight.finish(d.key, done, released)
+            result.stale += len(d.stale)
+        if result.published:
+            self.metrics.published.labels(self.collection).inc(result.published)
+        if result.stale:
+            self.metrics.stale_skipped.labels(self.collection).inc(result.stale)
+        self.metrics.batches.labels(self.collection).inc()
+        return result
+
+    @staticmethod
+    def _ids(records: Sequence[OutboundRecord | InvalidEntry]) -> list[str]:
+        return [r.message_id if isinstance(r, OutboundRecord) else r.entry_id for r in records]
+
+    def _letter_rejected(self, r: OutboundRecord, res: PublishResult) -> DeadLetter:
+        return DeadLetter(
+            message=r.message, raw=None, reason=res.reason or "rejected_by_broker",
+            detail=f"publisher {self.publisher.name} rejected it for good (topic {r.topic!r}): "
+                   f"{res.error}",
+            aggregate_type=r.source_type, aggregate_id=str(r.document_id),
+        )
+
+    def _letter_invalid(self, exc: InvalidEntry, key: Any) -> DeadLetter:
+        log.error("dead-lettered invalid outbox entry in %s/%r: %s", self.collection, key, exc,
+                  extra={"collection": self.collection, "alert": True})
+        return DeadLetter(
+            message=None, raw=exc.entry, reason=INVALID_OUTBOX_ENTRY,
+            detail=str(exc), aggregate_type=self.source_type, aggregate_id=str(key),
+        )
+
+    async def _write_letters(self, letters: list[DeadLetter], now: datetime) -> None:
+        ops = [UpdateOne(*dead_letter_update(dl, now=now), upsert=True) for dl in letters]
+        await self.dead_letters.bulk_write(ops, ordered=False)
+
+    async def _pull(self, pulls: list[tuple[Any, list[str]]]) -> None:
+        """``$pull`` exactly these ids per document; never touches ``_v``. Retried a few
+        times: the entries were published, failing here means publishing them again."""
+        if not pulls:
+            return
+        ops = [UpdateOne({"_id": key}, {"$pull": {F_OUTBOX: {"id": {"$in": ids}}}})
+               for key, ids in pulls]
+        attempt = 0
+        while True:
+            try:
+                await self.coll.bulk_write(ops, ordered=False)
+                return
+            except PyMongoError as exc:
+                attempt += 1
+                if attempt >= _PULL_ATTEMPTS:
+                    raise
+                delay = self.backoff_s(attempt)
+                log.warning("pull from %s failed (%s); retrying in %.2fs", self.collection, exc,
+                            delay, extra={"collection": self.collection})
+                await asyncio.sleep(delay)
+
