@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
@@ -93,6 +93,14 @@ class SectionSettings(BaseSettings):
         token = _config_file.set(Path(config_file) if config_file else None)
         try:
             return cls(**overrides)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+            raise ConfigurationError(
+                f"invalid [{cls.section}] setting(s): {problems}. Fix the config file, the "
+                f"environment variable ({cls.model_config.get('env_prefix', '')}<NAME>) or the "
+                "option."
+            ) from None
         finally:
             _config_file.reset(token)
 
