@@ -1,10 +1,20 @@
 """aggbox's library for domain teams: aggregate types, handlers, the message envelope,
-dedup strategies, the store writer, dead letters and parked messages.
+dedup strategies, the store writer, dead letters and parked messages, and the notebook
+debugging helpers (:mod:`aggregates.debug`).
 
 It imports neither ``spark`` nor ``dispatcher``."""
 
 from aggregates.aggregate import AggregateType, Emit, Handled, Registry
 from aggregates.deadletters import DeadLetterStore
+from aggregates.debug import (
+    AggregateView,
+    dead_letters,
+    load_aggregate,
+    release_aggregate,
+    replay,
+    replay_dead_letters,
+    trace,
+)
 from aggregates.dedup import HighWater, Inbox, NoDedup
 from aggregates.envelope import Message, Source
 from aggregates.errors import (
@@ -28,6 +38,7 @@ __all__ = [
     "AggboxError",
     "AggboxSettings",
     "AggregateType",
+    "AggregateView",
     "ConfigurationError",
     "DeadLetterStore",
     "Emit",
@@ -49,5 +60,11 @@ __all__ = [
     "StoreWriter",
     "UnknownAggregateType",
     "UnknownMessageType",
+    "dead_letters",
     "emitted_message_id",
+    "load_aggregate",
+    "release_aggregate",
+    "replay",
+    "replay_dead_letters",
+    "trace",
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import bson
@@ -364,9 +364,13 @@ def _entries_size(entries: list[dict[str, Any]]) -> int:
     return len(bson.encode({"e": entries})) if entries else 0
 
 
-def _parked_order(p: Parked) -> tuple[int, str]:
-    src = p.message.source
-    return (src.seq if src else 0, p.message.message_id)
+_NO_TIME = datetime.min.replace(tzinfo=UTC)
+
+
+def _parked_order(p: Parked) -> tuple[int, datetime, str]:
+    # The pipeline's order key: source seq, then occurred_at (then a stable tie-break).
+    m = p.message
+    return (m.source.seq if m.source else 0, m.occurred_at or _NO_TIME, m.message_id)
 
 
 def _normalise(result: Any, msg: Message) -> tuple[Any, Sequence[Emit]]:

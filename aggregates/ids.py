@@ -18,8 +18,23 @@ def emitted_message_id(
     """The id of the ``index``-th message emitted while handling ``causation_id`` on one
     aggregate. Same inputs → same id, so re-running a handler after a conflict or a task
     retry re-emits identical ids and downstream consumers can dedup."""
-    name = json.dumps([aggregate_type, aggregate_id, causation_id, index], separators=(",", ":"))
-    return str(uuid.uuid5(AGGBOX_NAMESPACE, name))
+    # Length-prefixed parts: an unambiguous encoding ("a/b" + "c" ≠ "a" + "b/c").
+    name = (f"{len(aggregate_type)}:{aggregate_type}{len(aggregate_id)}:{aggregate_id}"
+            f"{len(causation_id)}:{causation_id}{index}")
+    return uuid5(AGGBOX_NAMESPACE, name)
+
+
+_NS_BYTES = AGGBOX_NAMESPACE.bytes
+
+
+def uuid5(namespace: uuid.UUID, name: str) -> str:
+    """``str(uuid.uuid5(namespace, name))`` without the UUID object (hot path)."""
+    raw = namespace.bytes if namespace is not AGGBOX_NAMESPACE else _NS_BYTES
+    b = bytearray(hashlib.sha1(raw + name.encode(), usedforsecurity=False).digest()[:16])
+    b[6] = (b[6] & 0x0F) | 0x50
+    b[8] = (b[8] & 0x3F) | 0x80
+    h = b.hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def _default(value: Any) -> Any:

@@ -88,12 +88,17 @@ def replay_steps(
     start: Start = None,
     aggregate_id: str | None = None,
     now: datetime | None = None,
+    drain_outbox: bool = False,
 ) -> ReplayRun:
     """Fold ``messages`` one at a time onto ``start`` (a :class:`Snapshot`, an
     :class:`AggregateView` from :func:`load_aggregate`, a stored document, or ``None`` for a
     new aggregate whose id is ``aggregate_id`` or the first message's). Messages may be
     :class:`Message` objects or envelope dicts. Parked messages of an ``AggregateView``
-    start parked here too. ``now`` stamps outbox entries (default: the current time)."""
+    start parked here too. ``now`` stamps outbox entries (default: the current time).
+
+    The outbox fills up as it would with the dispatcher stopped (so ``max_outbox`` parks
+    messages as in production); ``drain_outbox=True`` simulates a running dispatcher that
+    publishes the pending entries after every step."""
     msgs = [m if isinstance(m, Message) else Message.from_dict(m, max_payload_bytes=0)
             for m in messages]
     snap, parked = _start(start, aggregate_id, msgs)
@@ -134,6 +139,8 @@ def replay_steps(
                 version=res.snapshot.version,
             ))
         snap = res.snapshot
+        if drain_outbox:
+            snap.outbox_ids = []
         released = set(res.released)
         run.parked = [p for p in run.parked if p.message.message_id not in released]
         run.parked.extend(res.parked)
@@ -150,13 +157,14 @@ def replay(
     start: Start = None,
     aggregate_id: str | None = None,
     now: datetime | None = None,
+    drain_outbox: bool = False,
 ) -> pd.DataFrame:
     """:func:`replay_steps` as a pandas DataFrame, one row per outcome (columns
     :data:`REPLAY_COLUMNS`). Needs pandas (``pip install aggbox[notebook]``); use
     :func:`replay_steps` for the final state, outbox and parked messages."""
     require_pandas("replay()")
-    return replay_steps(atype, messages, start=start, aggregate_id=aggregate_id,
-                        now=now).to_frame()
+    return replay_steps(atype, messages, start=start, aggregate_id=aggregate_id, now=now,
+                        drain_outbox=drain_outbox).to_frame()
 
 
 def _start(start: Start, aggregate_id: str | None, msgs: list[Message]

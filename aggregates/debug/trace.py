@@ -168,11 +168,12 @@ def _load(pd: Any, audit: Any) -> Any:
 
 def _ids(value: Any) -> list[str]:
     """``emitted_ids`` as a list of strings (Parquet lists arrive as numpy arrays)."""
-    if value is None or isinstance(value, float):  # None / NaN: nothing emitted
-        return []
     if isinstance(value, str):
         return [value] if value else []
-    return [str(v) for v in value]
+    try:
+        return [str(v) for v in value]
+    except TypeError:  # None, NaN, pd.NA: nothing emitted
+        return []
 
 
 def _plain(value: Any) -> Any:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
@@ -21,7 +22,7 @@ from aggregates import (
     emitted_message_id,
 )
 from aggregates.dedup import DedupRecord
-from aggregates.ids import payload_hash
+from aggregates.ids import payload_hash, uuid5
 from aggregates.testing import AggregateHarness, message
 from tests.aggregates.domain import counters, msg
 
@@ -34,6 +35,13 @@ def test_emitted_ids_are_deterministic_and_distinct() -> None:
     others = {emitted_message_id(*k) for k in [("Order", "o1", "m1", 1), ("Order", "o2", "m1", 0),
                                                 ("Order", "o1", "m2", 0), ("Orde", "ro1", "m1", 0)]}
     assert a not in others and len(others) == 4
+
+
+@pytest.mark.parametrize("name", ["", "a", "Order/o-1/m-1/0", "ünïcødé/" * 20])
+def test_fast_uuid5_equals_the_standard_one(name: str) -> None:
+    ns = uuid.UUID("5b1f3c8e-9a47-5d0e-8c3b-2f6a9e41d7c0")
+    assert uuid5(ns, name) == str(uuid.uuid5(ns, name))
+    assert uuid5(uuid.NAMESPACE_DNS, name) == str(uuid.uuid5(uuid.NAMESPACE_DNS, name))
 
 
 def test_payload_hash_ignores_key_order() -> None:
