@@ -1,0 +1,35 @@
+"""The outbox dispatcher: ``aggbox dispatch`` turns outbox entries into broker messages.
+
+Per collection, one active instance (a lease; others wait as standbys) opens a change stream
+(or polls, on servers without change streams), sweeps documents with a pending outbox,
+publishes each document's entries in order keyed by aggregate id, ``$pull``s exactly the
+acknowledged ids and saves the stream's resume token. At-least-once with stable ids: a crash
+anywhere republishes, never loses. See DESIGN.md "The dispatcher".
+
+Modules: :mod:`~dispatcher.settings` (section ``[dispatcher]``), :mod:`~dispatcher.record`
+(entry → envelope + headers/key/topic), :mod:`~dispatcher.publishers` (Kafka, JSON Lines,
+stdout; the interface for more), :mod:`~dispatcher.cycle` (publish → dead-letter → pull),
+:mod:`~dispatcher.inflight`, :mod:`~dispatcher.sweep`, :mod:`~dispatcher.stream`
+(change stream + checkpoints), :mod:`~dispatcher.lease`, :mod:`~dispatcher.worker` (one
+collection's state machine), :mod:`~dispatcher.metrics` (Prometheus + ``/healthz``),
+:mod:`~dispatcher.faults` (crash-test hooks), :mod:`~dispatcher.daemon` (lifecycle, signals),
+:mod:`~dispatcher.cli`.
+
+Imports here are light (no broker client); publishers load theirs when started.
+"""
+
+from dispatcher.daemon import Dispatcher
+from dispatcher.publishers import Publisher, PublisherError, PublishResult, create_publisher
+from dispatcher.record import OutboundRecord, build_record
+from dispatcher.settings import DispatcherSettings
+
+__all__ = [
+    "Dispatcher",
+    "DispatcherSettings",
+    "OutboundRecord",
+    "PublishResult",
+    "Publisher",
+    "PublisherError",
+    "build_record",
+    "create_publisher",
+]

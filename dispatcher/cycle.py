@@ -35,7 +35,7 @@ from dispatcher.metrics import Metrics
 from dispatcher.publishers.base import Publisher, PublishResult
 from dispatcher.record import InvalidEntry, OutboundRecord, build_record
 
-__all__ = ["Cycle", "CycleResult", "INVALID_OUTBOX_ENTRY"]
+__all__ = ["INVALID_OUTBOX_ENTRY", "Cycle", "CycleResult"]
 
 log = logging.getLogger("aggbox.dispatcher")
 
@@ -104,27 +104,53 @@ class Cycle:
         self.lease_held = lease_held
         self.source_type = source_type or coll.name
         self.backoff_s = backoff_s
+        self._pulling: asyncio.Task[None] | None = None
+        c = self.collection
+        self._m_published = metrics.published.labels(c)
+        self._m_stale = metrics.stale_skipped.labels(c)
+        self._m_batches = metrics.batches.labels(c)
+        self._m_latency = metrics.latency.labels(c)
+        self._m_permanent = metrics.failed.labels(c, "permanent")
+        self._m_retryable = metrics.failed.labels(c, "retryable")
 
-    async def run(self, docs: Sequence[Mapping[str, Any]]) -> CycleResult:
-        """Publish the pending entries of ``docs`` (current views of the documents)."""
+    async def run(self, docs: Sequence[Mapping[str, Any]], *, wait: bool = True
+                  ) -> CycleResult:
+        """Publish the pending entries of ``docs`` (current views of the documents).
+
+        Chunks are pipelined: the ``$pull`` of one chunk runs while the next one is
+        published. With ``wait=False`` the last pull may still be running on return (the
+        sweep overlaps it with reading its next page); :meth:`drain` waits for it."""
         total = CycleResult()
         chunk: list[_Doc] = []
         n = 0
-        for doc in docs:
-            if not self.lease_held():
-                total.lease_lost = True
-                break
-            prepared = self._prepare(doc)
-            if prepared is None:
-                continue
-            chunk.append(prepared)
-            n += len(prepared.records)
-            if n >= self.max_batch_records:
-                total.add(await self._publish(chunk))
-                chunk, n = [], 0
-        if chunk:
-            total.add(await self._publish(chunk))
+        try:
+            for doc in docs:
+                if not self.lease_held():
+                    total.lease_lost = True
+                    break
+                prepared = self._prepare(doc)
+                if prepared is None:
+                    continue
+                chunk.append(prepared)
+                n += len(prepared.records)
+                if n >= self.max_batch_records:
+                    batch, chunk, n = chunk, [], 0
+                    total.add(await self._send(batch))
+            if chunk:
+                batch, chunk = chunk, []
+                total.add(await self._send(batch))  # releases its claims if the lease is gone
+        finally:
+            for d in chunk:  # claimed but never handed to the publisher (an error above)
+                self.inflight.finish(d.key, (), self._ids(d.records))
+        if wait:
+            await self.drain()
         return total
+
+    async def drain(self) -> None:
+        """Wait for the ``$pull`` still running, if any (raises its error)."""
+        task, self._pulling = self._pulling, None
+        if task is not None:
+            await task
 
     def _prepare(self, doc: Mapping[str, Any]) -> _Doc | None:
         key = doc.get("_id")
@@ -149,7 +175,9 @@ class Cycle:
                 records.append(exc)
         return _Doc(key, records, claim.stale)
 
-    async def _publish(self, docs: list[_Doc]) -> CycleResult:
+    async def _send(self, docs: list[_Doc]) -> CycleResult:
+        """Publish one chunk and write its dead letters; its pull is started in the
+        background once the previous chunk's pull is done."""
         result = CycleResult(documents=len(docs))
         if not self.lease_held():
             for d in docs:
@@ -191,7 +219,7 @@ class Cycle:
                     continue
                 if isinstance(r, InvalidEntry):
                     letters.append(self._letter_invalid(r, d.key))
-                    self.metrics.failed.labels(self.collection, "permanent").inc()
+                    self._m_permanent.inc()
                     self.metrics.dead_lettered.labels(self.collection, INVALID_OUTBOX_ENTRY).inc()
                     done.append(rid)
                     continue
@@ -200,11 +228,10 @@ class Cycle:
                     done.append(rid)
                     result.published += 1
                     if r.created_at is not None:
-                        self.metrics.latency.labels(self.collection).observe(
-                            max(0.0, (now - r.created_at).total_seconds()))
+                        self._m_latency.observe(max(0.0, (now - r.created_at).total_seconds()))
                 elif res.status == "permanent":
                     letters.append(self._letter_rejected(r, res))
-                    self.metrics.failed.labels(self.collection, "permanent").inc()
+                    self._m_permanent.inc()
                     self.metrics.dead_lettered.labels(self.collection,
                                                       res.reason or "rejected").inc()
                     log.error("dead-lettered %s (%s/%r → topic %s): %s: %s", rid,
@@ -215,32 +242,46 @@ class Cycle:
                 else:
                     failed = True
                     released.append(rid)
-                    self.metrics.failed.labels(self.collection, "retryable").inc()
+                    self._m_retryable.inc()
                     result.retry_error = result.retry_error or res.error
             if failed:
                 result.retry.append(d.key)
+            result.stale += len(d.stale)
             pulls.append((d, done, released))
         result.dead_lettered = len(letters)
         try:
             if letters:
                 await self._write_letters(letters, now)
             self.faults.hit("after_publish")
+            await self.drain()  # one pull at a time, in order
+        except BaseException:
+            self._release(pulls)
+            raise
+        self._pulling = asyncio.create_task(self._complete(pulls, result.published))
+        return result
+
+    def _release(self, pulls: list[tuple[_Doc, list[str], list[str]]]) -> None:
+        for d, _done, _released in pulls:  # published but not pulled: sent again later
+            self.inflight.finish(d.key, (), self._ids(d.records))
+
+    async def _complete(self, pulls: list[tuple[_Doc, list[str], list[str]]],
+                        published: int) -> None:
+        try:
             await self._pull([(d.key, done + d.stale) for d, done, _ in pulls
                               if done or d.stale])
         except BaseException:
-            for d, _done, _released in pulls:  # published but not pulled: sent again later
-                self.inflight.finish(d.key, (), self._ids(d.records))
+            self._release(pulls)
             raise
         self.faults.hit("after_pull")
+        stale = 0
         for d, done, released in pulls:
             self.inflight.finish(d.key, done, released)
-            result.stale += len(d.stale)
-        if result.published:
-            self.metrics.published.labels(self.collection).inc(result.published)
-        if result.stale:
-            self.metrics.stale_skipped.labels(self.collection).inc(result.stale)
-        self.metrics.batches.labels(self.collection).inc()
-        return result
+            stale += len(d.stale)
+        if published:
+            self._m_published.inc(published)
+        if stale:
+            self._m_stale.inc(stale)
+        self._m_batches.inc()
 
     @staticmethod
     def _ids(records: Sequence[OutboundRecord | InvalidEntry]) -> list[str]:

@@ -6,6 +6,7 @@ time (default 1st) the dispatcher reaches ``point``, ``action`` happens.
 Points (in the order one batch goes through them):
 
 - ``stream_open`` — a change stream is about to be opened;
+- ``stream_read`` — the change stream is about to be read;
 - ``before_publish`` — records are about to go to the publisher;
 - ``after_publish`` — the broker acknowledged, nothing pulled yet;
 - ``after_pull`` — entries pulled from the outbox, resume token not yet saved;
@@ -17,7 +18,9 @@ Actions:
 - ``exit`` — ``os._exit(70)`` without any clean-up;
 - ``history_lost`` — raise ``OperationFailure`` code 286 (ChangeStreamHistoryLost), which
   mongo-java-server never produces by itself;
-- ``invalid_token`` — raise ``OperationFailure`` code 260 (InvalidResumeToken).
+- ``invalid_token`` — raise ``OperationFailure`` code 260 (InvalidResumeToken);
+- ``no_change_streams`` — raise ``OperationFailure`` code 40573, what a standalone
+  ``mongod`` answers to ``$changeStream`` (tests the fallback to polling).
 
 Example: ``AGGBOX_DISPATCHER_FAULT=after_publish:kill@3`` kills the process right after the
 third batch was acknowledged by the broker and before it was pulled.
@@ -41,13 +44,14 @@ __all__ = ["FAULT_ENV", "POINTS", "FaultRule", "Faults"]
 log = logging.getLogger("aggbox.dispatcher.faults")
 
 FAULT_ENV: Final = "AGGBOX_DISPATCHER_FAULT"
-POINTS: Final = ("stream_open", "before_publish", "after_publish", "after_pull",
+POINTS: Final = ("stream_open", "stream_read", "before_publish", "after_publish", "after_pull",
                  "after_checkpoint")
-Action = Literal["kill", "exit", "history_lost", "invalid_token"]
-ACTIONS: Final = ("kill", "exit", "history_lost", "invalid_token")
+Action = Literal["kill", "exit", "history_lost", "invalid_token", "no_change_streams"]
+ACTIONS: Final = ("kill", "exit", "history_lost", "invalid_token", "no_change_streams")
 
 CHANGE_STREAM_HISTORY_LOST: Final = 286
 INVALID_RESUME_TOKEN: Final = 260
+CHANGE_STREAMS_NOT_SUPPORTED: Final = 40573
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,3 +120,6 @@ class Faults:
                                    code=CHANGE_STREAM_HISTORY_LOST)
         elif rule.action == "invalid_token":
             raise OperationFailure("injected: invalid resume token", code=INVALID_RESUME_TOKEN)
+        elif rule.action == "no_change_streams":
+            raise OperationFailure("injected: $changeStream is only supported on replica sets",
+                                   code=CHANGE_STREAMS_NOT_SUPPORTED)

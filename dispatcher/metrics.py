@@ -82,7 +82,7 @@ class Metrics:
             self.mode.labels(collection, m).set(1 if m == mode else 0)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)  # type: ignore[no-any-return]
+        return generate_latest(self.registry)
 
 
 @dataclass

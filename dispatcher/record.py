@@ -19,10 +19,10 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final
 
-from aggregates.envelope import Message
+from aggregates.envelope import MAX_ID_LENGTH, Message
 from aggregates.errors import AggboxError, EnvelopeError
 
 __all__ = [
@@ -70,7 +70,8 @@ class OutboundRecord:
     """One outbox entry ready for a publisher.
 
     ``collection``/``document_id`` locate the entry in MongoDB (the emitting aggregate);
-    ``value`` is the JSON envelope; ``headers`` are :data:`HEADER_NAMES` plus the entry's."""
+    ``envelope`` is the input envelope (``Message.to_dict()`` form) and ``value`` its JSON;
+    ``headers`` are :data:`HEADER_NAMES` plus the entry's own."""
 
     message_id: str
     collection: str
@@ -80,12 +81,14 @@ class OutboundRecord:
     key: str
     value: bytes
     headers: dict[str, str]
-    message: Message
+    envelope: dict[str, Any]
     created_at: datetime | None = None
     entry: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
-    def envelope(self) -> dict[str, Any]:
-        return self.message.to_dict()
+    @property
+    def message(self) -> Message:
+        """The envelope as a validated :class:`Message` (built on demand)."""
+        return Message.from_dict(self.envelope, max_payload_bytes=0)
 
 
 def check_template(template: str) -> None:
@@ -115,10 +118,81 @@ def _json_default(value: Any) -> Any:
     return str(value)  # ObjectId, Decimal128, UUID, …
 
 
-def envelope_json(message: Message) -> bytes:
-    """The envelope as compact UTF-8 JSON (one line)."""
-    return json.dumps(message.to_dict(), separators=(",", ":"), ensure_ascii=False,
+def envelope_json(envelope: Mapping[str, Any]) -> bytes:
+    """An envelope as compact UTF-8 JSON (one line)."""
+    return json.dumps(envelope, separators=(",", ":"), ensure_ascii=False,
                       default=_json_default).encode()
+
+
+def _id_ok(value: Any) -> bool:
+    return (isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH
+            and value.strip() == value)
+
+
+def _utc_iso(value: datetime) -> str:
+    dt = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+    return dt.replace(microsecond=dt.microsecond // 1000 * 1000).isoformat()
+
+
+def _fast_envelope(entry: Mapping[str, Any], entry_id: str, agg_type: str, agg_id: str,
+                   src: Any) -> dict[str, Any] | None:
+    """The envelope of a well-formed entry (what the writer stores) without the full
+    validation of ``Message.from_dict`` — the dispatcher's hot path. ``None`` when anything
+    looks unusual; the caller then validates properly (and names the problem). Payload key
+    names are not re-checked here: the writer rejects ``$``/``.`` keys when it stores them."""
+    etype = entry.get("type")
+    payload = entry.get("payload")
+    if not (_id_ok(etype) and _id_ok(agg_type) and _id_ok(agg_id)
+            and isinstance(payload, dict)):
+        return None
+    env: dict[str, Any] = {"message_id": entry_id, "type": etype, "aggregate_type": agg_type,
+                           "aggregate_id": agg_id, "payload": payload}
+    created = entry.get("created_at")
+    if isinstance(created, datetime):
+        env["occurred_at"] = _utc_iso(created)
+    elif created is not None:
+        return None
+    if src is not None:
+        if not isinstance(src, Mapping):
+            return None
+        seq = src.get("seq")
+        if not (_id_ok(src.get("type")) and _id_ok(src.get("id")) and isinstance(seq, int)
+                and not isinstance(seq, bool) and seq >= 1):
+            return None
+        env["source"] = {"type": src["type"], "id": src["id"], "seq": seq}
+    for name in ("correlation_id", "causation_id"):
+        value = entry.get(name)
+        if value is not None:
+            if not _id_ok(value):
+                return None
+            env[name] = value
+    headers = entry.get("headers")
+    if headers:
+        if not isinstance(headers, dict) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+            return None
+        env["headers"] = dict(headers)
+    return env
+
+
+def _slow_envelope(entry: Mapping[str, Any], entry_id: str, agg_type: str, agg_id: str,
+                   src: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {
+        "message_id": entry_id,
+        "type": entry.get("type"),
+        "aggregate_type": agg_type,
+        "aggregate_id": agg_id,
+        "payload": entry.get("payload") if entry.get("payload") is not None else {},
+        "occurred_at": entry.get("created_at"),
+        "source": dict(src) if isinstance(src, Mapping) else src,
+        "correlation_id": _str_or_none(entry.get("correlation_id")),
+        "causation_id": _str_or_none(entry.get("causation_id")),
+        "headers": entry.get("headers") or {},
+    }
+    try:
+        return Message.from_dict(raw, max_payload_bytes=0).to_dict()
+    except EnvelopeError as exc:
+        raise InvalidEntry(entry_id, str(exc), entry=entry) from None
 
 
 def _str_or_none(value: Any) -> str | None:
@@ -129,9 +203,9 @@ def build_record(entry: Mapping[str, Any], *, collection: str, document_id: Any,
                  source_type: str, topic_template: str) -> OutboundRecord:
     """Turn one stored outbox entry into a record. Raises :class:`InvalidEntry` when the
     entry cannot form a valid envelope (a corrupted or hand-edited document)."""
-    entry_id = str(entry.get("id") or "")
-    if not entry_id:
-        raise InvalidEntry("<missing>", "the entry has no id", entry=entry)
+    entry_id = entry.get("id")
+    if not isinstance(entry_id, str) or not entry_id:
+        raise InvalidEntry(str(entry_id or "<missing>"), "the entry has no id", entry=entry)
     src = entry.get("source")
     src_map: Mapping[str, Any] = src if isinstance(src, Mapping) else {}
     emitter_type = str(src_map.get("type") or source_type)
@@ -141,51 +215,40 @@ def build_record(entry: Mapping[str, Any], *, collection: str, document_id: Any,
         agg_type, agg_id = str(target["type"]), str(target["id"])
     else:
         agg_type, agg_id = emitter_type, emitter_id
-    raw: dict[str, Any] = {
-        "message_id": entry_id,
-        "type": entry.get("type"),
-        "aggregate_type": agg_type,
-        "aggregate_id": agg_id,
-        "payload": entry.get("payload") if entry.get("payload") is not None else {},
-        "occurred_at": entry.get("created_at"),
-        "source": dict(src_map) if src_map else None,
-        "correlation_id": _str_or_none(entry.get("correlation_id")),
-        "causation_id": _str_or_none(entry.get("causation_id")),
-        "headers": entry.get("headers") or {},
-    }
-    try:
-        message = Message.from_dict(raw, max_payload_bytes=0)
-    except EnvelopeError as exc:
-        raise InvalidEntry(entry_id, str(exc), entry=entry) from None
+    env = _fast_envelope(entry, entry_id, agg_type, agg_id, src)
+    if env is None:
+        env = _slow_envelope(entry, entry_id, agg_type, agg_id, src)
+    etype: str = env["type"]
     topic = entry.get("topic") or render_topic(
-        topic_template, aggregate_type=emitter_type, target_type=agg_type, type=message.type,
+        topic_template, aggregate_type=emitter_type, target_type=agg_type, type=etype,
         collection=collection)
-    headers: dict[str, str] = dict(message.headers)
-    headers.update({
-        H_MESSAGE_ID: message.message_id,
-        H_TYPE: message.type,
-        H_AGGREGATE_TYPE: message.aggregate_type,
-        H_AGGREGATE_ID: message.aggregate_id,
-    })
-    if message.causation_id is not None:
-        headers[H_CAUSATION_ID] = message.causation_id
-    if message.correlation_id is not None:
-        headers[H_CORRELATION_ID] = message.correlation_id
-    if message.source is not None:
-        headers[H_SOURCE_TYPE] = message.source.type
-        headers[H_SOURCE_ID] = message.source.id
-        headers[H_SOURCE_SEQ] = str(message.source.seq)
+    headers: dict[str, str] = dict(env.get("headers") or {})
+    headers[H_MESSAGE_ID] = entry_id
+    headers[H_TYPE] = etype
+    headers[H_AGGREGATE_TYPE] = agg_type
+    headers[H_AGGREGATE_ID] = agg_id
+    if "causation_id" in env:
+        headers[H_CAUSATION_ID] = env["causation_id"]
+    if "correlation_id" in env:
+        headers[H_CORRELATION_ID] = env["correlation_id"]
+    esrc = env.get("source")
+    if esrc is not None:
+        headers[H_SOURCE_TYPE] = esrc["type"]
+        headers[H_SOURCE_ID] = esrc["id"]
+        headers[H_SOURCE_SEQ] = str(esrc["seq"])
     key = entry.get("key")
+    created = entry.get("created_at")
     return OutboundRecord(
-        message_id=message.message_id,
+        message_id=entry_id,
         collection=collection,
         document_id=document_id,
         source_type=emitter_type,
         topic=str(topic),
         key=str(key) if key not in (None, "") else emitter_id,
-        value=envelope_json(message),
+        value=envelope_json(env),
         headers=headers,
-        message=message,
-        created_at=message.occurred_at,
+        envelope=env,
+        created_at=(created if created.tzinfo else created.replace(tzinfo=UTC))
+        if isinstance(created, datetime) else None,
         entry=entry,
     )

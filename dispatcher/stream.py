@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import calendar
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,10 +34,12 @@ from aggregates.document import F_OUTBOX
 
 __all__ = [
     "CHANGE_STREAMS_UNSUPPORTED",
+    "PIPELINE",
     "TOKEN_UNUSABLE",
     "Checkpoints",
     "StreamBatch",
     "StreamFollower",
+    "latest_documents",
     "server_time",
 ]
 
@@ -117,6 +120,7 @@ class StreamFollower:
         self.batch_size = batch_size
         self.pacing_s = pacing_s
         self._stream: AsyncChangeStream[Any] | None = None
+        self.reads = 0  #: calls of :meth:`read` (tests check the pacing with it)
 
     async def open(self, *, resume_after: Mapping[str, Any] | None = None,
                    start_at: Timestamp | None = None) -> None:
@@ -138,6 +142,7 @@ class StreamFollower:
         """Up to ``batch_size`` events; waits at most about ``pacing_s`` when there are none
         (never spins)."""
         assert self._stream is not None, "open() first"
+        self.reads += 1
         started = time.monotonic()
         docs: list[Mapping[str, Any]] = []
         newest: Timestamp | None = None
@@ -162,10 +167,8 @@ class StreamFollower:
     async def close(self) -> None:
         stream, self._stream = self._stream, None
         if stream is not None:
-            try:
+            with contextlib.suppress(Exception):  # a broken cursor must not mask the error
                 await stream.close()
-            except Exception:  # closing a broken cursor must not mask the real error
-                pass
 
 
 def latest_documents(docs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

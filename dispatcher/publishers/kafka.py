@@ -13,6 +13,7 @@ off. Records the broker will never accept (too large, invalid topic name, policy
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 import threading
@@ -75,7 +76,9 @@ class _Batch:
             self.remaining -= 1
             finished = self.remaining == 0
         if finished:
-            self.loop.call_soon_threadsafe(self._finish)
+            # RuntimeError: the loop is closed, nobody waits for this batch any more
+            with contextlib.suppress(RuntimeError):
+                self.loop.call_soon_threadsafe(self._finish)
 
     def _finish(self) -> None:
         if not self.done.done():

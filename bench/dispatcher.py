@@ -1,0 +1,310 @@
+"""Dispatcher benchmark: local MongoDB (or AGGBOX_MONGODB_URI) and a local Kafka broker,
+one run.
+
+(a) dispatcher throughput: N documents × k pending entries (written by the StoreWriter),
+    drained to Kafka by ``Dispatcher.run(once=True)`` in this process;
+(b) raw confluent-kafka produce of the same records (same value, key, headers, producer
+    settings: idempotent, acks=all) from one process — the floor;
+(c) commit → publish latency at a steady rate (default 1,000 entries/s), the dispatcher
+    running as its own process (``python -m dispatcher``) with default settings, in stream
+    mode and in polling mode. "Publish" is the broker's LogAppendTime of the record;
+    "commit" the entry's ``created_at`` (taken by the writer just before its write).
+
+Last line of output is JSON: ``dispatch_vs_raw_produce`` (throughput (a)/(b)),
+``latency_p50_ms``, ``latency_p99_ms`` (stream mode), ``poll_latency_p50_ms``,
+``poll_latency_p99_ms``, and the raw figures.
+
+Usage: python bench/dispatcher.py [--docs 2000] [--per 10] [--rate 1000] [--seconds 8]
+"""
+# ruff: noqa: E402  (the path fix below must precede the project imports)
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# Run as a script, this file's directory comes first on sys.path and its name would shadow
+# the ``dispatcher`` package.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from datetime import datetime
+from typing import Any
+
+from pymongo import MongoClient
+
+from aggbox.servers import (
+    LocalKafka,
+    LocalMongo,
+    create_topic,
+    start_local_kafka,
+    start_local_mongodb,
+)
+from aggregates import AggboxSettings, AggregateType, Emit, Handled, Message, Registry, StoreWriter
+from dispatcher.daemon import Dispatcher
+from dispatcher.publishers.kafka import KafkaPublisher
+from dispatcher.record import OutboundRecord, build_record
+from dispatcher.settings import DispatcherSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Ticker:
+    emitted: int = 0
+
+
+emitters: AggregateType[Ticker] = AggregateType("Emitter", state=Ticker, collection="emitters",
+                                                max_outbox=100_000)
+
+
+@emitters.handles("Emit")
+def _emit(state: Ticker, msg: Message) -> Handled[Ticker]:
+    n = int(msg.payload["n"])
+    return (replace(state, emitted=state.emitted + n),
+            [Emit("Tick", {"i": state.emitted + i + 1, "note": "benchmark entry"})
+             for i in range(n)])
+
+
+registry = Registry([emitters])
+
+
+@contextmanager
+def local_mongo() -> Iterator[LocalMongo]:
+    """A fresh local server (mongo-java-server scans its whole oplog per getMore, so each
+    phase gets its own), or AGGBOX_MONGODB_URI when set."""
+    with start_local_mongodb() as server:
+        yield server
+
+
+def write_entries(db: Any, docs: list[str], n: int, tag: str) -> int:
+    w = StoreWriter(db, registry, settings=AggboxSettings(database=db.name))
+    msgs = [Message(message_id=f"{tag}-{d}", type="Emit", aggregate_type="Emitter",
+                    aggregate_id=d, payload={"n": n}) for d in docs]
+    return sum(len(o.emitted_ids) for o in w.process(msgs))
+
+
+def producer_config(bootstrap: str) -> dict[str, Any]:
+    return {k: v for k, v in KafkaPublisher(bootstrap).config.items()}
+
+
+def throughput(mongo: LocalMongo, kafka: LocalKafka, n_docs: int, per: int) -> dict[str, Any]:
+    client: MongoClient[dict[str, Any]] = MongoClient(mongo.uri, tz_aware=True)
+    db = client["bench_dispatch"]
+    client.drop_database(db.name)
+    StoreWriter(db, registry, settings=AggboxSettings(database=db.name)).ensure_indexes()
+    docs = [f"agg-{i:06d}" for i in range(n_docs)]
+    t = time.perf_counter()
+    total = write_entries(db, docs, per, "tp")
+    print(f"  wrote {total} entries in {n_docs} documents ({time.perf_counter() - t:.1f} s)")
+    prefix = "bench" + uuid.uuid4().hex[:6]
+    topic_a, topic_b = f"{prefix}-Emitter", f"{prefix}raw-Emitter"
+    for name in (topic_a, topic_b):
+        create_topic(kafka.bootstrap_servers, name, partitions=6)
+    # (b)'s input: the very records the dispatcher will send, built before it runs.
+    records: list[OutboundRecord] = [
+        build_record(e, collection="emitters", document_id=d["_id"], source_type="Emitter",
+                     topic_template=prefix + "raw-{aggregate_type}")
+        for d in db.emitters.find({}, {"outbox": 1}) for e in d["outbox"]]
+    settings = DispatcherSettings.load(
+        collections=["emitters"], publisher="kafka",
+        kafka_bootstrap_servers=kafka.bootstrap_servers, topic_template=prefix +
+        "-{aggregate_type}", metrics_port=0)
+    store = AggboxSettings(mongodb_uri=mongo.uri, database=db.name)
+    d = Dispatcher(settings, store=store)
+    t = time.perf_counter()
+    assert asyncio.run(d.run(once=True)) == 0
+    t_dispatch = time.perf_counter() - t
+    left = sum(len(x.get("outbox") or []) for x in db.emitters.find({}, {"outbox": 1}))
+    assert left == 0, f"{left} entries left"
+    published = d.workers[0].stats.published
+    assert published == total, (published, total)
+    t_raw = raw_produce(kafka.bootstrap_servers, records)
+    client.close()
+    out = {
+        "entries": total, "documents": n_docs, "per_document": per,
+        "dispatch_s": round(t_dispatch, 3), "dispatch_per_s": round(total / t_dispatch),
+        "raw_produce_s": round(t_raw, 3), "raw_produce_per_s": round(total / t_raw),
+        "dispatch_vs_raw_produce": round(t_raw / t_dispatch, 3),
+    }
+    print(f"  (a) dispatcher: {total} entries in {t_dispatch:.2f} s = "
+          f"{out['dispatch_per_s']:,}/s")
+    print(f"  (b) raw produce: {total} records in {t_raw:.2f} s = {out['raw_produce_per_s']:,}/s")
+    return out
+
+
+def warm_up(bootstrap: str) -> None:
+    """One idempotent produce, so the broker's coordinator is loaded before timing."""
+    from confluent_kafka import Producer
+
+    p = Producer(producer_config(bootstrap))
+    p.produce("aggbox-bench-warmup", b"x")
+    p.flush(60)
+
+
+def raw_produce(bootstrap: str, records: list[OutboundRecord]) -> float:
+    from confluent_kafka import Producer
+
+    p = Producer(producer_config(bootstrap))
+    errors: list[Any] = []
+
+    def report(err: Any, _msg: Any) -> None:
+        if err is not None:
+            errors.append(err)
+
+    t = time.perf_counter()
+    for r in records:
+        headers = [(k, v.encode()) for k, v in r.headers.items()]
+        while True:
+            try:
+                p.produce(r.topic, value=r.value, key=r.key.encode(), headers=headers,
+                          on_delivery=report)
+                break
+            except BufferError:
+                p.poll(0.01)
+        p.poll(0)
+    p.flush(60)
+    dt = time.perf_counter() - t
+    assert not errors, errors[:3]
+    return dt
+
+
+def latency(mongo: LocalMongo, kafka: LocalKafka, mode: str, rate: int, seconds: float,
+            tmp: Path) -> dict[str, float]:
+    client: MongoClient[dict[str, Any]] = MongoClient(mongo.uri, tz_aware=True)
+    db = client["bench_latency_" + mode]
+    client.drop_database(db.name)
+    StoreWriter(db, registry, settings=AggboxSettings(database=db.name)).ensure_indexes()
+    prefix = "lat" + uuid.uuid4().hex[:6]
+    topic = f"{prefix}-Emitter"
+    create_topic(kafka.bootstrap_servers, topic, partitions=3,
+                 config={"message.timestamp.type": "LogAppendTime"})
+    log = tmp / f"dispatcher-{mode}.log"
+    env = {**os.environ, "AGGBOX_MONGODB_URI": mongo.uri, "AGGBOX_DATABASE": db.name}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dispatcher", "--log-level",
+         os.environ.get("BENCH_DISPATCHER_LOG_LEVEL", "INFO"), "--collection", "emitters",
+         "--publisher", "kafka",
+         "--bootstrap-servers", kafka.bootstrap_servers, "--topic-template",
+         prefix + "-{aggregate_type}", "--metrics-port", "0", "--mode", mode],
+        cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    try:
+        deadline = time.monotonic() + 30
+        while db.aggbox_dispatcher_leases.find_one() is None:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise RuntimeError(f"dispatcher did not start; log: {log}")
+            time.sleep(0.05)
+        time.sleep(1.0)
+        # Steady load: every tick, `per_tick` documents emit one entry each.
+        ticks_per_s = 20
+        per_tick = max(1, rate // ticks_per_s)
+        pool = [f"agg-{i:05d}" for i in range(per_tick * 10)]
+        n_ticks = int(seconds * ticks_per_s)
+        expected = n_ticks * per_tick
+        result: dict[str, Any] = {}
+        consumer = threading.Thread(target=consume_latencies,
+                                    args=(kafka.bootstrap_servers, topic, expected, result))
+        consumer.start()
+        start = time.monotonic()
+        for tick in range(n_ticks):
+            docs = [pool[(tick * per_tick + j) % len(pool)] for j in range(per_tick)]
+            write_entries(db, docs, 1, f"t{tick}")
+            sleep = start + (tick + 1) / ticks_per_s - time.monotonic()
+            if sleep > 0:
+                time.sleep(sleep)
+        achieved = expected / (time.monotonic() - start)
+        consumer.join(120)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        client.close()
+    lat = sorted(result.get("latencies_ms", []))
+    if len(lat) < expected:
+        raise RuntimeError(f"{mode}: consumed {len(lat)} of {expected}; log: {log}")
+    q = statistics.quantiles(lat, n=100)
+    out = {"p50_ms": round(q[49], 1), "p99_ms": round(q[98], 1), "max_ms": round(lat[-1], 1),
+           "rate_per_s": round(achieved), "entries": expected}
+    print(f"  (c) {mode}: {expected} entries at {achieved:.0f}/s: p50 {out['p50_ms']} ms, "
+          f"p99 {out['p99_ms']} ms, max {out['max_ms']} ms")
+    return out
+
+
+def consume_latencies(bootstrap: str, topic: str, expected: int, out: dict[str, Any]) -> None:
+    from confluent_kafka import (
+        OFFSET_BEGINNING,
+        TIMESTAMP_LOG_APPEND_TIME,
+        Consumer,
+        TopicPartition,
+    )
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
+                  "enable.auto.commit": False})
+    parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+    seen: dict[str, float] = {}
+    deadline = time.monotonic() + 120
+    while len(seen) < expected and time.monotonic() < deadline:
+        msg = c.poll(0.5)
+        if msg is None or msg.error():
+            continue
+        kind, ts_ms = msg.timestamp()
+        assert kind == TIMESTAMP_LOG_APPEND_TIME, kind
+        env = json.loads(msg.value())
+        created = datetime.fromisoformat(env["occurred_at"]).timestamp() * 1000
+        seen.setdefault(env["message_id"], ts_ms - created)
+    c.close()
+    out["latencies_ms"] = list(seen.values())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--docs", type=int, default=2000)
+    ap.add_argument("--per", type=int, default=10)
+    ap.add_argument("--rate", type=int, default=1000)
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--only", choices=["throughput", "stream", "poll"], default=None,
+                    help="run one phase only (for profiling)")
+    args = ap.parse_args()
+    tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"aggbox-bench-{uuid.uuid4().hex[:6]}"
+    tmp.mkdir(parents=True)
+    print(f"python {platform.python_version()}, {os.cpu_count()} CPUs")
+    nothing: dict[str, Any] = {}
+    tp, stream, poll = nothing, nothing, nothing
+    with start_local_kafka() as kafka:
+        warm_up(kafka.bootstrap_servers)
+        if args.only in (None, "throughput"):
+            with local_mongo() as mongo:
+                print(f"mongo: {mongo.kind}, kafka {kafka.bootstrap_servers}")
+                tp = throughput(mongo, kafka, args.docs, args.per)
+        if args.only in (None, "stream"):
+            with local_mongo() as mongo:
+                stream = latency(mongo, kafka, "stream", args.rate, args.seconds, tmp)
+        if args.only in (None, "poll"):
+            with local_mongo() as mongo:
+                poll = latency(mongo, kafka, "poll", args.rate, args.seconds, tmp)
+    result = {
+        "dispatch_vs_raw_produce": tp.get("dispatch_vs_raw_produce"),
+        "latency_p50_ms": stream.get("p50_ms"),
+        "latency_p99_ms": stream.get("p99_ms"),
+        "poll_latency_p50_ms": poll.get("p50_ms"),
+        "poll_latency_p99_ms": poll.get("p99_ms"),
+        "throughput": tp, "stream": stream, "poll": poll,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

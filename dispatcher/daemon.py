@@ -1,0 +1,241 @@
+"""The dispatcher's lifecycle: clients, publisher, one worker per collection, metrics,
+signals.
+
+    dispatcher = Dispatcher(DispatcherSettings.load(collections=["orders"]))
+    exit_code = asyncio.run(dispatcher.run(install_signal_handlers=True))
+
+SIGTERM/SIGINT (or :meth:`Dispatcher.request_stop`): workers stop reading, the batch in
+flight finishes (at most ``shutdown_timeout_s``; beyond that it is abandoned — nothing of it
+was pulled, so it is published again after a restart), the resume token is saved, leases
+are released so a standby takes over at once, and :meth:`run` returns 0. A second signal
+abandons in-flight work immediately.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from typing import Any
+
+from pymongo import AsyncMongoClient
+from pymongo.errors import PyMongoError
+
+from aggregates.errors import ConfigurationError
+from aggregates.settings import AggboxSettings
+from dispatcher.faults import Faults
+from dispatcher.lease import default_instance_id
+from dispatcher.metrics import Health, Metrics, MetricsServer
+from dispatcher.publishers import Publisher, create_publisher
+from dispatcher.record import check_template
+from dispatcher.settings import DispatcherSettings
+from dispatcher.worker import CollectionWorker
+
+__all__ = ["Dispatcher", "resolve_collections"]
+
+log = logging.getLogger("aggbox.dispatcher")
+
+
+def resolve_collections(settings: DispatcherSettings) -> list[tuple[str, str | None]]:
+    """``(collection, aggregate type name or None)`` for every collection to dispatch."""
+    from aggregates.aggregate import Registry
+
+    types: dict[str, str] = {}
+    if settings.aggregates:
+        for atype in Registry.from_module(settings.aggregates):
+            types.setdefault(atype.collection, atype.name)
+    names = list(settings.collections) or list(types)
+    if not names:
+        raise ConfigurationError(
+            "no collections to dispatch: set `collections` (--collection, "
+            "AGGBOX_DISPATCHER_COLLECTIONS) or `aggregates` (--aggregates)"
+        )
+    if len(set(names)) != len(names):
+        raise ConfigurationError(f"collections listed twice: {names}")
+    return [(n, types.get(n)) for n in names]
+
+
+class Dispatcher:
+    """``aggbox dispatch`` as an object (tests and embedding use it directly)."""
+
+    def __init__(
+        self,
+        settings: DispatcherSettings | None = None,
+        *,
+        store: AggboxSettings | None = None,
+        publisher: Publisher | None = None,
+        client: AsyncMongoClient[Any] | None = None,
+        faults: Faults | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.settings = settings or DispatcherSettings.load()
+        self.store = store or AggboxSettings.load()
+        check_template(self.settings.topic_template)
+        self.collections = resolve_collections(self.settings)
+        self.publisher = publisher or create_publisher(self.settings)
+        self.faults = faults if faults is not None else Faults.from_env()
+        self.metrics = metrics or Metrics()
+        self.health = Health(stale_after_s=max(60.0, 3 * self.settings.lease_ttl_s,
+                                               3 * self.settings.kafka_delivery_timeout_s))
+        self.instance_id = self.settings.instance_id or default_instance_id()
+        self.workers: list[CollectionWorker] = []
+        self.metrics_server: MetricsServer | None = None
+        self.started = asyncio.Event()
+        self._client = client
+        self._own_client = client is None
+        self._stop: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._signals = 0
+
+    # -- control ----------------------------------------------------------------------------
+    def request_stop(self) -> None:
+        """Graceful stop (what SIGTERM does). Safe to call from the event loop thread."""
+        self._signals += 1
+        if self._stop is not None:
+            self._stop.set()
+        if self._signals >= 2:
+            log.warning("second stop request: abandoning in-flight work")
+            for t in self._tasks:
+                t.cancel()
+
+    @property
+    def metrics_port(self) -> int | None:
+        return self.metrics_server.port if self.metrics_server is not None else None
+
+    # -- run --------------------------------------------------------------------------------
+    async def run(self, *, once: bool = False, install_signal_handlers: bool = False) -> int:
+        """Dispatch until stopped (or, with ``once``, until every collection is drained).
+        Returns the process exit code."""
+        stop = self._stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._on_signal, sig)
+        try:
+            return await self._run(stop, once)
+        finally:
+            if install_signal_handlers:
+                for sig in (signal.SIGTERM, signal.SIGINT):
+                    loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("%s received: stopping (finishing in-flight publishes)", sig.name)
+        self.request_stop()
+
+    async def _client_for(self) -> AsyncMongoClient[Any]:
+        if self._client is not None:
+            return self._client
+        uri = self.store.mongodb_uri
+        if not uri:
+            from aggbox.servers import mongodb_uri
+
+            log.warning("no mongodb_uri set (AGGBOX_MONGODB_URI): using a local server started "
+                        "for this process (embedded mode)")
+            uri = await asyncio.to_thread(mongodb_uri)
+        self._client = AsyncMongoClient(uri, tz_aware=True, appname="aggbox-dispatcher")
+        return self._client
+
+    async def _run(self, stop: asyncio.Event, once: bool) -> int:
+        s = self.settings
+        client = await self._client_for()
+        db = client[self.store.database]
+        rc = 0
+        try:
+            await self.publisher.start()
+            if s.metrics_port and not once:
+                self.metrics_server = MetricsServer(self.metrics, self.health,
+                                                    host=s.metrics_host, port=s.metrics_port)
+                try:
+                    await self.metrics_server.start()
+                except OSError as exc:
+                    raise ConfigurationError(
+                        f"cannot serve metrics on {s.metrics_host}:{s.metrics_port}: {exc}; "
+                        "choose another metrics_port (--metrics-port, 0 turns it off)"
+                    ) from exc
+            self.workers = [
+                CollectionWorker(db=db, collection=name, settings=s, publisher=self.publisher,
+                                 dead_letter_collection=self.store.dead_letter_collection,
+                                 metrics=self.metrics, health=self.health, faults=self.faults,
+                                 stop=stop, owner=self.instance_id, source_type=atype,
+                                 once=once)
+                for name, atype in self.collections
+            ]
+            for w in self.workers:
+                self.health.beat(w.name, role="starting")
+            self._tasks = [asyncio.create_task(w.run(), name=f"dispatch-{w.name}")
+                           for w in self.workers]
+            gauges = asyncio.create_task(self._measure_loop(stop), name="dispatch-gauges")
+            log.info("dispatcher %s started: %s → %s", self.instance_id,
+                     ", ".join(n for n, _ in self.collections), self.publisher.name,
+                     extra={"instance": self.instance_id, "publisher": self.publisher.name})
+            self.started.set()
+            rc = await self._wait(stop)
+            gauges.cancel()
+            await asyncio.gather(gauges, return_exceptions=True)
+            if once:
+                await self._measure_once()
+        finally:
+            await self._close()
+        log.info("dispatcher %s stopped", self.instance_id, extra={"instance": self.instance_id})
+        return rc
+
+    async def _wait(self, stop: asyncio.Event) -> int:
+        rc = 0
+        pending: set[asyncio.Task[Any]] = set(self._tasks)
+        stopper = asyncio.create_task(stop.wait())
+        while pending:
+            done, pending = await asyncio.wait(pending | {stopper},
+                                               return_when=asyncio.FIRST_COMPLETED)
+            pending.discard(stopper)
+            for t in done:
+                if t is stopper or t.cancelled():
+                    continue
+                exc = t.exception()
+                if exc is not None:
+                    log.error("%s failed: %s", t.get_name(), exc, exc_info=exc)
+                    rc = 1
+                    stop.set()
+            if stop.is_set():
+                break
+        stopper.cancel()
+        if pending:
+            finished, unfinished = await asyncio.wait(
+                pending, timeout=self.settings.shutdown_timeout_s or None)
+            for t in unfinished:
+                log.warning("%s: in-flight work did not finish within %.0fs; abandoned "
+                            "(nothing of it was pulled: it is published again later)",
+                            t.get_name(), self.settings.shutdown_timeout_s)
+                t.cancel()
+            if unfinished:
+                await asyncio.gather(*unfinished, return_exceptions=True)
+            for t in finished:
+                if not t.cancelled() and t.exception() is not None:
+                    log.error("%s failed: %s", t.get_name(), t.exception())
+                    rc = 1
+        return rc
+
+    async def _measure_loop(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            await self._measure_once()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.settings.metrics_interval_s)
+
+    async def _measure_once(self) -> None:
+        for w in self.workers:
+            try:
+                await w.measure_backlog()
+            except PyMongoError as exc:
+                log.debug("backlog measurement of %s failed: %s", w.name, exc)
+
+    async def _close(self) -> None:
+        if self.metrics_server is not None:
+            await self.metrics_server.close()
+        try:
+            await self.publisher.close()
+        except Exception as exc:
+            log.warning("closing publisher %s: %s", self.publisher.name, exc)
+        if self._own_client and self._client is not None:
+            await self._client.close()
+            self._client = None
+
