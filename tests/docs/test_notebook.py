@@ -1,0 +1,65 @@
+"""``notebooks/debugging.ipynb`` runs top to bottom against the session's MongoDB server, tells
+the story it claims, cleans up after itself, and is committed with the outputs of a run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+
+from tests.docs.notebook import code_cells, execute, output_text, read_notebook
+
+pytestmark = pytest.mark.mongo
+
+
+def _kinds(cell: Any) -> list[tuple[str, ...]]:
+    """What a cell showed, by kind: stream name, or result/display with its MIME types."""
+    kinds: list[tuple[str, ...]] = []
+    for out in cell.get("outputs", []):
+        if out.output_type == "stream":
+            kinds.append(("stream", out.name))
+        else:
+            kinds.append((out.output_type, *sorted(out.get("data", {}))))
+    return kinds
+
+
+def _notebook_databases(client: MongoClient[dict[str, Any]]) -> set[str]:
+    return {n for n in client.list_database_names() if n.startswith("debugging_")}
+
+
+def test_the_notebook_runs_and_shows_the_failures_and_their_fixes(
+        mongo_uri: str, mongo_client: MongoClient[dict[str, Any]], tmp_path: Path) -> None:
+    before = _notebook_databases(mongo_client)
+    nb = execute(workdir=tmp_path)  # raises CellExecutionError naming the failing cell
+    cells = code_cells(nb)
+    text = "\n".join(output_text(c) for c in cells)
+
+    # The poison message is dead-lettered with the handler's error ...
+    assert "handler_error" in text
+    assert "ValueError: order amount must be positive, got -40" in text
+    # ... the fixed handler rejects the order, and the replay settles the dead letter.
+    assert "status='rejected'" in text
+    assert "ok: True | status: {'Order/o-2/place-o2': 'replayed'}" in text
+    # The reused message id is dead-lettered and changes nothing.
+    assert "duplicate_with_different_payload" in text
+    assert "credit limit still 500" in text
+    # The trace follows the chain across runs and shows the poison message's history.
+    assert "place-o1 Order/o-1: applied, emitted 1   ◀ traced" in text
+    assert "place-o2 Order/o-2: dead_lettered (handler_error) → applied" in text
+    # load_aggregate renders as HTML in Jupyter.
+    assert any("text/html" in out.get("data", {}) and "aggregate <code>Customer/c-1" in
+               out.data["text/html"] for c in cells for out in c.outputs
+               if out.output_type == "execute_result")
+    # The last cell dropped the notebook's database.
+    assert _notebook_databases(mongo_client) == before
+
+    # The committed notebook holds the outputs of a complete run of the current cells
+    # (regenerate with `python -m tests.docs.notebook --write`).
+    committed = code_cells(read_notebook())
+    assert [c.source for c in committed] == [c.source for c in cells]
+    assert [c.execution_count for c in committed] == list(range(1, len(committed) + 1))
+    assert [_kinds(c) for c in committed] == [_kinds(c) for c in cells]
+    assert all(c.outputs for c in committed[:-1]), "commit the notebook with its outputs"
+    assert not [o for c in committed for o in c.outputs if o.output_type == "error"]
