@@ -91,8 +91,9 @@ class DispatcherSettings(SectionSettings):
     )
     lease_ttl_s: float = Field(
         10.0, gt=0,
-        description="Lease lifetime. A standby takes over at most this long after the active "
-        "dispatcher dies; an active one that cannot renew within it stops publishing.",
+        description="Lease lifetime. A standby takes over at most lease_ttl_s + its own "
+        "renewal period after the active dispatcher dies (kill -9); an active one that cannot "
+        "renew within it stops publishing.",
     )
     lease_renew_s: float | None = Field(
         None, gt=0, description="Renewal period of the lease (default: a third of lease_ttl_s)."

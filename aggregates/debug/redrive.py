@@ -17,6 +17,7 @@ from pymongo.database import Database
 
 from aggregates.aggregate import Registry
 from aggregates.deadletters import DeadLetterStore
+from aggregates.dedup import HighWater
 from aggregates.envelope import Message
 from aggregates.errors import ConfigurationError, EnvelopeError
 from aggregates.outcomes import Outcome
@@ -117,8 +118,13 @@ def replay_dead_letters(
             continue
         result.outcome_of[lid] = o
         result.status[lid] = STATUS_AFTER[o.outcome]
+        if o.outcome == "duplicate" and isinstance(
+                writer.registry.get(o.aggregate_type).dedup, HighWater):
+            # A high-water mark cannot tell "applied before" from "overtaken by a later seq
+            # of the same source": the message's effect may never have been applied.
+            result.status[lid] = "superseded"
     now = clock()
-    for status in ("replayed", "parked"):
+    for status in ("replayed", "parked", "superseded"):
         marked = [i for i, st in result.status.items() if st == status]
         if marked:
             store.mark(marked, status=status, now=now)

@@ -551,3 +551,21 @@ def test_end_to_end_on_the_local_server(db: Any) -> None:
     assert len(after.outbox) == 3
     listed = dead_letters(db, status=None, settings=settings)
     assert list(listed["status"]) == ["replayed"]
+
+
+def test_replayed_high_water_duplicate_is_superseded_not_replayed() -> None:
+    """Monotonic high-water cannot tell 'applied' from 'overtaken': never claim replayed."""
+    import mongomock
+
+    from aggregates import AggboxSettings, StoreWriter, replay_dead_letters
+    from tests.aggregates.domain import msg as dmsg
+    from tests.aggregates.domain import registry as dregistry
+
+    db = mongomock.MongoClient(tz_aware=True)["superseded"]
+    w = StoreWriter(db, dregistry, settings=AggboxSettings())
+    out = w.process([dmsg("x5", atype="Mono", mtype="Boom", source=("Up", "u", 5)),
+                     dmsg("x6", 6, atype="Mono", source=("Up", "u", 6))])
+    assert [o.outcome for o in out] == ["dead_lettered", "applied"]
+    res = replay_dead_letters(db, dregistry, ids=["x5"], settings=AggboxSettings())
+    assert [s for s in res.status.values()] == ["superseded"]
+    assert db.aggbox_dead_letters.find_one({"message_id": "x5"})["status"] == "superseded"
