@@ -1,0 +1,64 @@
+"""Fixtures of the demo tests.
+
+- ``spark_session``: the Spark tests' session fixture, shared (one JVM per test process: the
+  first session fixes its packages, e.g. Spark's Kafka source, so the demo must not start a
+  differently configured one in the same process). The demo reuses an active session.
+- ``local_run``: a small scenario run through the real loop, the real dispatcher and the real
+  store writer — without Spark — once per module; the checks' tests corrupt copies of it.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+
+from aggbox.demo.engine import DispatcherDrain
+from aggbox.demo.generate import Scenario, ScenarioSpec, generate, write_lines
+from aggbox.demo.model import RunRecord
+from aggbox.demo.oracle import Expected, expect
+from aggbox.demo.rounds import run_rounds
+from aggbox.demo.store import StoreView, pending_outbox, read_store
+from aggregates.aggregate import Registry
+from aggregates.settings import AggboxSettings
+from examples.orders import registry as orders_registry
+from tests.demo.local import LocalRound
+from tests.spark.conftest import spark_session  # noqa: F401  (shared fixture, see above)
+
+
+@dataclass
+class LocalRun:
+    scenario: Scenario
+    expected: Expected
+    record: RunRecord
+    store: StoreView
+    registry: Registry
+    db: Any
+    settings: AggboxSettings
+
+
+@pytest.fixture(scope="module")
+def local_run(mongo_client: MongoClient[dict[str, Any]], mongo_uri: str,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRun]:
+    name = f"t_demo_local_{uuid.uuid4().hex[:8]}"
+    settings = AggboxSettings.load(mongodb_uri=mongo_uri, database=name)
+    db = mongo_client[name]
+    workdir: Path = tmp_path_factory.mktemp("demo-local")
+    scenario = generate(ScenarioSpec(customers=8, orders=40, seed=11))
+    inputs = write_lines(workdir / "input", scenario.files())
+    record = run_rounds(
+        inputs, workdir=workdir,
+        process=LocalRound(db, orders_registry, settings),
+        drain=DispatcherDrain(aggregates="examples.orders", settings=settings),
+        pending=lambda: pending_outbox(db, orders_registry),
+        redeliver_rate=0.2, rng=random.Random(3),
+    )
+    yield LocalRun(scenario, expect(scenario.lines, orders_registry), record,
+                   read_store(db, orders_registry, settings), orders_registry, db, settings)
+    mongo_client.drop_database(name)
