@@ -322,17 +322,27 @@ class Pipeline:
             source, checkpoint_location=checkpoint_location, trigger=trigger,
             outcomes_path=outcomes_path, on_batch=on_batch,
         )
+        failure: BaseException | None = None
         try:
             if timeout is None:
                 query.awaitTermination()
             else:
                 query.awaitTermination(timeout)
+        except Exception as exc:  # StreamingQueryException: the query died
+            failure = exc
         finally:
             if query.isActive:
                 query.stop()
-        exc = query.exception()
-        if exc is not None:
-            raise StreamFailed(f"streaming query failed: {exc}")
+        if failure is None:
+            failure = query.exception()
+        if failure is not None:
+            first = str(failure).strip().splitlines()[:8]
+            raise StreamFailed(
+                "the streaming query failed after "
+                f"{len(result.batches)} completed micro-batch(es): " + "\n".join(first)
+                + "\nThe checkpoint keeps the failed micro-batch unconsumed; fix the cause and "
+                "run again (what it already wrote comes back as duplicate)."
+            ) from failure
         return result
 
 

@@ -14,24 +14,42 @@ Under ``spark-submit`` (or in a notebook) pass your own session to the pipeline 
   aggregates, your aggregates module).
 - Spark's Kafka source ``org.apache.spark:spark-sql-kafka-0-10_2.13:<pyspark version>``
   through ``spark.jars.packages``, only when a Kafka stream is wanted (Ivy downloads it from
-  Maven Central once into ``~/.ivy2.5.2``).
+  Maven Central once into ``~/.ivy2.5.2``). Its dependency ``spark-token-provider-kafka-0-10``
+  is missing on some Maven mirrors for patch releases (4.0.1 here): when Ivy fails, the
+  session is started again with that one dependency pinned to ``<major>.<minor>.0``
+  (or set ``kafka_token_provider_version``).
 - ``spark.sql.session.timeZone=UTC``: ``occurred_at`` is compared and ordered in UTC.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import subprocess
 import sys
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 from aggregates.errors import ConfigurationError
 from spark.settings import SparkSettings
 
-__all__ = ["build_session", "check_session", "kafka_package", "local_master"]
+__all__ = [
+    "build_session",
+    "check_session",
+    "fetch_jar",
+    "kafka_package",
+    "kafka_token_provider_fallback",
+    "local_master",
+]
+
+log = logging.getLogger("aggbox.spark")
 
 _LOCAL = re.compile(r"^local\[(\d+|\*)\]$")
+
+
+_TOKEN_PROVIDER = "org.apache.spark:spark-token-provider-kafka-0-10_2.13"
 
 
 def kafka_package(settings: SparkSettings | None = None) -> str:
@@ -41,6 +59,15 @@ def kafka_package(settings: SparkSettings | None = None) -> str:
     import pyspark
 
     return f"org.apache.spark:spark-sql-kafka-0-10_2.13:{pyspark.__version__}"
+
+
+def kafka_token_provider_fallback() -> str:
+    """``<major>.<minor>.0`` of the installed PySpark: the token-provider version tried when
+    the exact one cannot be resolved (some Maven mirrors lack patch releases of it)."""
+    import pyspark
+
+    major, minor = pyspark.__version__.split(".")[:2]
+    return f"{major}.{minor}.0"
 
 
 def local_master(master: str, max_failures: int) -> str:
@@ -64,14 +91,9 @@ def build_session(
     ``kafka=True`` adds Spark's Kafka source; ``packages`` adds other Maven coordinates;
     ``conf`` overrides everything else. Static settings (packages, master) only apply when
     no session is running yet in this process."""
-    from pyspark.sql import SparkSession
-
     s = settings or SparkSettings.load()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    pkgs = list(packages)
-    if kafka:
-        pkgs.append(kafka_package(s))
     values: dict[str, str] = {
         "spark.app.name": s.app_name,
         "spark.speculation": "false",
@@ -82,17 +104,77 @@ def build_session(
         "spark.pyspark.python": os.environ["PYSPARK_PYTHON"],
         "spark.ui.showConsoleProgress": "true" if show_console_progress else "false",
     }
-    if pkgs:
-        values["spark.jars.packages"] = ",".join(dict.fromkeys(pkgs))
     values.update(s.conf)
     values.update(conf or {})
+    pkgs = list(packages)
+    if not kafka:
+        return _start(s, values, pkgs, None)
+    pkgs.append(kafka_package(s))
+    if s.kafka_token_provider_version:
+        return _start(s, values, pkgs, s.kafka_token_provider_version)
+    try:
+        return _start(s, values, pkgs, None)
+    except Exception as exc:
+        if not _gateway_failed(exc):
+            raise
+        pinned = kafka_token_provider_fallback()
+        log.warning(
+            "could not start Spark with %s (Ivy could not resolve a dependency, see above); "
+            "retrying with %s:%s. Set [spark] kafka_token_provider_version to choose.",
+            kafka_package(s), _TOKEN_PROVIDER, pinned,
+        )
+        return _start(s, values, pkgs, pinned)
+
+
+def _gateway_failed(exc: Exception) -> bool:
+    text = f"{type(exc).__name__}: {exc}"
+    return "JAVA_GATEWAY_EXITED" in text or "Java gateway process exited" in text
+
+
+def _start(s: SparkSettings, values: dict[str, str], pkgs: list[str],
+           token_provider: str | None) -> Any:
+    from pyspark.sql import SparkSession
+
+    conf = dict(values)
+    if token_provider:
+        # Ivy cannot pin a transitive dependency: exclude it and put the pinned jar on the
+        # classpath ourselves (fetched with Maven into the aggbox cache).
+        jar = fetch_jar(f"{_TOKEN_PROVIDER}:{token_provider}")
+        conf["spark.jars.excludes"] = ",".join(
+            filter(None, [conf.get("spark.jars.excludes"), _TOKEN_PROVIDER]))
+        conf["spark.jars"] = ",".join(filter(None, [conf.get("spark.jars"), str(jar)]))
+    if pkgs:
+        conf["spark.jars.packages"] = ",".join(dict.fromkeys(pkgs))
     builder = SparkSession.builder.master(local_master(s.master, s.task_max_failures))
-    for key, value in values.items():
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     for path in s.py_files:
         spark.sparkContext.addPyFile(path)
     return spark
+
+
+def fetch_jar(coordinate: str) -> Path:
+    """One jar (no dependencies) from Maven Central, cached in the aggbox cache directory."""
+    from aggbox.servers.maven import cache_dir, mvn_executable
+
+    _group, artifact, version = coordinate.split(":")
+    target = cache_dir() / "jars" / "spark-extra"
+    jar = target / f"{artifact}-{version}.jar"
+    if jar.is_file():
+        return jar
+    target.mkdir(parents=True, exist_ok=True)
+    cmd = [mvn_executable(), "-q", "-B", "dependency:copy", f"-Dartifact={coordinate}",
+           f"-DoutputDirectory={target}"]
+    done = subprocess.run(cmd, cwd=target, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=600, check=False)
+    if done.returncode != 0 or not jar.is_file():
+        raise ConfigurationError(
+            f"cannot fetch {coordinate} from Maven Central (exit {done.returncode}): "
+            f"{(done.stdout + done.stderr).strip()[-2000:]}. Set [spark] kafka_package / "
+            "kafka_token_provider_version to versions your Maven mirror has."
+        )
+    return jar
 
 
 def check_session(spark: Any) -> None:

@@ -99,6 +99,12 @@ class SparkSettings(SectionSettings):
         description="Maven coordinate of Spark's Kafka source. Unset: "
         "org.apache.spark:spark-sql-kafka-0-10_2.13:<installed pyspark version>.",
     )
+    kafka_token_provider_version: str | None = Field(
+        None,
+        description="Pin spark-token-provider-kafka-0-10 (a dependency of the Kafka source) to "
+        "this version, for Maven mirrors that lack the exact one. Unset: the Kafka source's own "
+        "dependency; if that cannot be resolved, aggbox retries once with <major>.<minor>.0.",
+    )
     conf: dict[str, str] = Field(
         default_factory=dict,
         description="Extra Spark configuration (key → value) applied when aggbox creates the "

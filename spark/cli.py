@@ -1,0 +1,362 @@
+"""``aggbox run`` (batch) and ``aggbox stream`` (Structured Streaming).
+
+Settings come from, highest first: command-line options, ``AGGBOX_*`` /
+``AGGBOX_SPARK_*`` environment variables, the config file (``--config`` or
+``$AGGBOX_CONFIG``; sections ``[aggbox]`` and ``[spark]``, see ``config/aggbox.toml``), the
+documented defaults. pyspark is imported only when a command runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from aggregates.errors import AggboxError, ConfigurationError
+
+__all__ = ["register", "run_command", "stream_command"]
+
+_RUN_DESCRIPTION = """\
+Apply message files to the aggregates in MongoDB, once, with Spark.
+
+Input: JSON Lines (one envelope per line) and Parquet files, as paths, directories or globs.
+Every record ends in exactly one outcome — applied, duplicate, dead_lettered (with a reason
+code; the record is in the dead-letter collection) or parked — and the summary table shows
+them. Running the same input again is harmless: everything comes back as duplicate.
+
+The aggregates module must be importable here and in every Spark executor: install it in the
+cluster's Python environment, or ship it with --py-files (a .py, .zip or wheel), e.g.
+  aggbox run --input 's3a://bucket/in/*.jsonl' --aggregates myteam.aggregates \\
+             --py-files dist/myteam-1.0-py3-none-any.whl --master yarn
+"""
+
+_STREAM_DESCRIPTION = """\
+Apply a stream of messages with Structured Streaming (foreachBatch, same code path as
+`aggbox run`): a Kafka topic (--kafka-bootstrap-servers + --topic) or a directory that
+receives JSON Lines files (--directory).
+
+A checkpoint directory (--checkpoint) is required: it records the Kafka offsets / files
+already consumed, so a restart resumes where it stopped. Keep one checkpoint per stream;
+deleting it replays the source, which is harmless (duplicates) but slow.
+
+Triggers: availableNow (default: consume what is there in one or more micro-batches, then
+exit) or an interval such as "10 seconds" (runs until Ctrl-C or --timeout).
+"""
+
+_EXIT_CODES = """\
+exit status: 0 success; 1 the job failed (error message above); 2 bad usage;
+3 with --fail-on-dead-letters when a record was dead-lettered or parked.
+"""
+
+#: (flag, settings section, field, argparse kwargs): options that override a setting.
+_COMMON: list[tuple[str, str, str, dict[str, Any]]] = [
+    ("--aggregates", "spark", "aggregates", {"metavar": "MODULE"}),
+    ("--mongodb-uri", "aggbox", "mongodb_uri", {"metavar": "URI"}),
+    ("--database", "aggbox", "database", {"metavar": "NAME"}),
+    ("--outcomes", "spark", "outcomes_path", {"metavar": "DIR"}),
+    ("--master", "spark", "master", {"metavar": "MASTER"}),
+    ("--shuffle-partitions", "spark", "shuffle_partitions", {"type": int, "metavar": "N"}),
+    ("--py-files", "spark", "py_files", {"metavar": "FILE", "action": "append"}),
+    ("--conf", "spark", "conf", {"metavar": "KEY=VALUE", "action": "append"}),
+    ("--max-payload-bytes", "aggbox", "max_payload_bytes", {"type": int, "metavar": "BYTES"}),
+]
+_RUN: list[tuple[str, str, str, dict[str, Any]]] = [
+    ("--format", "spark", "input_format", {"choices": ["auto", "json", "parquet"]}),
+]
+_STREAM: list[tuple[str, str, str, dict[str, Any]]] = [
+    ("--checkpoint", "spark", "checkpoint_location", {"metavar": "DIR"}),
+    ("--trigger", "spark", "trigger", {"metavar": "TRIGGER"}),
+    ("--max-offsets-per-trigger", "spark", "max_offsets_per_trigger",
+     {"type": int, "metavar": "N"}),
+    ("--max-files-per-trigger", "spark", "max_files_per_trigger", {"type": int, "metavar": "N"}),
+    ("--starting-offsets", "spark", "starting_offsets", {"metavar": "OFFSETS"}),
+]
+
+
+def _help(section: str, field: str) -> str:
+    from aggregates.settings import AggboxSettings
+    from spark.settings import SparkSettings
+
+    model: Any = SparkSettings if section == "spark" else AggboxSettings
+    info = model.model_fields[field]
+    prefix = "AGGBOX_SPARK_" if section == "spark" else "AGGBOX_"
+    default = info.get_default(call_default_factory=True)
+    text = (info.description or "").replace("%", "%%")
+    return f"{text} [env {prefix}{field.upper()}; default: {default!r}]"
+
+
+def _add_setting_options(parser: argparse.ArgumentParser,
+                         options: list[tuple[str, str, str, dict[str, Any]]]) -> None:
+    for flag, section, field, kwargs in options:
+        parser.add_argument(flag, dest=f"opt_{section}_{field}", help=_help(section, field),
+                            **kwargs)
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", metavar="FILE",
+                        help="TOML config file (sections [aggbox] and [spark]); default: "
+                             "$AGGBOX_CONFIG")
+    _add_setting_options(parser, _COMMON)
+    parser.add_argument("--no-progress", action="store_true",
+                        help="no live progress display (it is also off when stderr is not a "
+                             "terminal)")
+    parser.add_argument("--json", action="store_true",
+                        help="also print the summary as one JSON line on stdout (last line)")
+    parser.add_argument("--fail-on-dead-letters", action="store_true",
+                        help="exit with status 3 when any record was dead-lettered or parked")
+
+
+def register(subparsers: Any) -> None:
+    """Add ``aggbox run`` and ``aggbox stream`` to the ``aggbox`` command."""
+    run = subparsers.add_parser(
+        "run", help="apply message files to the aggregates with Spark (batch)",
+        description=_RUN_DESCRIPTION, epilog=_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    run.add_argument("--input", "-i", metavar="PATH", action="extend", nargs="+",
+                     required=True,
+                     help="input files, directories or globs (repeat or list several); "
+                          "JSON Lines, or Parquet for *.parquet / directories of Parquet")
+    _add_setting_options(run, _RUN)
+    _add_common(run)
+    run.set_defaults(func=run_command)
+
+    stream = subparsers.add_parser(
+        "stream", help="apply a Kafka topic or a directory stream with Structured Streaming",
+        description=_STREAM_DESCRIPTION, epilog=_EXIT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = stream.add_argument_group("source (Kafka or directory)")
+    src.add_argument("--kafka-bootstrap-servers", metavar="HOST:PORT",
+                     help="Kafka bootstrap servers (with --topic)")
+    src.add_argument("--topic", metavar="TOPIC",
+                     help="Kafka topic(s) to subscribe to, comma-separated")
+    src.add_argument("--kafka-option", metavar="KEY=VALUE", action="append",
+                     help="extra option of Spark's Kafka source, e.g. "
+                          "kafka.security.protocol=SSL (repeatable)")
+    src.add_argument("--directory", metavar="DIR",
+                     help="directory receiving JSON Lines files (instead of Kafka)")
+    _add_setting_options(stream, _STREAM)
+    stream.add_argument("--timeout", type=float, metavar="SECONDS",
+                        help="stop the stream after this long (default: availableNow runs "
+                             "until the backlog is consumed, an interval trigger until Ctrl-C)")
+    _add_common(stream)
+    stream.set_defaults(func=stream_command)
+
+
+# -- running ---------------------------------------------------------------------------------
+
+
+def _pairs(items: Sequence[str] | None, flag: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigurationError(f"{flag} {item!r}: use KEY=VALUE")
+        out[key.strip()] = value
+    return out
+
+
+def _overrides(args: argparse.Namespace, section: str) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    prefix = f"opt_{section}_"
+    for name, value in vars(args).items():
+        if not name.startswith(prefix) or value is None:
+            continue
+        field = name[len(prefix):]
+        if field == "conf":
+            value = _pairs(value, "--conf")
+        elif field == "py_files":
+            value = [p for item in value for p in item.split(",") if p]
+        out[field] = value
+    return out
+
+
+class _Context:
+    """Settings, console and session of one command."""
+
+    def __init__(self, args: argparse.Namespace, *, kafka: bool) -> None:
+        from rich.console import Console
+
+        from aggregates.settings import AggboxSettings
+        from spark.settings import SparkSettings
+
+        self.args = args
+        self.settings = AggboxSettings.load(config_file=args.config,
+                                            **_overrides(args, "aggbox"))
+        self.spark_settings = SparkSettings.load(config_file=args.config,
+                                                 **_overrides(args, "spark"))
+        if not self.spark_settings.aggregates:
+            raise ConfigurationError(
+                "no aggregates module: pass --aggregates MODULE (or set [spark] aggregates / "
+                "AGGBOX_SPARK_AGGREGATES)"
+            )
+        self.console = Console(stderr=True)
+        self.out = Console()
+        self.kafka = kafka
+        self.spark: Any = None
+        self.owns_session = False
+
+    def start(self) -> Any:
+        from pyspark.sql import SparkSession
+
+        from spark.session import build_session
+
+        self.owns_session = SparkSession.getActiveSession() is None
+        with self.console.status("starting Spark…"):
+            self.spark = build_session(self.spark_settings, kafka=self.kafka)
+        if self.owns_session:
+            self.spark.sparkContext.setLogLevel("ERROR")
+        return self.spark
+
+    def pipeline(self) -> Any:
+        from spark.pipeline import Pipeline
+
+        return Pipeline(self.spark, aggregates=self.spark_settings.aggregates,
+                        settings=self.settings, spark_settings=self.spark_settings)
+
+    @property
+    def show_progress(self) -> bool:
+        return not self.args.no_progress and self.console.is_terminal
+
+    def stop(self) -> None:
+        if self.spark is not None and self.owns_session:
+            self.spark.stop()
+
+
+def _finish(ctx: _Context, title: str, summary: dict[str, Any], input_count: int,
+            counts: dict[str, int], reasons: dict[tuple[str, str], int], ok: bool) -> int:
+    from spark.progress import summary_table
+
+    ctx.out.print(summary_table(title, input_count, counts, reasons))
+    if ctx.args.json:
+        print(json.dumps(summary, default=str), file=sys.stdout, flush=True)
+    if not ok:
+        return 1
+    if ctx.args.fail_on_dead_letters and (counts.get("dead_lettered") or counts.get("parked")):
+        return 3
+    return 0
+
+
+_EXC_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Failure)):\s*(.+)$")
+
+
+def _job_error(exc: BaseException) -> str | None:
+    """A short message for errors raised by Spark or MongoDB (None: anything else)."""
+    module = type(exc).__module__
+    lines = str(exc).strip().splitlines()
+    if module.startswith("pymongo"):
+        return (f"MongoDB: {type(exc).__name__}: {' '.join(lines[:3])}. Check --mongodb-uri / "
+                "AGGBOX_MONGODB_URI and that the server is reachable.")
+    if module.startswith("pyspark") or module.startswith("py4j"):
+        causes = [m.group(0).strip() for m in map(_EXC_LINE.match, lines) if m]
+        if causes:  # the Python exception raised in the executor (last in the trace)
+            return (f"the Spark job failed: {causes[-1]} (the full trace is in the Spark log "
+                    "above)")
+        return "the Spark job failed: " + "\n".join(lines[:12])
+    return None
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """``aggbox run``."""
+    ctx = _Context(args, kafka=False)
+    try:
+        ctx.start()
+        from spark.pipeline import AccountingError
+        from spark.progress import spark_progress
+
+        pipeline = ctx.pipeline()
+        with spark_progress(ctx.spark, ctx.console, enabled=ctx.show_progress):
+            try:
+                result = pipeline.run_batch(args.input)
+            except AccountingError as exc:
+                ctx.console.print(f"[red]aggbox run: {exc}")
+                return 1
+        summary = result.summary()
+        summary.update(ok=result.ok, seconds=round(result.seconds, 3),
+                       outcomes_path=result.outcomes_path,
+                       reasons={f"{o}/{r}": n for (o, r), n in result.reasons.items()})
+        title = f"aggbox run {result.run_id} ({result.seconds:.1f} s)"
+        if result.outcomes_path:
+            title += f" — outcomes: {result.outcomes_path}"
+        return _finish(ctx, title, summary, result.input_count, result.counts, result.reasons,
+                       result.ok)
+    except AggboxError:
+        raise
+    except Exception as exc:
+        message = _job_error(exc)
+        if message is None:
+            raise
+        print(f"aggbox run: error: {message}", file=sys.stderr)
+        return 1
+    finally:
+        ctx.stop()
+
+
+def _stream_source(args: argparse.Namespace, ctx: _Context) -> Any:
+    from spark.sources import DirectorySource, KafkaSource
+
+    s = ctx.spark_settings
+    kafka = args.kafka_bootstrap_servers or args.topic
+    if kafka and args.directory:
+        raise ConfigurationError("give either --kafka-bootstrap-servers/--topic or --directory")
+    if kafka:
+        if not (args.kafka_bootstrap_servers and args.topic):
+            raise ConfigurationError("a Kafka stream needs --kafka-bootstrap-servers and --topic")
+        return KafkaSource(args.kafka_bootstrap_servers, args.topic,
+                           starting_offsets=s.starting_offsets,
+                           max_offsets_per_trigger=s.max_offsets_per_trigger,
+                           options=_pairs(args.kafka_option, "--kafka-option"))
+    if args.directory:
+        return DirectorySource(args.directory, max_files_per_trigger=s.max_files_per_trigger)
+    raise ConfigurationError("no stream source: pass --kafka-bootstrap-servers and --topic, "
+                             "or --directory DIR")
+
+
+def stream_command(args: argparse.Namespace) -> int:
+    """``aggbox stream``."""
+    is_kafka = bool(args.kafka_bootstrap_servers or args.topic)
+    ctx = _Context(args, kafka=is_kafka)
+    source = _stream_source(args, ctx)
+    if not ctx.spark_settings.checkpoint_location:
+        raise ConfigurationError(
+            "a stream needs --checkpoint DIR (or [spark] checkpoint_location): it records what "
+            "was consumed so that a restart resumes instead of replaying the source"
+        )
+    try:
+        ctx.start()
+        from spark.pipeline import RunResult
+        from spark.progress import spark_progress
+
+        def on_batch(b: RunResult) -> None:
+            c = b.counts
+            ctx.console.print(
+                f"micro-batch {b.batch_id}: input {b.input_count}, applied {c['applied']}, "
+                f"duplicate {c['duplicate']}, dead_lettered {c['dead_lettered']}, "
+                f"parked {c['parked']} ({b.seconds:.1f} s)")
+
+        pipeline = ctx.pipeline()
+        with spark_progress(ctx.spark, ctx.console, enabled=ctx.show_progress):
+            try:
+                result = pipeline.run_stream(source, on_batch=on_batch, timeout=args.timeout)
+            except KeyboardInterrupt:
+                ctx.console.print("stopped")
+                return 130
+        summary: dict[str, Any] = {"query_id": result.query_id, "batches": len(result.batches),
+                                   "input": result.input_count, **result.counts,
+                                   "ok": result.ok}
+        summary["reasons"] = {f"{o}/{r}": n for (o, r), n in result.reasons.items()}
+        title = f"aggbox stream {result.query_id}: {len(result.batches)} micro-batch(es)"
+        return _finish(ctx, title, summary, result.input_count, result.counts, result.reasons,
+                       result.ok)
+    except AggboxError:
+        raise
+    except Exception as exc:
+        message = _job_error(exc)
+        if message is None:
+            raise
+        print(f"aggbox stream: error: {message}", file=sys.stderr)
+        return 1
+    finally:
+        ctx.stop()

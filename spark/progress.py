@@ -1,0 +1,85 @@
+"""What the command line shows: a live progress display of the running Spark stages and a
+summary table of outcomes at the end (``rich``; plain text when not on a terminal)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from aggregates.outcomes import OUTCOME_KINDS
+
+__all__ = ["spark_progress", "summary_table"]
+
+
+@contextmanager
+def spark_progress(spark: Any, console: Console, *, enabled: bool = True,
+                   interval: float = 0.5) -> Iterator[Progress | None]:
+    """Show one bar per active Spark stage (tasks done / total) while the block runs."""
+    if not enabled:
+        yield None
+        return
+    progress = Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TextColumn("{task.fields[extra]}"), TimeElapsedColumn(),
+        console=console, transient=True,
+    )
+    stop = threading.Event()
+    tracker = spark.sparkContext.statusTracker()
+    bars: dict[int, Any] = {}
+
+    def poll() -> None:
+        while not stop.wait(interval):
+            try:
+                active = set(tracker.getActiveStageIds())
+                for sid in active:
+                    info = tracker.getStageInfo(sid)
+                    if info is None:
+                        continue
+                    extra = f"failed {info.numFailedTasks}" if info.numFailedTasks else ""
+                    if sid not in bars:
+                        bars[sid] = progress.add_task(f"stage {sid}", total=info.numTasks,
+                                                      extra=extra)
+                    progress.update(bars[sid], completed=info.numCompletedTasks,
+                                    total=info.numTasks, extra=extra)
+                for sid in [s for s in bars if s not in active]:
+                    progress.remove_task(bars.pop(sid))
+            except Exception:  # the display must never break the job
+                continue
+
+    thread = threading.Thread(target=poll, name="aggbox-progress", daemon=True)
+    with progress:
+        thread.start()
+        try:
+            yield progress
+        finally:
+            stop.set()
+            thread.join(timeout=2 * interval + 1)
+
+
+def summary_table(title: str, input_count: int, counts: dict[str, int],
+                  reasons: dict[tuple[str, str], int]) -> Table:
+    """Outcomes with their reasons; ``unaccounted`` (a bug) is shown when not zero."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("outcome")
+    table.add_column("reason")
+    table.add_column("messages", justify="right")
+    table.add_row("input", "", str(input_count), style="bold")
+    for kind in OUTCOME_KINDS:
+        table.add_row(kind, "", str(counts.get(kind, 0)))
+        for (outcome, reason), n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+            if outcome == kind:
+                table.add_row("", reason, str(n))
+    for key in sorted(counts):
+        if key.startswith("released_") and counts[key]:
+            table.add_row(key.replace("_", " ", 1), "previously parked", str(counts[key]))
+    total = sum(counts.get(k, 0) for k in OUTCOME_KINDS)
+    table.add_row("total", "", str(total), style="bold")
+    if total != input_count:
+        table.add_row("unaccounted", "BUG: report it", str(input_count - total), style="red")
+    return table

@@ -1,0 +1,120 @@
+"""``aggbox run`` / ``aggbox stream`` in-process (they reuse the test session's Spark):
+summary table, JSON summary line, exit codes, help for every option."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aggbox.cli import build_parser, main
+from tests.spark.helpers import make_records, write_jsonl
+from tests.spark.test_spark_bad_input import BAD, RAW_BAD, bad_lines, env
+
+pytestmark = [pytest.mark.spark, pytest.mark.mongo]
+
+AGG = "tests.spark.domain"
+
+
+def cli(db: Any, uri: str, *args: str) -> list[str]:
+    return [*args, "--aggregates", AGG, "--mongodb-uri", uri, "--database", db.name,
+            "--no-progress"]
+
+
+def last_json(out: str) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    return result
+
+
+def test_run_prints_a_summary_of_a_bad_input(spark_session: Any, db: Any, mongo_uri: str,
+                                             tmp_path: Path,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    good = make_records(seed=50, accounts=6, ledgers=1, dup_rate=0)
+    write_jsonl(tmp_path / "good.jsonl", good)
+    write_jsonl(tmp_path / "bad.jsonl", bad_lines())
+    (tmp_path / "empty.jsonl").write_text("")
+
+    rc = main(["run", *cli(db, mongo_uri, "--input", str(tmp_path / "*.jsonl"), "--json")])
+
+    out = capsys.readouterr().out
+    assert rc == 0
+    summary = last_json(out)
+    bad = len(BAD) + len(RAW_BAD)
+    assert summary["input"] == len(good) + bad and summary["ok"] is True
+    assert summary["applied"] == len(good) and summary["dead_lettered"] == bad
+    assert summary["reasons"]["dead_lettered/invalid_json"] == 2
+    for text in ("dead_lettered", "invalid_envelope", "payload_too_large", "unknown_aggregate_type",
+                 "handler_error", "total"):
+        assert text in out, text
+
+
+def test_fail_on_dead_letters_exit_status(spark_session: Any, db: Any, mongo_uri: str,
+                                          tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "in.jsonl", ["{not json"])
+    args = cli(db, mongo_uri, "--input", str(tmp_path / "in.jsonl"))
+    assert main(["run", *args]) == 0
+    assert main(["run", *args, "--fail-on-dead-letters"]) == 3
+
+
+def test_a_failing_job_exits_non_zero(spark_session: Any, db: Any, mongo_uri: str,
+                                      tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The handler raises RetryableError on every attempt: Spark gives up after 4 attempts.
+    write_jsonl(tmp_path / "in.jsonl", [env("down-1", type="Unavailable")])
+
+    rc = main(["run", *cli(db, mongo_uri, "--input", str(tmp_path / "in.jsonl"))])
+
+    err = capsys.readouterr().err
+    assert rc == 1
+    assert "the Spark job failed" in err and "downstream unavailable for down-1" in err
+
+
+def test_an_unknown_aggregates_module_is_a_clear_error(
+        spark_session: Any, db: Any, mongo_uri: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    write_jsonl(tmp_path / "in.jsonl", [env("m1")])
+    args = ["run", "--input", str(tmp_path / "in.jsonl"), "--aggregates", "no.such.module",
+            "--mongodb-uri", mongo_uri, "--database", db.name]
+    assert main(args) == 1
+    assert "cannot import aggregates module 'no.such.module'" in capsys.readouterr().err
+
+
+def test_stream_a_directory(spark_session: Any, db: Any, mongo_uri: str, tmp_path: Path,
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    inbox = tmp_path / "in"
+    inbox.mkdir()
+    a = make_records(seed=60, accounts=5, ledgers=1, prefix="x-", dup_rate=0)
+    b = make_records(seed=61, accounts=5, ledgers=1, prefix="y-", dup_rate=0)
+    write_jsonl(inbox / "1.jsonl", a)
+    write_jsonl(inbox / "2.jsonl", b)
+
+    rc = main(["stream", *cli(db, mongo_uri, "--directory", str(inbox), "--checkpoint",
+                              str(tmp_path / "ckpt"), "--max-files-per-trigger", "1",
+                              "--json")])
+
+    captured = capsys.readouterr()
+    assert rc == 0
+    summary = last_json(captured.out)
+    assert summary["batches"] == 2 and summary["input"] == len(a) + len(b)
+    assert summary["applied"] == len(a) + len(b)
+    assert "micro-batch 0: input" in captured.err and "micro-batch 1: input" in captured.err
+
+
+def test_stream_without_checkpoint_is_refused(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["stream", "--directory", str(tmp_path), "--aggregates", AGG])
+    assert rc == 1
+    assert "needs --checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["run", "stream"])
+def test_help_explains_every_option(command: str) -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    p = sub.choices[command]
+    for action in p._actions:
+        assert action.help and len(action.help) > 10, action.option_strings
+    text = p.format_help()
+    assert "exit status" in text and "--aggregates" in text
