@@ -20,7 +20,9 @@ from collections.abc import Sequence
 
 from aggregates.errors import AggboxError
 
-SUBCOMMAND_MODULES = ("spark.cli", "dispatcher.cli", "aggbox.admin", "aggbox.demo", "aggbox.configref")
+SUBCOMMAND_MODULES = (
+    "spark.cli", "dispatcher.cli", "aggbox.admin", "aggbox.demo", "aggbox.configref",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

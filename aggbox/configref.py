@@ -67,7 +67,8 @@ def render_toml() -> str:
         "# aggbox configuration: every setting with its default.",
         "# Generated from the settings models by `aggbox config --write`; do not edit by hand.",
         "# Pass a file like this with --config FILE (or AGGBOX_CONFIG=FILE). Environment",
-        "# variables (named on each setting) override the file; command-line options override both.",
+        "# variables (named on each setting) override the file; command-line options override",
+        "# both.",
     ]
     for model in section_models():
         out += ["", f"[{model.section}]"]

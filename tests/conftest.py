@@ -17,6 +17,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -75,3 +76,35 @@ def kafka_server() -> Iterator[LocalKafka]:
     (it comes back on the same ports), but must leave it running."""
     with start_local_kafka() as server:
         yield server
+
+
+# -- Spark ---------------------------------------------------------------------------------
+# ONE SparkSession (``local[2, 4]``: two cores, failed tasks retried) for the whole test
+# session — it takes ~10 s to start, and Spark keeps one JVM per Python process whose first
+# session fixes the packages — with Spark's Kafka source on the classpath. Shared by the
+# pipeline tests and the demo tests.
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def spark_session() -> Iterator[Any]:
+    from spark.session import build_session
+    from spark.settings import SparkSettings
+
+    # Executors import the test aggregates module (tests.spark.domain): Python workers get
+    # PYTHONPATH from the JVM's environment, so set it before the JVM starts.
+    paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    settings = SparkSettings.load(
+        master="local[2]",
+        shuffle_partitions=3,
+        arrow_batch_rows=128,  # small Arrow batches: aggregates span batches (carry-over)
+        conf={"spark.ui.enabled": "false", "spark.sql.adaptive.enabled": "false",
+              "spark.scheduler.mode": "FAIR"},
+    )
+    session = build_session(settings, kafka=True)
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()
+
+

@@ -39,7 +39,7 @@ def test_precedence_file_then_env_then_arguments(tmp_path: Path,
 def test_config_mistakes_are_named(tmp_path: Path) -> None:
     cfg = tmp_path / "bad.toml"
     cfg.write_text("[aggbox]\nchunk_agregates = 7\n")
-    with pytest.raises(ConfigurationError, match="unknown setting.*chunk_agregates"):
+    with pytest.raises(ConfigurationError, match=r"unknown setting.*chunk_agregates"):
         AggboxSettings.load(config_file=cfg)
     cfg.write_text("[aggbox\n")
     with pytest.raises(ConfigurationError, match="not valid TOML"):

@@ -1,8 +1,8 @@
 """Fixtures of the demo tests.
 
-- ``spark_session``: the Spark tests' session fixture, shared (one JVM per test process: the
-  first session fixes its packages, e.g. Spark's Kafka source, so the demo must not start a
-  differently configured one in the same process). The demo reuses an active session.
+- ``spark_session`` (tests/conftest.py): the one Spark session of the test process (one JVM
+  per process: the first session fixes its packages, e.g. Spark's Kafka source, so the demo
+  must not start a differently configured one in the same process). The demo reuses it.
 - ``local_run``: a small scenario run through the real loop, the real dispatcher and the real
   store writer — without Spark — once per module; the checks' tests corrupt copies of it.
 """
@@ -29,7 +29,6 @@ from aggregates.aggregate import Registry
 from aggregates.settings import AggboxSettings
 from examples.orders import registry as orders_registry
 from tests.demo.local import LocalRound
-from tests.spark.conftest import spark_session  # noqa: F401  (shared fixture, see above)
 
 
 @dataclass

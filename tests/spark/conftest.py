@@ -1,11 +1,9 @@
-"""Fixtures of the Spark pipeline tests: ONE SparkSession (``local[2, 4]``: two cores, failed
-tasks retried) for the whole test session — it takes ~10 s to start — with Spark's Kafka
-source on the classpath, and a pipeline factory bound to the test's fresh database."""
+"""Fixtures of the Spark pipeline tests: a pipeline factory bound to the test's fresh database
+(the session-wide ``spark_session`` lives in tests/conftest.py)."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,27 +17,6 @@ REPO = Path(__file__).resolve().parents[2]
 AGGREGATES = "tests.spark.domain"
 
 pytest.register_assert_rewrite("tests.spark.helpers")
-
-
-@pytest.fixture(scope="session")
-def spark_session() -> Iterator[Any]:
-    from spark.session import build_session
-
-    # Executors import the test aggregates module (tests.spark.domain): Python workers get
-    # PYTHONPATH from the JVM's environment, so set it before the JVM starts.
-    paths = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    settings = SparkSettings.load(
-        master="local[2]",
-        shuffle_partitions=3,
-        arrow_batch_rows=128,  # small Arrow batches: aggregates span batches (carry-over)
-        conf={"spark.ui.enabled": "false", "spark.sql.adaptive.enabled": "false",
-              "spark.scheduler.mode": "FAIR"},
-    )
-    session = build_session(settings, kafka=True)
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    session.stop()
 
 
 PipelineFactory = Callable[..., Pipeline]
