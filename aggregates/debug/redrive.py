@@ -111,6 +111,7 @@ def replay_dead_letters(
         return result
     writer = StoreWriter(db, registry, settings=s, clock=clock)
     letter_of = {(m.aggregate_type, m.aggregate_id, m.message_id): lid for _, lid, m in pending}
+    was_replayed = {str(d["_id"]) for d in docs if d.get("status") == "replayed"}
     result.outcomes = writer.process(m for _, _, m in pending)
     for o in result.outcomes:
         lid = letter_of.get((o.aggregate_type, o.aggregate_id, o.message_id))
@@ -118,10 +119,11 @@ def replay_dead_letters(
             continue
         result.outcome_of[lid] = o
         result.status[lid] = STATUS_AFTER[o.outcome]
-        if o.outcome == "duplicate" and isinstance(
+        if o.outcome == "duplicate" and lid not in was_replayed and isinstance(
                 writer.registry.get(o.aggregate_type).dedup, HighWater):
             # A high-water mark cannot tell "applied before" from "overtaken by a later seq
-            # of the same source": the message's effect may never have been applied.
+            # of the same source": unless a replay applied it, its effect may never have been
+            # applied, so do not claim "replayed".
             result.status[lid] = "superseded"
     now = clock()
     for status in ("replayed", "parked", "superseded"):
