@@ -18,22 +18,29 @@ def check_field_names(value: Any, path: str, *, envelope: bool = False, depth: i
     :class:`InvalidFieldName` (handler output)."""
     if depth > MAX_DEPTH:
         _fail(path, envelope, f"nested deeper than {MAX_DEPTH} levels")
-    if isinstance(value, Mapping):
+    if isinstance(value, dict | Mapping):  # dict first: the ABC check is slow
         for key, item in value.items():
-            if not isinstance(key, str):
+            if type(key) is not str:
                 _fail(f"{path}.{key!r}", envelope, "keys must be strings")
-            if key.startswith("$") or "." in key or "\x00" in key:
+            if key[:1] == "$" or "." in key or "\x00" in key:
                 _fail(
                     f"{path}.{key}",
                     envelope,
                     "field names must not start with '$' or contain '.' (operator injection)",
                 )
-            if isinstance(item, Mapping | list | tuple):
+            if type(item) in _SCALARS:
+                continue
+            if isinstance(item, dict | list | tuple | Mapping):
                 check_field_names(item, f"{path}.{key}", envelope=envelope, depth=depth + 1)
     elif isinstance(value, list | tuple):
         for i, item in enumerate(value):
-            if isinstance(item, Mapping | list | tuple):
+            if type(item) in _SCALARS:
+                continue
+            if isinstance(item, dict | list | tuple | Mapping):
                 check_field_names(item, f"{path}[{i}]", envelope=envelope, depth=depth + 1)
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def _fail(path: str, envelope: bool, reason: str) -> None:

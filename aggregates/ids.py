@@ -45,10 +45,13 @@ def _default(value: Any) -> Any:
     return str(value)
 
 
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=_default)
+
+
 def payload_hash(payload: dict[str, Any]) -> str:
     """A short, stable hash of a payload (key order does not matter), kept next to the
     message id in the inbox to flag a reused id with a different payload."""
-    canon = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=_default)
+    canon = _CANONICAL.encode(payload)
     return hashlib.blake2b(canon.encode(), digest_size=6).hexdigest()
 
 
