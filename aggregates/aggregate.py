@@ -193,6 +193,13 @@ class Registry:
         existing = self._types.get(atype.name)
         if existing is not None and existing is not atype:
             raise ConfigurationError(f"aggregate type {atype.name!r} registered twice")
+        for other in self._types.values():
+            if other is not atype and other.collection == atype.collection:
+                raise ConfigurationError(
+                    f"aggregate types {other.name!r} and {atype.name!r} share the collection "
+                    f"{atype.collection!r}; give each type its own collection (documents are "
+                    "keyed by aggregate id alone)"
+                )
         self._types[atype.name] = atype
         return atype
 

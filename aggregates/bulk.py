@@ -27,6 +27,16 @@ def bulk_write_unordered(coll: Collection[Any], ops: Sequence[UpdateOne | Delete
         try:
             coll.bulk_write(list(ops), ordered=False)
         except BulkWriteError as exc:
+            wc = exc.details.get("writeConcernErrors") or []
+            if wc:
+                # The writes may not be durable (e.g. no majority in time): never report
+                # them as done. Failing makes the caller retry the input (idempotent).
+                from aggregates.errors import StoreError
+
+                raise StoreError(
+                    f"write concern not satisfied on {coll.name}: {wc[0].get('errmsg')} "
+                    f"(code {wc[0].get('code')}); the batch fails so it is retried"
+                ) from exc
             return list(exc.details.get("writeErrors", []))
         return []
     errors: list[dict[str, Any]] = []

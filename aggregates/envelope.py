@@ -15,6 +15,7 @@ from aggregates.errors import EnvelopeError
 from aggregates.fieldnames import check_field_names
 
 MAX_ID_LENGTH: Final = 512
+MAX_SEQ: Final = 2**63 - 1
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 512 * 1024
 
 #: The envelope schema, field → (python type name, required). The Spark pipeline derives
@@ -141,6 +142,8 @@ def _req_str(raw: Mapping[str, Any], name: str) -> str:
         raise EnvelopeError(name, "must be non-empty without surrounding white space")
     if len(value) > MAX_ID_LENGTH:
         raise EnvelopeError(name, f"longer than {MAX_ID_LENGTH} characters")
+    if "\x00" in value:
+        raise EnvelopeError(name, "must not contain NUL characters")
     return value
 
 
@@ -156,8 +159,9 @@ def _source(value: Any) -> Source | None:
     seq = value.get("seq")
     if isinstance(seq, float) and seq.is_integer():
         seq = int(seq)
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
-        raise EnvelopeError("source.seq", f"must be an integer ≥ 1, got {seq!r}")
+    if not isinstance(seq, int) or isinstance(seq, bool) or not 1 <= seq <= MAX_SEQ:
+        raise EnvelopeError("source.seq", f"must be an integer ≥ 1 and ≤ 2^63-1 (BSON int64), "
+                            f"got {seq!r}")
     return Source(
         type=_sub_str(value, "type"),
         id=_sub_str(value, "id"),
@@ -185,12 +189,18 @@ def parse_time(value: Any, field_name: str) -> datetime | None:
         except ValueError:
             raise EnvelopeError(field_name, f"not an ISO-8601 time: {value!r}") from None
     elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-        dt = datetime.fromtimestamp(value / 1000.0, tz=UTC)
+        try:
+            dt = datetime.fromtimestamp(value / 1000.0, tz=UTC)
+        except (OverflowError, ValueError, OSError) as exc:
+            raise EnvelopeError(field_name, f"epoch milliseconds out of range: {exc}") from None
     else:
         raise EnvelopeError(field_name, f"must be an ISO-8601 string, got {_kind(value)}")
-    if dt.tzinfo is None:
-        dt = dt.replace(tzinfo=UTC)
-    dt = dt.astimezone(UTC)
+    try:
+        if dt.tzinfo is None:
+            dt = dt.replace(tzinfo=UTC)
+        dt = dt.astimezone(UTC)
+    except (OverflowError, ValueError) as exc:
+        raise EnvelopeError(field_name, f"time out of range: {exc}") from None
     return dt.replace(microsecond=dt.microsecond // 1000 * 1000)
 
 

@@ -216,23 +216,8 @@ class _Folder:
             return
         try:
             result = handler(self.state_obj, msg)
-            new_state, emits = _normalise(result, msg)
-            state_doc: dict[str, Any] | None = None
-            if self.strict:
-                state_doc = self.atype.codec.dump(new_state)
-                check_field_names(state_doc, "state")
-            entries = self._entries(msg, emits)
         except RetryableError:
             raise
-        except InvalidFieldName as exc:
-            self._dead(msg, from_parked, oc.INVALID_STATE, str(exc))
-            return
-        except _EmitError as exc:
-            self._dead(msg, from_parked, oc.INVALID_EMIT, str(exc))
-            return
-        except HandlerError as exc:
-            self._dead(msg, from_parked, oc.INVALID_RESULT, str(exc))
-            return
         except Exception as exc:  # a handler bug: dead-letter, keep going (or block)
             tb = traceback.format_exc(limit=20)
             detail = f"{type(exc).__name__}: {exc}"
@@ -242,21 +227,53 @@ class _Folder:
                                      "at": self.now}
                 self.changes.blocked = self.snap.blocked
             return
+        # Validate what the handler returned, per message (so outcomes do not depend on
+        # where slices or batches are cut). Only BSON encoding and the size budget are
+        # checked once per fold in the fast pass (see fold()).
+        try:
+            new_state, emits = _normalise(result, msg)
+            state_doc = self.atype.codec.dump(new_state)
+            check_field_names(state_doc, "state")
+        except InvalidFieldName as exc:
+            self._dead(msg, from_parked, oc.INVALID_STATE, str(exc))
+            return
+        except HandlerError as exc:
+            self._dead(msg, from_parked, oc.INVALID_RESULT, str(exc))
+            return
+        except Exception as exc:  # e.g. a state the codec cannot convert
+            self._dead(msg, from_parked, oc.INVALID_STATE, f"{type(exc).__name__}: {exc}")
+            return
+        try:
+            entries = self._entries(msg, emits)
+        except _EmitError as exc:
+            self._dead(msg, from_parked, oc.INVALID_EMIT, str(exc))
+            return
         if len(self.snap.outbox_ids) + len(entries) > self.atype.max_outbox:
             self._park(msg, from_parked, oc.OUTBOX_FULL,
                        f"handling would put {len(self.snap.outbox_ids) + len(entries)} entries "
                        f"in the outbox (limit {self.atype.max_outbox})")
             return
         if self.strict:
-            added = _entries_size(entries) + _INBOX_ENTRY_BYTES + len(msg.message_id)
-            if self._size_with(state_doc) + added > self.max_bytes:
+            try:
+                added = _entries_size(entries) + _INBOX_ENTRY_BYTES + len(msg.message_id)
+            except Exception as exc:  # a payload value BSON cannot store
+                self._dead(msg, from_parked, oc.INVALID_EMIT,
+                           f"emitted payload cannot be stored in MongoDB: {exc}")
+                return
+            try:
+                size = self._size_with(state_doc)
+            except Exception as exc:
+                self._dead(msg, from_parked, oc.INVALID_STATE,
+                           f"state cannot be stored in MongoDB: {exc}")
+                return
+            if size + added > self.max_bytes:
                 self._park(msg, from_parked, oc.DOCUMENT_TOO_LARGE,
                            f"the document would exceed its size budget of {self.max_bytes} "
                            "bytes; it shrinks as the dispatcher drains the outbox")
                 return
             self.added_bytes += added
-            self.snap.state = state_doc
-            self.changes.state = state_doc
+        self.snap.state = state_doc
+        self.changes.state = state_doc
         # Commit the step in memory.
         self.applied = True
         self.state_obj = new_state
@@ -300,16 +317,13 @@ class _Folder:
     def finish(self) -> None:
         if not self.strict and self.applied:
             try:
-                state_doc = self.atype.codec.dump(self.state_obj)
-                check_field_names(state_doc, "state")
-            except (InvalidFieldName, HandlerError):
+                self.added_bytes = (_entries_size(self.changes.outbox)
+                                    + len(self.changes.inbox) * _INBOX_ENTRY_BYTES)
+                too_large = self._size_with(self.snap.state) > self.max_bytes
+            except Exception:  # not BSON-encodable: the strict pass finds the message
                 raise _NeedStrict() from None
-            self.added_bytes = (_entries_size(self.changes.outbox)
-                                + len(self.changes.inbox) * _INBOX_ENTRY_BYTES)
-            if self._size_with(state_doc) > self.max_bytes:
+            if too_large:
                 raise _NeedStrict()
-            self.snap.state = state_doc
-            self.changes.state = state_doc
         self.snap.size_bytes = self._size_with(self.snap.state if self.applied else None)
         # Record the inbox appends/evictions relative to the snapshot we started from.
         if self.snap.dedup.inbox_floor != self._floor0:

@@ -276,9 +276,7 @@ class StoreWriter:
         for w in works:
             w.parked = parked.get(w.aggregate_id, [])
         active = {w.aggregate_id: w for w in works}
-        attempt_round = 0
         while active:
-            attempt_round += 1
             st.rounds += 1
             ops: list[UpdateOne] = []
             op_work: list[tuple[_Work, FoldResult, int]] = []
@@ -320,13 +318,15 @@ class StoreWriter:
                         retry_ids.append(w.aggregate_id)
                     continue
                 res.snapshot.version += 1
+                w.conflicts = 0  # the retry budget is for conflicts in a row
                 self._settle(w, res, n, snaps, outcomes, dead, parked_new, released, wrote=True)
                 if w.pos >= len(w.messages):
                     del active[w.aggregate_id]
             if retry_ids:
                 snaps.update(self._read(coll, retry_ids))
+                worst = max(active[i].conflicts for i in retry_ids)
                 delay = min(s.conflict_backoff_max_ms,
-                            s.conflict_backoff_ms * 2 ** min(attempt_round, 16))
+                            s.conflict_backoff_ms * 2 ** min(worst - 1, 16))
                 self.sleep(delay * (0.5 + self._rng.random()) / 1000.0)
 
     def _settle(self, w: _Work, res: FoldResult, n: int, snaps: dict[str, Snapshot],

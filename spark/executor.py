@@ -121,13 +121,21 @@ class _Partition:
             msg: Message | None = None
             if reason is None or reason in _ROUTING_REASONS:
                 try:
-                    msg = Message.from_dict(json.loads(raw), max_payload_bytes=max_payload)
-                except EnvelopeError as exc:
-                    if reason is None:
-                        reason, detail = _envelope_reason(exc), str(exc)
+                    decoded = json.loads(raw)
                 except ValueError as exc:  # JSON the JVM accepted but Python does not
+                    decoded = None
                     if reason is None:
                         reason, detail = INVALID_JSON, f"not valid JSON: {exc}"
+                if decoded is not None:
+                    try:
+                        msg = Message.from_dict(decoded, max_payload_bytes=max_payload)
+                    except EnvelopeError as exc:
+                        if reason is None:
+                            reason, detail = _envelope_reason(exc), str(exc)
+                    except Exception as exc:  # never let one row fail the whole task
+                        if reason is None:
+                            reason = oc.INVALID_ENVELOPE
+                            detail = f"invalid message envelope: {type(exc).__name__}: {exc}"
                 if reason is None and msg is not None:
                     messages.append(msg)
                     continue

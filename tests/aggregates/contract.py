@@ -210,6 +210,15 @@ class StoreContract:
         doc = store_db.counters.find_one()
         assert "$where" not in doc["state"]
 
+    def test_values_mongodb_cannot_store_are_dead_lettered(self, store_db: Any) -> None:
+        w = writer(store_db)
+        out = w.process([msg("w1", 1), msg("w2", mtype="Weird"), msg("w3", mtype="WeirdEmit"),
+                         msg("w4", 2)])
+        assert [(o.outcome, o.reason) for o in out] == [
+            ("applied", None), ("dead_lettered", oc.INVALID_STATE),
+            ("dead_lettered", oc.INVALID_EMIT), ("applied", None)]
+        assert store_db.counters.find_one()["state"] == {"total": 3, "items": [1, 2]}
+
     def test_handler_error_skip_policy(self, store_db: Any) -> None:
         w = writer(store_db)
         out = w.process([msg("e1", 1), msg("e2", mtype="Boom"), msg("e3", 2)])

@@ -53,6 +53,14 @@ def make_counter(
     def inject(state: Counter, msg: Message) -> Any:
         return replace(state, items=({"$where": "1"},))  # type: ignore[arg-type]
 
+    @counters.handles("Weird")
+    def weird(state: Counter, msg: Message) -> Any:
+        return replace(state, items=(complex(1, 2),))  # type: ignore[arg-type]
+
+    @counters.handles("WeirdEmit")
+    def weird_emit(state: Counter, msg: Message) -> Handled[Counter]:
+        return state, [Emit("X", {"value": complex(1, 2)})]
+
     @counters.handles("BadEmit")
     def bad_emit(state: Counter, msg: Message) -> Handled[Counter]:
         return state, [Emit("X", {"a.b": 1})]

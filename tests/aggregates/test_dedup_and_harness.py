@@ -90,6 +90,8 @@ def test_registry_errors_say_what_to_do() -> None:
         counters.handles("Add")(lambda s, m: s)
     with pytest.raises(ConfigurationError, match="registered twice"):
         reg.register(AggregateType("Counter", state=dict))
+    with pytest.raises(ConfigurationError, match="share the collection 'counters'"):
+        reg.register(AggregateType("Tally", state=dict, collection="counters"))
 
 
 # -- the harness ----------------------------------------------------------------------------
@@ -158,3 +160,23 @@ def test_harness_given_fails_loudly() -> None:
     h = AggregateHarness(accounts, aggregate_id="acc-1")
     with pytest.raises(Exception, match="was dead_lettered"):
         h.given(message("Nope", to=accounts, id="acc-1"))
+
+
+def test_write_concern_errors_fail_the_batch() -> None:
+    """A write-concern error means the write may not be durable: never count it as done."""
+    from typing import Any
+
+    from pymongo.errors import BulkWriteError
+
+    from aggregates import StoreError
+    from aggregates.bulk import bulk_write_unordered
+
+    class FakeColl:
+        name = "fake"
+
+        def bulk_write(self, ops: Any, ordered: bool) -> None:
+            raise BulkWriteError({"writeErrors": [], "writeConcernErrors": [
+                {"code": 64, "errmsg": "waiting for replication timed out"}]})
+
+    with pytest.raises(StoreError, match=r"write concern not satisfied.*replication timed out"):
+        bulk_write_unordered(FakeColl(), [object()])  # type: ignore[arg-type,list-item]

@@ -49,6 +49,11 @@ def test_valid_envelope_round_trips() -> None:
         (raw(extra=1), "extra", "unknown envelope field"),
         ("not an object", "<envelope>", "expected a JSON object, got str"),
         (raw(message_id="x" * 600), "message_id", "longer than"),
+        (raw(occurred_at="0001-01-01T00:00:00+01:00"), "occurred_at", "out of range"),
+        (raw(occurred_at=1e300), "occurred_at", "out of range"),
+        (raw(source={"type": "Up", "id": "u", "seq": 2**70}), "source.seq", "int64"),
+        (raw(source={"type": "Up", "id": "u\x00", "seq": 1}), "source.id", "NUL"),
+        (raw(aggregate_id="a\x00b"), "aggregate_id", "NUL"),
     ],
 )
 def test_invalid_envelopes_name_the_field(bad: Any, field: str, reason: str) -> None:
