@@ -173,6 +173,12 @@ class Cycle:
                                             topic_template=self.topic_template))
             except InvalidEntry as exc:
                 records.append(exc)
+            except Exception as exc:  # e.g. a hand-edited entry with out-of-range values
+                # Dead-letter it like any other invalid entry: an exception here would leave
+                # the document claimed (in flight) for the life of the process.
+                records.append(InvalidEntry(str(entry.get("id")) if isinstance(entry, Mapping)
+                                            else repr(entry),
+                                            f"{type(exc).__name__}: {exc}", entry=entry))
         return _Doc(key, records, claim.stale)
 
     async def _send(self, docs: list[_Doc]) -> CycleResult:

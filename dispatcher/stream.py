@@ -120,11 +120,13 @@ class StreamFollower:
         self.batch_size = batch_size
         self.pacing_s = pacing_s
         self._stream: AsyncChangeStream[Any] | None = None
+        self._rewind: Mapping[str, Any] | None = None  # token to resume from after a failed read
         self.reads = 0  #: calls of :meth:`read` (tests check the pacing with it)
 
     async def open(self, *, resume_after: Mapping[str, Any] | None = None,
                    start_at: Timestamp | None = None) -> None:
         await self.close()
+        self._rewind = None
         kwargs: dict[str, Any] = {}
         if resume_after is not None:
             kwargs["resume_after"] = resume_after
@@ -136,6 +138,8 @@ class StreamFollower:
 
     @property
     def resume_token(self) -> Mapping[str, Any] | None:
+        if self._rewind is not None:
+            return self._rewind
         return self._stream.resume_token if self._stream is not None else None
 
     async def read(self) -> StreamBatch:
@@ -147,8 +151,16 @@ class StreamFollower:
         docs: list[Mapping[str, Any]] = []
         newest: Timestamp | None = None
         n = 0
+        start_token = self._stream.resume_token
         while n < self.batch_size:
-            event = await self._stream.try_next()
+            try:
+                event = await self._stream.try_next()
+            except Exception:
+                # The events read so far in this batch are dropped with the exception: make
+                # the next open() resume from before them, so none is skipped.
+                if n and start_token is not None:
+                    self._rewind = start_token
+                raise
             if event is None:
                 break
             n += 1

@@ -306,6 +306,16 @@ class CollectionWorker:
         if res.lease_lost:
             raise _LeaseLost()
 
+    async def _run_keys_or_keep(self, keys: list[Any]) -> None:
+        """Run these documents again; if that fails, keep them for the next attempt instead
+        of leaving them to the periodic sweep (and never checkpoint past them)."""
+        try:
+            await self._run_keys(keys)
+        except BaseException:
+            for key in keys:
+                self._retry.setdefault(key, None)
+            raise
+
     async def _pending(self) -> bool:
         """Backoff waits, retries, dirty documents and due sweeps. ``True`` if it did
         anything (the caller loops again before reading new changes)."""
@@ -316,11 +326,11 @@ class CollectionWorker:
         if self._retry:
             keys = list(self._retry)
             self._retry.clear()
-            await self._run_keys(keys)
+            await self._run_keys_or_keep(keys)
             return True
         dirty = self.inflight.take_dirty()
         if dirty:
-            await self._run_keys(dirty)
+            await self._run_keys_or_keep(dirty)
             return True
         if self._sweep_reason is None and self.mode == "stream" and now >= self._next_sweep:
             self._sweep_reason = "periodic"
