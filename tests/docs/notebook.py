@@ -15,6 +15,7 @@ Regenerate the committed outputs after changing the notebook::
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import tempfile
@@ -67,6 +68,10 @@ def execute(path: Path = NOTEBOOK, *, workdir: Path, timeout: float = 300) -> An
                                 record_timing=False, allow_errors=False,
                                 resources={"metadata": {"path": str(workdir)}})
         client.execute()
+        del client, km
+        # Collect the kernel client now: collected at interpreter exit, its __del__ logs to
+        # already-closed streams and prints a logging traceback after pytest's summary.
+        gc.collect()
     nb.metadata["kernelspec"] = dict(READER_KERNELSPEC)
     return nb
 
