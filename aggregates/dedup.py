@@ -44,6 +44,9 @@ class DedupRecord:
 
     inbox: list[list[object]] = field(default_factory=list)
     inbox_floor: datetime | None = None
+    #: An entry without ``occurred_at`` was evicted: undated messages can no longer be
+    #: proven new (dated ones are judged by ``inbox_floor``).
+    undated_evicted: bool = False
     hw: dict[str, int] = field(default_factory=dict)
     _index: dict[str, str | None] | None = None
 
@@ -128,8 +131,9 @@ class Inbox(DedupStrategy):
                     f"payload (hash {first_hash}, now {payload_hash}); the producer reuses ids",
                 )
             return DUPLICATE
-        if rec.inbox_floor is not None and (
-            msg.occurred_at is None or msg.occurred_at <= rec.inbox_floor
+        if (msg.occurred_at is None and (rec.undated_evicted or rec.inbox_floor is not None)) or (
+            msg.occurred_at is not None and rec.inbox_floor is not None
+            and msg.occurred_at <= rec.inbox_floor
         ):
             return Decision(
                 "dead_letter",
@@ -142,12 +146,18 @@ class Inbox(DedupStrategy):
         return APPLY
 
     def record(self, rec: DedupRecord, msg: Message, at: datetime, payload_hash: str) -> None:
-        rec.add_inbox([msg.message_id, at, payload_hash])
+        # The entry keeps the message's own occurred_at (None when it has none): the floor
+        # must only ever hold producers' times, never our processing time, or every dated
+        # message older than "now" would fall behind it.
+        rec.add_inbox([msg.message_id, msg.occurred_at, payload_hash])
         evicted = rec.evict_to(self.window)
         for e in evicted:
             t = e[1]
-            if isinstance(t, datetime) and (rec.inbox_floor is None or t > rec.inbox_floor):
-                rec.inbox_floor = t
+            if isinstance(t, datetime):
+                if rec.inbox_floor is None or t > rec.inbox_floor:
+                    rec.inbox_floor = t
+            else:
+                rec.undated_evicted = True
 
     def __repr__(self) -> str:
         return f"Inbox(window={self.window})"

@@ -15,6 +15,7 @@ F_VERSION: Final = "_v"
 F_STATE: Final = "state"
 F_INBOX: Final = "inbox"
 F_INBOX_FLOOR: Final = "inbox_floor"
+F_INBOX_UNDATED: Final = "inbox_undated_evicted"
 F_HW: Final = "hw"
 F_SEQ: Final = "_seq"
 F_OUTBOX: Final = "outbox"
@@ -64,6 +65,7 @@ def snapshot_from_document(doc: Mapping[str, Any] | None, aggregate_id: str) -> 
         dedup=DedupRecord(
             inbox=inbox,
             inbox_floor=_aware(doc.get(F_INBOX_FLOOR)),
+            undated_evicted=bool(doc.get(F_INBOX_UNDATED, False)),
             hw={str(k): int(v) for k, v in (doc.get(F_HW) or {}).items()},
         ),
         seq=int(doc.get(F_SEQ, 0)),

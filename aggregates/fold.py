@@ -60,6 +60,7 @@ class Changes:
     state: dict[str, Any] | None = None
     inbox: list[list[object]] = field(default_factory=list)
     inbox_floor: datetime | None = None
+    undated_evicted: bool = False
     hw: dict[str, int] = field(default_factory=dict)
     outbox: list[dict[str, Any]] = field(default_factory=list)
     seq: int | None = None
@@ -143,6 +144,7 @@ class _Folder:
             dedup=type(snap.dedup)(
                 inbox=list(snap.dedup.inbox),
                 inbox_floor=snap.dedup.inbox_floor,
+                undated_evicted=snap.dedup.undated_evicted,
                 hw=dict(snap.dedup.hw),
             ),
             seq=snap.seq,
@@ -151,6 +153,7 @@ class _Folder:
             size_bytes=snap.size_bytes,
         )
         self._floor0 = snap.dedup.inbox_floor
+        self._undated0 = snap.dedup.undated_evicted
         self._state0_bytes = len(bson.encode(snap.state)) if snap.state else 0
         self.state_obj: Any = atype.codec.load(snap.state)
         self.changes = Changes()
@@ -328,6 +331,8 @@ class _Folder:
         # Record the inbox appends/evictions relative to the snapshot we started from.
         if self.snap.dedup.inbox_floor != self._floor0:
             self.changes.inbox_floor = self.snap.dedup.inbox_floor
+        if self.snap.dedup.undated_evicted and not self._undated0:
+            self.changes.undated_evicted = True
         # Messages that were parked before and still wait keep their parked entry as is.
 
     def _entries(self, msg: Message, emits: Sequence[Emit]) -> list[dict[str, Any]]:

@@ -33,6 +33,7 @@ from aggregates.document import (
     F_HW,
     F_INBOX,
     F_INBOX_FLOOR,
+    F_INBOX_UNDATED,
     F_OUTBOX,
     F_SEQ,
     F_STATE,
@@ -68,6 +69,8 @@ def build_update(atype: AggregateType[Any], snap: Snapshot, ch: Changes) -> Upda
         set_[F_SEQ] = ch.seq
     if ch.inbox_floor is not None:
         set_[F_INBOX_FLOOR] = ch.inbox_floor
+    if ch.undated_evicted:
+        set_[F_INBOX_UNDATED] = True
     for key, seq in ch.hw.items():
         set_[f"{F_HW}.{key}"] = seq
     if ch.blocked is not None:

@@ -106,6 +106,18 @@ class StoreContract:
         ]
         assert store_db.smalls.find_one()["state"]["total"] == 6
 
+    def test_undated_messages_do_not_move_the_floor(self, store_db: Any) -> None:
+        small = make_counter("Small", window=2)
+        w = writer(store_db, Registry([small]))
+        w.process([msg("u1", 1, atype="Small", at=None), msg("d1", 1, atype="Small"),
+                   msg("d2", 1, atype="Small", at="2026-01-01T00:00:05Z")])
+        doc = store_db.smalls.find_one()
+        assert "inbox_floor" not in doc and doc["inbox_undated_evicted"] is True
+        out = w.process([msg("d3", 1, atype="Small", at="2026-01-01T00:00:01Z"),  # dated: fine
+                         msg("u1", 1, atype="Small", at=None)])  # undated, evicted: unprovable
+        assert [(o.outcome, o.reason) for o in out] == [
+            ("applied", None), ("dead_lettered", BEYOND_DEDUP_HORIZON)]
+
     # -- high-water ---------------------------------------------------------------------
     def test_high_water_monotonic(self, store_db: Any) -> None:
         w = writer(store_db)
