@@ -262,7 +262,12 @@ class LocalKafka:
 
 
 def _cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+    """A Kafka cluster id (base64url of 16 bytes). Never starting with '-': the storage tool's
+    argument parser would take such an id for an option (1 start in 64 failed that way)."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 def _properties(
@@ -383,8 +388,7 @@ def _format_storage(jvm: Sequence[str], props_path: Path, work_dir: Path) -> Non
         "kafka.tools.StorageTool",
         "format",
         "--standalone",
-        "-t",
-        _cluster_id(),
+        f"--cluster-id={_cluster_id()}",
         "-c",
         str(props_path),
     ]

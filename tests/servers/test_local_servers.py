@@ -334,3 +334,13 @@ def test_create_topic_exist_ok(kafka_server: LocalKafka) -> None:
     create_topic(kafka_server.bootstrap_servers, topic, partitions=2, exist_ok=True)
     with pytest.raises(ServerError, match="already exists"):
         create_topic(kafka_server.bootstrap_servers, topic, partitions=2)
+
+
+def test_kafka_cluster_ids_never_look_like_options() -> None:
+    """The storage tool parses a cluster id starting with '-' as an option (a flaky start)."""
+    from aggbox.servers.kafka import _cluster_id
+
+    ids = {_cluster_id() for _ in range(3000)}
+    assert len(ids) == 3000
+    assert not any(i.startswith("-") for i in ids)
+    assert all(len(i) == 22 for i in ids)
