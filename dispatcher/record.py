@@ -15,6 +15,7 @@ Broker headers carry the ids without parsing the value: :data:`HEADER_NAMES`.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping
@@ -103,6 +104,7 @@ def check_template(template: str) -> None:
             )
 
 
+@functools.lru_cache(maxsize=4096)  # few distinct topics; called once per entry
 def render_topic(template: str, *, aggregate_type: str, target_type: str, type: str,
                  collection: str) -> str:
     values = {"aggregate_type": aggregate_type, "target_type": target_type, "type": type,
@@ -120,8 +122,11 @@ def _json_default(value: Any) -> Any:
 
 def envelope_json(envelope: Mapping[str, Any]) -> bytes:
     """An envelope as compact UTF-8 JSON (one line)."""
-    return json.dumps(envelope, separators=(",", ":"), ensure_ascii=False,
-                      default=_json_default).encode()
+    return _ENCODER.encode(envelope).encode()
+
+
+# One encoder for every record (json.dumps with options builds a new one per call).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_json_default)
 
 
 def _id_ok(value: Any) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import re
 import threading
@@ -39,6 +40,7 @@ _FATAL: Final = -150
 FORCED_CONFIG: Final[Mapping[str, Any]] = {"enable.idempotence": True, "acks": "all"}
 
 
+@functools.lru_cache(maxsize=4096)  # called per record, with few distinct topics
 def valid_topic_name(topic: str) -> bool:
     """Kafka's rule: 1–249 of ``[A-Za-z0-9._-]``, not ``.`` or ``..``."""
     return bool(_TOPIC_RE.match(topic)) and topic not in (".", "..")
