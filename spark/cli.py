@@ -12,7 +12,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aggregates.errors import AggboxError, ConfigurationError
@@ -258,11 +258,29 @@ def _job_error(exc: BaseException) -> str | None:
     return None
 
 
+def _guarded(ctx: _Context, command: str, job: Callable[[], int]) -> int:
+    """Run a Spark job: Spark and MongoDB failures become one clear line and exit code 1;
+    the session is stopped in every case."""
+    try:
+        ctx.start()
+        return job()
+    except AggboxError:
+        raise
+    except Exception as exc:
+        message = _job_error(exc)
+        if message is None:
+            raise
+        print(f"aggbox {command}: error: {message}", file=sys.stderr)
+        return 1
+    finally:
+        ctx.stop()
+
+
 def run_command(args: argparse.Namespace) -> int:
     """``aggbox run``."""
     ctx = _Context(args, kafka=False)
-    try:
-        ctx.start()
+
+    def job() -> int:
         from spark.pipeline import AccountingError
         from spark.progress import spark_progress
 
@@ -282,16 +300,8 @@ def run_command(args: argparse.Namespace) -> int:
             title += f" — outcomes: {result.outcomes_path}"
         return _finish(ctx, title, summary, result.input_count, result.counts, result.reasons,
                        result.ok)
-    except AggboxError:
-        raise
-    except Exception as exc:
-        message = _job_error(exc)
-        if message is None:
-            raise
-        print(f"aggbox run: error: {message}", file=sys.stderr)
-        return 1
-    finally:
-        ctx.stop()
+
+    return _guarded(ctx, "run", job)
 
 
 def _stream_source(args: argparse.Namespace, ctx: _Context) -> Any:
@@ -324,8 +334,7 @@ def stream_command(args: argparse.Namespace) -> int:
             "a stream needs --checkpoint DIR (or [spark] checkpoint_location): it records what "
             "was consumed so that a restart resumes instead of replaying the source"
         )
-    try:
-        ctx.start()
+    def job() -> int:
         from spark.pipeline import RunResult
         from spark.progress import spark_progress
 
@@ -350,13 +359,5 @@ def stream_command(args: argparse.Namespace) -> int:
         title = f"aggbox stream {result.query_id}: {len(result.batches)} micro-batch(es)"
         return _finish(ctx, title, summary, result.input_count, result.counts, result.reasons,
                        result.ok)
-    except AggboxError:
-        raise
-    except Exception as exc:
-        message = _job_error(exc)
-        if message is None:
-            raise
-        print(f"aggbox stream: error: {message}", file=sys.stderr)
-        return 1
-    finally:
-        ctx.stop()
+
+    return _guarded(ctx, "stream", job)
