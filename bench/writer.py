@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
+import resource
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from pymongo import MongoClient, ReplaceOne
@@ -44,16 +47,46 @@ def make_messages(n_aggs: int, per: int) -> list[Message]:
     return out
 
 
+class CpuMeter:
+    """CPU seconds used by this Python process and by the server process (when this run
+    started it: /proc/<pid>/stat), to tell a CPU-bound run from an I/O-bound one."""
+
+    def __init__(self, server_pid: int | None) -> None:
+        self.server_pid = server_pid
+
+    def _server(self) -> float:
+        if self.server_pid is None:
+            return float("nan")
+        try:
+            fields = Path(f"/proc/{self.server_pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return float("nan")
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def snapshot(self) -> tuple[float, float]:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime, self._server()
+
+    def since(self, start: tuple[float, float]) -> str:
+        py, srv = self.snapshot()
+        return f"CPU: python {py - start[0]:.2f} s, server {srv - start[1]:.2f} s"
+
+
+METER = CpuMeter(None)
+
+
 def run_writer(db: Any, messages: list[Message]) -> float:
     w = StoreWriter(db, registry, settings=AggboxSettings())
     w.ensure_indexes()
+    cpu = METER.snapshot()
     t = time.perf_counter()
     n = sum(1 for _ in w.process_iter(messages))
     dt = time.perf_counter() - t
     assert n == len(messages)
     st = w.stats
-    print(f"    writer phases: read {st.read_s:.2f} s, fold {st.fold_s:.2f} s, "
-          f"write {st.write_s:.2f} s, {st.writes} writes, {st.conflicts} conflicts")
+    print(f"    writer: {dt:.2f} s wall, {METER.since(cpu)}; phases (summed over threads): "
+          f"read {st.read_s:.2f} s, fold {st.fold_s:.2f} s, write {st.write_s:.2f} s, "
+          f"{st.writes} writes, {st.conflicts} conflicts")
     return dt
 
 
@@ -73,11 +106,14 @@ def run_naive(db: Any, messages: list[Message]) -> float:
 
 def run_raw(db: Any, docs: list[dict[str, Any]]) -> float:
     coll = db["raw_customers"]
+    cpu = METER.snapshot()
     t = time.perf_counter()
     for i in range(0, len(docs), 1000):
         coll.bulk_write([ReplaceOne({"_id": d["_id"]}, d, upsert=True)
                          for d in docs[i:i + 1000]], ordered=False)
-    return time.perf_counter() - t
+    dt = time.perf_counter() - t
+    print(f"    raw: {dt:.2f} s wall, {METER.since(cpu)}")
+    return dt
 
 
 def main() -> None:
@@ -90,6 +126,7 @@ def main() -> None:
     messages = make_messages(args.aggregates, args.per)
     n = len(messages)
     with start_local_mongodb() as server:
+        METER.server_pid = server.pid
         client: MongoClient[dict[str, Any]] = MongoClient(server.uri)
         db = client[f"bench_writer_{uuid.uuid4().hex[:6]}"]
         try:

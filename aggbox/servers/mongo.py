@@ -209,6 +209,11 @@ class LocalMongo:
         return self._process.log_path if self._process is not None else None
 
     @property
+    def pid(self) -> int | None:
+        """Process id of the server this handle started (None for an external server)."""
+        return self._process.pid if self._process is not None else None
+
+    @property
     def is_running(self) -> bool:
         return self._process.is_running() if self._process is not None else True
 
