@@ -102,7 +102,12 @@ class StateCodec(Generic[S]):
         raise ConfigurationError(f"handler returned state of type {type(state).__name__}")
 
 
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
 def _plain(value: Any) -> Any:
+    if type(value) in _SCALARS:  # the common case, checked first (hot path)
+        return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
     if isinstance(value, tuple):
