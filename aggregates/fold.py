@@ -161,18 +161,27 @@ class _Folder:
         self.dead: list[DeadLetter] = []
         self.parked: list[Parked] = []
         self.released: list[str] = []
-        self.waiting: list[Parked] = []  # parked and still waiting after a retry
+        self.waiting: list[Parked] = []  # parked (before or in this fold), may be released
+        # Messages of this fold's input parked earlier in the same fold: their outcome slot,
+        # overwritten if a later message closes their gap (one outcome per input message).
+        self._slots: dict[int, int] = {}
+        self._cur_slot: int | None = None
         self.added_bytes = 0
 
     # -- outcomes ---------------------------------------------------------------------
     def _out(self, msg: Message, kind: oc.OutcomeKind, from_parked: bool, reason: str | None = None,
-             detail: str | None = None, emitted: tuple[str, ...] = ()) -> None:
-        self.outcomes.append(
-            Outcome(msg.message_id, msg.aggregate_type, msg.aggregate_id, kind, reason, detail,
-                    emitted, self.attempt, from_parked)
-        )
+             detail: str | None = None, emitted: tuple[str, ...] = ()) -> int:
+        outcome = Outcome(msg.message_id, msg.aggregate_type, msg.aggregate_id, kind, reason,
+                          detail, emitted, self.attempt, from_parked)
+        slot, self._cur_slot = self._cur_slot, None
+        if slot is None:
+            self.outcomes.append(outcome)
+            slot = len(self.outcomes) - 1
+        else:
+            self.outcomes[slot] = outcome
         if from_parked and kind != "parked":
             self.released.append(msg.message_id)
+        return slot
 
     def _dead(self, msg: Message, from_parked: bool, reason: str, detail: str | None,
               tb: str | None = None) -> None:
@@ -186,7 +195,8 @@ class _Folder:
             self.waiting.append(p)  # still parked: no new outcome, it was counted already
         else:
             self.parked.append(p)
-            self._out(msg, "parked", False, reason, detail)
+            self._slots[id(p)] = self._out(msg, "parked", False, reason, detail)
+            self.waiting.append(p)  # a later message of this fold may close its gap
 
     # -- the step ---------------------------------------------------------------------
     def step(self, msg: Message, *, from_parked: bool) -> None:
@@ -308,7 +318,13 @@ class _Folder:
             self.waiting = [p for p in self.waiting if id(p) not in ids]
             pool.sort(key=_parked_order)
         for p in pool:
-            self.step(p.message, from_parked=True)
+            slot = self._slots.pop(id(p), None)
+            if slot is None:  # stored by an earlier run
+                self.step(p.message, from_parked=True)
+            else:  # parked earlier in this fold: settle its own outcome instead
+                self.parked = [q for q in self.parked if q is not p]
+                self._cur_slot = slot
+                self.step(p.message, from_parked=False)
 
     def _size_with(self, state_doc: dict[str, Any] | None) -> int:
         # The stored size, adjusted by the state's growth and what this fold appended.

@@ -105,3 +105,65 @@ def test_random_streams_match_oracle_local_server(oracle_client: Any, sc: dict[s
         run_scenario(oracle_client[name], sc)
     finally:
         oracle_client.drop_database(name)
+
+
+# -- reorders across sources: contiguous high-water parks gaps and releases them in order --
+@st.composite
+def source_streams(draw: st.DrawFn) -> dict[str, Any]:
+    n_sources = draw(st.integers(1, 3))
+    per_source = [draw(st.integers(1, 6)) for _ in range(n_sources)]
+    logical = [
+        msg(f"s{s}-{q}", 100 * (s + 1) + q, atype="Seq", agg="a1", source=("Up", f"u{s}", q))
+        for s, n in enumerate(per_source) for q in range(1, n + 1)
+    ]
+    deliveries = draw(st.permutations(logical))  # any order across and within sources
+    extra = draw(st.lists(st.sampled_from(logical), max_size=len(logical)))
+    deliveries = [*deliveries, *extra]  # redeliveries, after the first copies
+    cuts = sorted(set(draw(st.lists(st.integers(1, max(1, len(deliveries) - 1)), max_size=3))))
+    batches, start = [], 0
+    for c in [*cuts, len(deliveries)]:
+        if c > start:
+            batches.append(deliveries[start:c])
+            start = c
+    return {"logical": logical, "batches": batches, "per_source": per_source}
+
+
+def run_sources(db: Any, sc: dict[str, Any]) -> None:
+    w = StoreWriter(db, registry, settings=AggboxSettings(chunk_messages=4), sleep=lambda _: None)
+    w.ensure_indexes()
+    settled: dict[str, str] = {}
+    for batch in sc["batches"]:
+        for o in w.process(batch):
+            assert o.outcome in ("applied", "duplicate", "parked"), o
+            if o.outcome == "applied":
+                assert o.message_id not in settled, f"{o.message_id} applied twice"
+                settled[o.message_id] = o.outcome
+    doc = db.seqs.find_one({"_id": "a1"})
+    # Every message applied exactly once, nothing left parked, hw at each source's last seq.
+    assert sorted(settled) == sorted(m.message_id for m in sc["logical"])
+    assert db.aggbox_parked.count_documents({}) == 0
+    assert doc["hw"] == {f"Up/u{s}": n for s, n in enumerate(sc["per_source"])}
+    assert doc["state"]["total"] == sum(int(m.payload["n"]) for m in sc["logical"])
+    # Per source, messages were applied in sequence order (the items keep the order).
+    items = doc["state"]["items"]
+    for s in range(len(sc["per_source"])):
+        mine = [i for i in items if i // 100 == s + 1]
+        assert mine == sorted(mine)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(sc=source_streams())
+def test_contiguous_high_water_across_reordered_sources_mongomock(sc: dict[str, Any]) -> None:
+    run_sources(mongomock.MongoClient(tz_aware=True)["sources"], sc)
+
+
+@settings(max_examples=20, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(sc=source_streams())
+def test_contiguous_high_water_across_reordered_sources_local_server(
+        oracle_client: Any, sc: dict[str, Any]) -> None:
+    name = f"sources_{uuid.uuid4().hex[:10]}"
+    try:
+        run_sources(oracle_client[name], sc)
+    finally:
+        oracle_client.drop_database(name)
