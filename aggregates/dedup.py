@@ -7,6 +7,7 @@ records the message so later copies are recognised.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
@@ -81,16 +82,18 @@ def source_key(msg: Message) -> str | None:
     return escape_key(f"{msg.source.type}/{msg.source.id}")
 
 
-class DedupStrategy:
+class DedupStrategy(ABC):
     """Base class. Subclasses are small immutable value objects."""
 
     name: str = "abstract"
 
+    @abstractmethod
     def decide(self, rec: DedupRecord, msg: Message, payload_hash: str) -> Decision:
-        raise NotImplementedError  # abstract
+        """apply / duplicate / dead_letter / park for ``msg`` given the record."""
 
+    @abstractmethod
     def record(self, rec: DedupRecord, msg: Message, at: datetime, payload_hash: str) -> None:
-        raise NotImplementedError  # abstract
+        """Remember an applied message in the record."""
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"
