@@ -99,8 +99,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description="Re-submit dead-lettered messages through the store writer, in the order "
         "they occurred. Dedup still applies, so a replay is safe: a message applied meanwhile "
         "comes back 'duplicate'. Dead letters that end applied/duplicate are marked "
-        "'replayed', parked ones 'parked'; dead-lettered again, they stay open with the new "
-        "reason. Select them with --id, or --reason/--type among the open ones, or --all.")
+        "'replayed' ('superseded' for a high-water duplicate that was never applied: the mark "
+        "moved past it), parked ones 'parked'; dead-lettered again, they stay open with the "
+        "new reason. Select them with --id, or --reason/--type among the open ones, or --all.")
     _store_options(p)
     _aggregates_option(p, required=True)
     p.add_argument("--id", dest="ids", action="append", metavar="ID",
