@@ -1,19 +1,26 @@
-"""Dedup strategies (pure logic, no I/O). Chosen per aggregate type; see DESIGN.md.
+"""Dedup strategies (pure logic, no I/O). Chosen per aggregate type; see docs/design.md
+"Dedup".
 
 A strategy looks at the aggregate's in-memory dedup record and one message and decides:
 apply, duplicate, dead-letter (with reason) or park (with reason). After an apply it
 records the message so later copies are recognised.
+
+The inbox strategy keeps the newest ids in the document and moves older ones to the
+per-collection **inbox archive** (written before the document write that evicts them; kept
+for the dedup horizon). What the archive holds for the messages at hand is looked up by the
+store writer (one query per chunk) and handed to the record as :attr:`DedupRecord.archived`;
+the decision itself stays pure.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Literal
 
 from aggregates.envelope import Message
-from aggregates.errors import ConfigurationError
+from aggregates.errors import AggboxError, ConfigurationError
 from aggregates.fieldnames import escape_key
 
 Verdict = Literal["apply", "duplicate", "dead_letter", "park"]
@@ -24,6 +31,9 @@ BEYOND_DEDUP_HORIZON = "beyond_dedup_horizon"
 MISSING_SOURCE = "missing_source"
 SEQUENCE_GAP = "sequence_gap"
 HIGH_WATER_MAP_FULL = "high_water_map_full"
+
+#: An inbox entry: ``[message_id, occurred_at | None, payload_hash | None]``.
+InboxEntry = list[object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,19 +47,56 @@ APPLY = Decision("apply")
 DUPLICATE = Decision("duplicate")
 
 
+class ArchiveNotConsulted(AggboxError):
+    """A message needs the inbox archive and the caller did not look it up (a bug in the
+    caller: the store writer and the helpers always do)."""
+
+
 @dataclass(slots=True)
 class DedupRecord:
     """The dedup part of an aggregate document, in memory.
 
-    ``inbox`` holds ``[message_id, at, payload_hash]`` entries, newest last."""
+    ``inbox`` holds ``[message_id, occurred_at, payload_hash]`` entries, newest last.
+    ``archive_floor`` / ``archive_undated``: the newest ``occurred_at`` ever moved to the
+    inbox archive / whether an undated entry ever was. ``legacy_floor`` /
+    ``legacy_undated``: the same for entries evicted *without* an archive by aggbox 0.1
+    (documents written before the archive existed; read, never written).
 
-    inbox: list[list[object]] = field(default_factory=list)
-    inbox_floor: datetime | None = None
-    #: An entry without ``occurred_at`` was evicted: undated messages can no longer be
-    #: proven new (dated ones are judged by ``inbox_floor``).
-    undated_evicted: bool = False
+    ``archived`` is what the archive is known to hold (message id → payload hash) for the
+    messages at hand, plus what this process archived itself; ``lookup_floor`` /
+    ``lookup_undated`` are ``archive_floor`` / ``archive_undated`` of the document read that
+    the lookup followed (``None``/``False`` and ``archive_known=False``: not looked up)."""
+
+    inbox: list[InboxEntry] = field(default_factory=list)
+    archive_floor: datetime | None = None
+    archive_undated: bool = False
+    legacy_floor: datetime | None = None
+    legacy_undated: bool = False
     hw: dict[str, int] = field(default_factory=dict)
+    archived: dict[str, str | None] = field(default_factory=dict)
+    lookup_floor: datetime | None = None
+    lookup_undated: bool = False
+    archive_known: bool = False
+    #: Entries appended since the last write (never evicted before they are stored).
+    pending: int = 0
     _index: dict[str, str | None] | None = None
+
+    def copy(self) -> DedupRecord:
+        return DedupRecord(
+            inbox=list(self.inbox), archive_floor=self.archive_floor,
+            archive_undated=self.archive_undated, legacy_floor=self.legacy_floor,
+            legacy_undated=self.legacy_undated, hw=dict(self.hw), archived=dict(self.archived),
+            lookup_floor=self.lookup_floor, lookup_undated=self.lookup_undated,
+            archive_known=self.archive_known,
+        )
+
+    def looked_up(self, found: dict[str, str | None]) -> None:
+        """Record an archive lookup made *after* this record was read: ``found`` holds every
+        message id (of those asked for) that the archive has."""
+        self.archived.update(found)
+        self.lookup_floor = self.archive_floor
+        self.lookup_undated = self.archive_undated
+        self.archive_known = True
 
     def inbox_hash(self, message_id: str) -> tuple[bool, str | None]:
         if self._index is None:
@@ -57,22 +104,52 @@ class DedupRecord:
                            for e in self.inbox}
         if message_id in self._index:
             return True, self._index[message_id]
+        if message_id in self.archived:
+            return True, self.archived[message_id]
         return False, None
 
-    def add_inbox(self, entry: list[object]) -> None:
+    def add_inbox(self, entry: InboxEntry) -> None:
         self.inbox.append(entry)
+        self.pending += 1
         if self._index is not None:
             self._index[str(entry[0])] = str(entry[2]) if entry[2] else None
 
-    def evict_to(self, window: int) -> list[list[object]]:
-        excess = len(self.inbox) - window
+    def evict(self, window: int) -> list[InboxEntry]:
+        """Move the oldest entries beyond ``window`` out of the inbox, but never one that is
+        not stored yet (``pending``): an id goes to the archive only once the document that
+        applied it is written, so the archive never holds an id that was not applied."""
+        keep = max(window, self.pending)
+        excess = len(self.inbox) - keep
         if excess <= 0:
             return []
         evicted, self.inbox = self.inbox[:excess], self.inbox[excess:]
-        if self._index is not None:
-            for e in evicted:
-                self._index.pop(str(e[0]), None)
+        for e in evicted:
+            mid = str(e[0])
+            h = str(e[2]) if len(e) > 2 and e[2] else None
+            if self._index is not None:
+                self._index.pop(mid, None)
+            self.archived[mid] = h
+            t = e[1]
+            if isinstance(t, datetime):
+                if self.archive_floor is None or t > self.archive_floor:
+                    self.archive_floor = t
+            else:
+                self.archive_undated = True
         return evicted
+
+
+def needs_archive(rec: DedupRecord, msg: Message) -> bool:
+    """Whether the inbox archive must be asked about ``msg``: it is not in the inbox, and it
+    could have been archived before ``rec`` was read (its ``occurred_at`` is not after the
+    newest archived one, or it is undated and an undated entry was archived). Messages
+    newer than everything ever archived are new without asking."""
+    if msg.occurred_at is None:
+        if not rec.archive_undated:
+            return False
+    elif rec.archive_floor is None or msg.occurred_at > rec.archive_floor:
+        return False
+    found, _ = rec.inbox_hash(msg.message_id)
+    return not found
 
 
 def source_key(msg: Message) -> str | None:
@@ -88,11 +165,13 @@ class DedupStrategy(ABC):
     name: str = "abstract"
 
     @abstractmethod
-    def decide(self, rec: DedupRecord, msg: Message, payload_hash: str) -> Decision:
-        """apply / duplicate / dead_letter / park for ``msg`` given the record."""
+    def decide(self, rec: DedupRecord, msg: Message, payload_hash: str, now: datetime
+               ) -> Decision:
+        """apply / duplicate / dead_letter / park for ``msg`` given the record; ``now`` is
+        the writer's clock (the dedup horizon is measured from it)."""
 
     @abstractmethod
-    def record(self, rec: DedupRecord, msg: Message, at: datetime, payload_hash: str) -> None:
+    def record(self, rec: DedupRecord, msg: Message, payload_hash: str) -> None:
         """Remember an applied message in the record."""
 
     def __repr__(self) -> str:
@@ -104,26 +183,44 @@ class NoDedup(DedupStrategy):
 
     name = "none"
 
-    def decide(self, rec: DedupRecord, msg: Message, payload_hash: str) -> Decision:
+    def decide(self, rec: DedupRecord, msg: Message, payload_hash: str, now: datetime
+               ) -> Decision:
         return APPLY
 
-    def record(self, rec: DedupRecord, msg: Message, at: datetime, payload_hash: str) -> None:
+    def record(self, rec: DedupRecord, msg: Message, payload_hash: str) -> None:
         return None
 
 
 class Inbox(DedupStrategy):
-    """Keep the last ``window`` processed message ids. Ids older than the window are
-    covered by ``inbox_floor``: a message that is not in the inbox but occurred at or
-    before the floor cannot be proven new and is dead-lettered as ``beyond_dedup_horizon``."""
+    """Exact dedup by message id within the dedup horizon.
+
+    The document keeps the newest ``window`` ids; older ids move to the collection's inbox
+    archive, which keeps each for ``horizon`` (plus ``clock_skew``) after the message
+    occurred or left the document, whichever is later; undated ids are kept for good. A
+    message is refused only when it is not in the inbox, not in the archive, could have
+    been archived (see :func:`needs_archive`) and occurred more than ``horizon`` ago:
+    then it is dead-lettered as ``beyond_dedup_horizon``. docs/design.md "Dedup" has the
+    argument."""
 
     name = "inbox"
 
-    def __init__(self, *, window: int = 1000) -> None:
-        if window < 1:
-            raise ConfigurationError("Inbox(window=...) must be ≥ 1")
+    def __init__(self, *, window: int = 1000, horizon: timedelta = timedelta(days=7),
+                 clock_skew: timedelta = timedelta(minutes=5)) -> None:
+        if not isinstance(window, int) or window < 1:
+            raise ConfigurationError("Inbox(window=...) must be an int ≥ 1")
+        if not isinstance(horizon, timedelta) or horizon <= timedelta(0):
+            raise ConfigurationError("Inbox(horizon=...) must be a positive timedelta, "
+                                     "e.g. timedelta(days=7)")
+        if not isinstance(clock_skew, timedelta) or clock_skew < timedelta(0):
+            raise ConfigurationError("Inbox(clock_skew=...) must be a timedelta ≥ 0: the "
+                                     "largest difference between the writers' and the "
+                                     "MongoDB servers' clocks")
         self.window = window
+        self.horizon = horizon
+        self.clock_skew = clock_skew
 
-    def decide(self, rec: DedupRecord, msg: Message, payload_hash: str) -> Decision:
+    def decide(self, rec: DedupRecord, msg: Message, payload_hash: str, now: datetime
+               ) -> Decision:
         seen, first_hash = rec.inbox_hash(msg.message_id)
         if seen:
             if first_hash is not None and first_hash != payload_hash:
@@ -134,36 +231,66 @@ class Inbox(DedupStrategy):
                     f"payload (hash {first_hash}, now {payload_hash}); the producer reuses ids",
                 )
             return DUPLICATE
-        if (msg.occurred_at is None and (rec.undated_evicted or rec.inbox_floor is not None)) or (
-            msg.occurred_at is not None and rec.inbox_floor is not None
-            and msg.occurred_at <= rec.inbox_floor
-        ):
+        t = msg.occurred_at
+        if _could_be_archived(t, rec.lookup_floor, rec.lookup_undated) or (
+                not rec.archive_known and needs_archive(rec, msg)):
+            if not rec.archive_known:
+                raise ArchiveNotConsulted(
+                    f"message {msg.message_id!r} needs the inbox archive and it was not looked "
+                    "up; use StoreWriter, AggregateHarness or replay(), which do")
+            # Not in the archive. It is new, unless it is older than the horizon: then its
+            # archive entry may have expired.
+            if t is not None and t < now - self.horizon:
+                return Decision(
+                    "dead_letter", BEYOND_DEDUP_HORIZON,
+                    f"occurred_at {t.isoformat()} is more than the dedup horizon "
+                    f"({_span(self.horizon)}) before now and the message is in neither the "
+                    "inbox nor the inbox archive: it may have been applied before and "
+                    "forgotten. If it was, dismiss it (aggbox deadletters dismiss --reason "
+                    "beyond_dedup_horizon); if it is new, resend it with a current "
+                    "occurred_at, or raise Inbox(horizon=...)",
+                )
+        if (t is None and rec.legacy_undated) or (
+                t is not None and rec.legacy_floor is not None and t <= rec.legacy_floor):
             return Decision(
-                "dead_letter",
-                BEYOND_DEDUP_HORIZON,
-                f"not in the inbox (window {self.window}) and occurred_at "
-                f"{msg.occurred_at} is not after the inbox floor {rec.inbox_floor}: it may "
-                "have been applied before and cannot be proven new. Replay it deliberately "
-                "if it is new, or raise the window.",
+                "dead_letter", BEYOND_DEDUP_HORIZON,
+                f"not in the inbox, and occurred_at {t.isoformat() if t else '(none)'} is "
+                f"not after {rec.legacy_floor.isoformat() if rec.legacy_floor else 'the'} "
+                "floor of ids evicted before the inbox archive existed (a document written "
+                "by aggbox 0.1): it cannot be proven new. If it was applied before, dismiss "
+                "it; if it is new, resend it with a current occurred_at",
             )
         return APPLY
 
-    def record(self, rec: DedupRecord, msg: Message, at: datetime, payload_hash: str) -> None:
-        # The entry keeps the message's own occurred_at (None when it has none): the floor
-        # must only ever hold producers' times, never our processing time, or every dated
-        # message older than "now" would fall behind it.
+    def record(self, rec: DedupRecord, msg: Message, payload_hash: str) -> None:
+        # The entry keeps the message's own occurred_at (None when it has none): the archive
+        # floor must only ever hold producers' times, never our processing time.
         rec.add_inbox([msg.message_id, msg.occurred_at, payload_hash])
-        evicted = rec.evict_to(self.window)
-        for e in evicted:
-            t = e[1]
-            if isinstance(t, datetime):
-                if rec.inbox_floor is None or t > rec.inbox_floor:
-                    rec.inbox_floor = t
-            else:
-                rec.undated_evicted = True
+
+    def expire_at(self, entry: InboxEntry, now: datetime) -> datetime | None:
+        """When the archive may forget ``entry`` (evicted at ``now``): ``None`` = never
+        (undated ids: no horizon can be measured for them)."""
+        t = entry[1]
+        if not isinstance(t, datetime):
+            return None
+        return max(t, now) + self.horizon + self.clock_skew
 
     def __repr__(self) -> str:
-        return f"Inbox(window={self.window})"
+        return f"Inbox(window={self.window}, horizon={_span(self.horizon)})"
+
+
+def _could_be_archived(t: datetime | None, floor: datetime | None, undated: bool) -> bool:
+    if t is None:
+        return undated
+    return floor is not None and t <= floor
+
+
+def _span(d: timedelta) -> str:
+    s = int(d.total_seconds())
+    for unit, n in (("d", 86400), ("h", 3600), ("min", 60)):
+        if s >= n and s % n == 0:
+            return f"{s // n}{unit}"
+    return f"{d.total_seconds():g}s"
 
 
 class HighWater(DedupStrategy):
@@ -184,7 +311,8 @@ class HighWater(DedupStrategy):
         self.mode = mode
         self.max_sources = max_sources
 
-    def decide(self, rec: DedupRecord, msg: Message, payload_hash: str) -> Decision:
+    def decide(self, rec: DedupRecord, msg: Message, payload_hash: str, now: datetime
+               ) -> Decision:
         key = source_key(msg)
         if key is None or msg.source is None:
             return Decision(
@@ -209,7 +337,7 @@ class HighWater(DedupStrategy):
             )
         return APPLY
 
-    def record(self, rec: DedupRecord, msg: Message, at: datetime, payload_hash: str) -> None:
+    def record(self, rec: DedupRecord, msg: Message, payload_hash: str) -> None:
         key = source_key(msg)
         assert key is not None and msg.source is not None
         rec.hw[key] = max(rec.hw.get(key, 0), msg.source.seq)

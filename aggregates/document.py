@@ -1,4 +1,5 @@
-"""The aggregate document layout (DESIGN.md) and its in-memory snapshot. Pure."""
+"""The aggregate document layout (docs/design.md "Document layout") and its in-memory
+snapshot. Pure."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ F_ID: Final = "_id"
 F_VERSION: Final = "_v"
 F_STATE: Final = "state"
 F_INBOX: Final = "inbox"
+#: Newest occurred_at ever moved to the inbox archive / an undated id was moved there.
+F_ARCHIVE_FLOOR: Final = "inbox_archive_floor"
+F_ARCHIVE_UNDATED: Final = "inbox_archive_undated"
+#: aggbox 0.1 (before the inbox archive): ids evicted up to this time were forgotten. Read
+#: only, never written; such documents keep working (docs/design.md "Dedup").
 F_INBOX_FLOOR: Final = "inbox_floor"
 F_INBOX_UNDATED: Final = "inbox_undated_evicted"
 F_HW: Final = "hw"
@@ -64,8 +70,10 @@ def snapshot_from_document(doc: Mapping[str, Any] | None, aggregate_id: str) -> 
         state=dict(doc.get(F_STATE) or {}),
         dedup=DedupRecord(
             inbox=inbox,
-            inbox_floor=_aware(doc.get(F_INBOX_FLOOR)),
-            undated_evicted=bool(doc.get(F_INBOX_UNDATED, False)),
+            archive_floor=_aware(doc.get(F_ARCHIVE_FLOOR)),
+            archive_undated=bool(doc.get(F_ARCHIVE_UNDATED, False)),
+            legacy_floor=_aware(doc.get(F_INBOX_FLOOR)),
+            legacy_undated=bool(doc.get(F_INBOX_UNDATED, False)),
             hw={str(k): int(v) for k, v in (doc.get(F_HW) or {}).items()},
         ),
         seq=int(doc.get(F_SEQ, 0)),

@@ -9,14 +9,14 @@ from __future__ import annotations
 import traceback
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 import bson
 
 from aggregates import outcomes as oc
 from aggregates.aggregate import AggregateType, Emit
-from aggregates.dedup import SEQUENCE_GAP, Decision, Inbox, source_key
+from aggregates.dedup import SEQUENCE_GAP, Decision, Inbox, InboxEntry, source_key
 from aggregates.document import Snapshot
 from aggregates.envelope import Message
 from aggregates.errors import (
@@ -28,6 +28,7 @@ from aggregates.errors import (
 )
 from aggregates.fieldnames import check_field_names
 from aggregates.ids import emitted_message_id, payload_hash
+from aggregates.ordering import delivery_order
 from aggregates.outcomes import Outcome
 
 
@@ -58,9 +59,11 @@ class Changes:
     """What one fold adds to the stored document (appends only; invariant 2)."""
 
     state: dict[str, Any] | None = None
-    inbox: list[list[object]] = field(default_factory=list)
-    inbox_floor: datetime | None = None
-    undated_evicted: bool = False
+    inbox: list[InboxEntry] = field(default_factory=list)
+    #: Inbox entries leaving the document with this write: the writer archives them first.
+    archive: list[InboxEntry] = field(default_factory=list)
+    archive_floor: datetime | None = None
+    archive_undated: bool = False
     hw: dict[str, int] = field(default_factory=dict)
     outbox: list[dict[str, Any]] = field(default_factory=list)
     seq: int | None = None
@@ -141,19 +144,14 @@ class _Folder:
             aggregate_id=snap.aggregate_id,
             version=snap.version,
             state=snap.state,
-            dedup=type(snap.dedup)(
-                inbox=list(snap.dedup.inbox),
-                inbox_floor=snap.dedup.inbox_floor,
-                undated_evicted=snap.dedup.undated_evicted,
-                hw=dict(snap.dedup.hw),
-            ),
+            dedup=snap.dedup.copy(),
             seq=snap.seq,
             outbox_ids=list(snap.outbox_ids),
             blocked=snap.blocked,
             size_bytes=snap.size_bytes,
         )
-        self._floor0 = snap.dedup.inbox_floor
-        self._undated0 = snap.dedup.undated_evicted
+        self._floor0 = snap.dedup.archive_floor
+        self._undated0 = snap.dedup.archive_undated
         self._state0_bytes = len(bson.encode(snap.state)) if snap.state else 0
         self.state_obj: Any = atype.codec.load(snap.state)
         self.changes = Changes()
@@ -207,7 +205,7 @@ class _Folder:
                        "`aggbox parked release`")
             return
         phash = payload_hash(msg.payload)
-        decision: Decision = self.atype.dedup.decide(self.snap.dedup, msg, phash)
+        decision: Decision = self.atype.dedup.decide(self.snap.dedup, msg, phash, self.now)
         if decision.verdict == "duplicate":
             self._out(msg, "duplicate", from_parked)
             return
@@ -291,7 +289,7 @@ class _Folder:
         self.applied = True
         self.state_obj = new_state
         dedup = self.snap.dedup
-        self.atype.dedup.record(dedup, msg, msg.occurred_at or self.now, phash)
+        self.atype.dedup.record(dedup, msg, phash)
         if isinstance(self.atype.dedup, Inbox):
             self.changes.inbox.append(dedup.inbox[-1])
         key = source_key(msg)
@@ -308,7 +306,7 @@ class _Folder:
     def retry_parked(self, candidates: list[Parked], *, first: bool,
                      source: str | None = None) -> None:
         if first:
-            pool = sorted(candidates, key=_parked_order)
+            pool = _in_delivery_order(candidates)
         else:
             pool = [p for p in self.waiting if p.reason == SEQUENCE_GAP
                     and source_key(p.message) == source]
@@ -316,7 +314,7 @@ class _Folder:
                 return
             ids = {id(p) for p in pool}
             self.waiting = [p for p in self.waiting if id(p) not in ids]
-            pool.sort(key=_parked_order)
+            pool = _in_delivery_order(pool)
         for p in pool:
             slot = self._slots.pop(id(p), None)
             if slot is None:  # stored by an earlier run
@@ -344,11 +342,15 @@ class _Folder:
             if too_large:
                 raise _NeedStrict()
         self.snap.size_bytes = self._size_with(self.snap.state if self.applied else None)
-        # Record the inbox appends/evictions relative to the snapshot we started from.
-        if self.snap.dedup.inbox_floor != self._floor0:
-            self.changes.inbox_floor = self.snap.dedup.inbox_floor
-        if self.snap.dedup.undated_evicted and not self._undated0:
-            self.changes.undated_evicted = True
+        # Entries beyond the window leave the document with this write (never one this
+        # write adds: docs/design.md "Dedup"); the writer archives them before writing.
+        dedup = self.snap.dedup
+        if isinstance(self.atype.dedup, Inbox) and self.applied:
+            self.changes.archive = dedup.evict(self.atype.dedup.window)
+        if dedup.archive_floor != self._floor0:
+            self.changes.archive_floor = dedup.archive_floor
+        if dedup.archive_undated and not self._undated0:
+            self.changes.archive_undated = True
         # Messages that were parked before and still wait keep their parked entry as is.
 
     def _entries(self, msg: Message, emits: Sequence[Emit]) -> list[dict[str, Any]]:
@@ -399,13 +401,12 @@ def _entries_size(entries: list[dict[str, Any]]) -> int:
     return len(bson.encode({"e": entries})) if entries else 0
 
 
-_NO_TIME = datetime.min.replace(tzinfo=UTC)
-
-
-def _parked_order(p: Parked) -> tuple[int, datetime, str]:
-    # The pipeline's order key: source seq, then occurred_at (then a stable tie-break).
-    m = p.message
-    return (m.source.seq if m.source else 0, m.occurred_at or _NO_TIME, m.message_id)
+def _in_delivery_order(parked: Sequence[Parked]) -> list[Parked]:
+    # The pipeline's order (aggregates.ordering), on messages sorted by id first so the
+    # result does not depend on the order the parked store returned them in.
+    pool = sorted(parked, key=lambda p: p.message.message_id)
+    by_msg = {id(p.message): p for p in pool}
+    return [by_msg[id(m)] for m in delivery_order([p.message for p in pool])]
 
 
 def _normalise(result: Any, msg: Message) -> tuple[Any, Sequence[Emit]]:

@@ -111,6 +111,9 @@ class AggregateHarness(Generic[S]):
             raise AggboxError(f"message {msg.message_id} is for aggregate "
                               f"{msg.aggregate_id!r}, the harness holds "
                               f"{self.snapshot.aggregate_id!r}")
+        # The harness remembers every id that left the inbox (its in-memory inbox archive
+        # never expires), so the archive is always fully known here.
+        self.snapshot.dedup.looked_up({})
         res = fold(self.atype, self.snapshot, [msg], now=self.now, parked=self.parked)
         if self.check_determinism:
             self._check_no_mutation(msg)

@@ -1,10 +1,14 @@
 """The store writer: applies ordered messages to aggregate documents with one conditional
-single-document write per aggregate per slice (DESIGN.md "The writer").
+single-document write per aggregate per slice (docs/design.md "The writer").
 
 Per chunk of aggregates: one ``find`` by ``_id $in``, handlers applied in memory, one
 unordered ``bulk_write`` of conditional upserts filtered on ``{_id, _v}``. A stale ``_v``
 does not match, the upsert then collides on ``_id`` and the bulk reports ``E11000`` at that
 operation's index: that aggregate is re-read and re-applied (bounded retries, backoff).
+
+Inbox dedup: after every read, the inbox archive is asked (one query per chunk) about the
+messages that could have left the inbox; before every write, the ids the write evicts are
+archived (docs/design.md "Dedup").
 """
 
 from __future__ import annotations
@@ -26,14 +30,16 @@ from pymongo.database import Database
 
 from aggregates import outcomes as oc
 from aggregates.aggregate import AggregateType, Registry
+from aggregates.archive import InboxArchive
 from aggregates.bulk import bulk_write_unordered
 from aggregates.deadletters import DeadLetterStore
+from aggregates.dedup import Inbox, needs_archive
 from aggregates.document import (
+    F_ARCHIVE_FLOOR,
+    F_ARCHIVE_UNDATED,
     F_BLOCKED,
     F_HW,
     F_INBOX,
-    F_INBOX_FLOOR,
-    F_INBOX_UNDATED,
     F_OUTBOX,
     F_SEQ,
     F_STATE,
@@ -67,10 +73,10 @@ def build_update(atype: AggregateType[Any], snap: Snapshot, ch: Changes) -> Upda
         set_[F_STATE] = ch.state
     if ch.seq is not None:
         set_[F_SEQ] = ch.seq
-    if ch.inbox_floor is not None:
-        set_[F_INBOX_FLOOR] = ch.inbox_floor
-    if ch.undated_evicted:
-        set_[F_INBOX_UNDATED] = True
+    if ch.archive_floor is not None:
+        set_[F_ARCHIVE_FLOOR] = ch.archive_floor
+    if ch.archive_undated:
+        set_[F_ARCHIVE_UNDATED] = True
     for key, seq in ch.hw.items():
         set_[f"{F_HW}.{key}"] = seq
     if ch.blocked is not None:
@@ -84,8 +90,10 @@ def build_update(atype: AggregateType[Any], snap: Snapshot, ch: Changes) -> Upda
     if ch.outbox:
         push[F_OUTBOX] = {"$each": ch.outbox}
     if ch.inbox:
+        # Keep the window, but never drop an entry this write adds (the same rule as
+        # DedupRecord.evict, so the stored inbox equals the one in memory).
         window = getattr(atype.dedup, "window", len(ch.inbox))
-        push[F_INBOX] = {"$each": ch.inbox, "$slice": -window}
+        push[F_INBOX] = {"$each": ch.inbox, "$slice": -max(window, len(ch.inbox))}
     if push:
         update["$push"] = push
     # Filter on _id and _v only, equality only: with upsert=True a stale _v makes the
@@ -163,6 +171,9 @@ class StoreWriter:
                               name="aggbox_outbox_pending")
         self.dead_letters.ensure_indexes()
         self.parking.ensure_indexes()
+        for atype in self.registry:
+            if isinstance(atype.dedup, Inbox):
+                InboxArchive(self.db, atype.collection, atype.dedup).ensure_indexes()
 
     # -- processing -------------------------------------------------------------------
     def process(self, messages: Iterable[Message]) -> list[Outcome]:
@@ -275,9 +286,12 @@ class StoreWriter:
         t0 = time.perf_counter()
         snaps = self._read(coll, ids)
         parked = self.parking.load(coll.name, ids)
-        st.read_s += time.perf_counter() - t0
         for w in works:
             w.parked = parked.get(w.aggregate_id, [])
+        archive = self._archive(works[0].atype)
+        if archive is not None:
+            self._lookup(archive, works, snaps)
+        st.read_s += time.perf_counter() - t0
         active = {w.aggregate_id: w for w in works}
         while active:
             st.rounds += 1
@@ -304,6 +318,10 @@ class StoreWriter:
             st.fold_s += t1 - t0
             if not ops:
                 continue
+            if archive is not None:
+                # Ids leaving the inbox are archived before the write that evicts them.
+                archive.write([(ow.aggregate_id, e) for ow, ores, _ in op_work
+                               for e in ores.changes.archive], now=now)
             if self.before_write is not None:
                 self.before_write(ops)
             conflicted = self._bulk(coll, ops)
@@ -327,6 +345,8 @@ class StoreWriter:
                     del active[w.aggregate_id]
             if retry_ids:
                 snaps.update(self._read(coll, retry_ids))
+                if archive is not None:
+                    self._lookup(archive, [active[i] for i in retry_ids], snaps)
                 worst = max(active[i].conflicts for i in retry_ids)
                 delay = min(s.conflict_backoff_max_ms,
                             s.conflict_backoff_ms * 2 ** min(worst - 1, 16))
@@ -357,6 +377,29 @@ class StoreWriter:
             outcomes.append(Outcome(m.message_id, m.aggregate_type, m.aggregate_id, "parked",
                                     oc.VERSION_CONFLICT, detail, (), w.conflicts))
         w.pos = len(w.messages)
+
+    def _archive(self, atype: AggregateType[Any]) -> InboxArchive | None:
+        if not isinstance(atype.dedup, Inbox):
+            return None
+        return InboxArchive(self.db, atype.collection, atype.dedup)
+
+    def _lookup(self, archive: InboxArchive, works: Sequence[_Work],
+                snaps: dict[str, Snapshot]) -> None:
+        """Complete freshly read snapshots with what the archive holds for the messages
+        still to apply (and the parked ones). Must run after the read (docs/design.md
+        "Dedup"): an id evicted by a write the read saw was archived before that write."""
+        pairs: list[tuple[str, str]] = []
+        for w in works:
+            rec = snaps[w.aggregate_id].dedup
+            for m in w.messages[w.pos:]:
+                if needs_archive(rec, m):
+                    pairs.append((w.aggregate_id, m.message_id))
+            for p in w.parked:
+                if needs_archive(rec, p.message):
+                    pairs.append((w.aggregate_id, p.message.message_id))
+        found = archive.lookup(pairs) if pairs else {}
+        for w in works:
+            snaps[w.aggregate_id].dedup.looked_up(found.get(w.aggregate_id, {}))
 
     def _read(self, coll: Collection[Any], ids: list[str]) -> dict[str, Snapshot]:
         found = {d["_id"]: d for d in coll.find({"_id": {"$in": ids}})}

@@ -102,6 +102,13 @@ def replay_steps(
     msgs = [m if isinstance(m, Message) else Message.from_dict(m, max_payload_bytes=0)
             for m in messages]
     snap, parked = _start(start, aggregate_id, msgs)
+    if isinstance(start, AggregateView):
+        # What the inbox archive holds for these messages (an in-memory replay keeps the
+        # ids it evicts itself).
+        snap.dedup.looked_up(start.archived([m.message_id for m in msgs]
+                                            + [p.message.message_id for p in parked]))
+    elif start is None:
+        snap.dedup.looked_up({})
     when = now or _utc_now()
     by_id = {p.message.message_id: p.message for p in parked}
     steps: list[ReplayStep] = []

@@ -8,7 +8,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -16,8 +16,11 @@ from typing import Any
 from pymongo.database import Database
 
 from aggregates.aggregate import AggregateType, Registry
+from aggregates.archive import InboxArchive
 from aggregates.debug.render import esc, fmt_time, html_table, text_table
+from aggregates.dedup import Inbox
 from aggregates.document import (
+    F_ARCHIVE_FLOOR,
     F_BLOCKED,
     F_HW,
     F_INBOX,
@@ -56,6 +59,8 @@ class AggregateView:
     parked: list[dict[str, Any]] = field(default_factory=list, repr=False)
     #: Rows shown per table by ``str()`` and the HTML rendering.
     max_rows: int = field(default=20, repr=False)
+    #: The aggregate collection's inbox archive (set by :func:`load_aggregate`).
+    archive: InboxArchive | None = field(default=None, repr=False, compare=False)
 
     # -- what is stored ---------------------------------------------------------------
     @property
@@ -98,8 +103,23 @@ class AggregateView:
 
     @property
     def inbox_floor(self) -> datetime | None:
-        """The newest ``occurred_at`` ever evicted from the inbox (``None``: none yet)."""
+        """The newest ``occurred_at`` ever moved from the inbox to the inbox archive
+        (``None``: none yet). Older messages that are not in the inbox are looked up in the
+        archive."""
+        return _aware(self._doc.get(F_ARCHIVE_FLOOR))
+
+    @property
+    def legacy_inbox_floor(self) -> datetime | None:
+        """A document written by aggbox 0.1: ids evicted up to this time were not archived."""
         return _aware(self._doc.get(F_INBOX_FLOOR))
+
+    def archived(self, message_ids: Sequence[str]) -> dict[str, str | None]:
+        """Which of ``message_ids`` this aggregate's inbox archive holds (id → payload
+        hash); ``{}`` without an archive (not an inbox aggregate, or not loaded from MongoDB)."""
+        if self.archive is None or not message_ids:
+            return {}
+        found = self.archive.lookup([(self.aggregate_id, m) for m in message_ids])
+        return found.get(self.aggregate_id, {})
 
     @property
     def high_water(self) -> dict[str, int]:
@@ -145,7 +165,9 @@ class AggregateView:
         if not self.exists:
             facts.insert(0, ("stored", "no document yet (the aggregate does not exist)"))
         if self.atype.dedup.name == "inbox":
-            facts.append(("inbox floor", fmt_time(self.inbox_floor)))
+            facts.append(("inbox archive floor", fmt_time(self.inbox_floor)))
+            if self.legacy_inbox_floor is not None:
+                facts.append(("inbox floor (aggbox 0.1)", fmt_time(self.legacy_inbox_floor)))
         blocked = self.blocked
         facts.append(("blocked", "no" if blocked is None else
                       f"YES by message {blocked.get('message_id')!r} at "
@@ -239,7 +261,9 @@ def load_aggregate(
     doc = db[atype.collection].find_one({"_id": aggregate_id})
     parked = ParkedStore(db, collection=s.parked_collection).for_aggregate(atype.name,
                                                                            aggregate_id)
-    return AggregateView(atype, aggregate_id, doc, parked)
+    archive = (InboxArchive(db, atype.collection, atype.dedup)
+               if isinstance(atype.dedup, Inbox) else None)
+    return AggregateView(atype, aggregate_id, doc, parked, archive=archive)
 
 
 __all__ = ["AggregateView", "InboxEntry", "load_aggregate"]

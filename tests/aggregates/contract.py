@@ -6,6 +6,7 @@ and a real MongoDB replica set when ``AGGBOX_MONGODB_URI`` is set."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -33,8 +34,14 @@ from tests.aggregates.domain import (
 )
 
 
+#: The writers' clock in these tests: the test messages occurred on 2026-01-01, within the
+#: default dedup horizon of this time (a real clock would put them beyond it).
+NOW = datetime(2026, 1, 2, tzinfo=UTC)
+
+
 def writer(db: Any, reg: Registry = registry, **settings: Any) -> StoreWriter:
-    w = StoreWriter(db, reg, settings=AggboxSettings(**settings), sleep=lambda s: None)
+    w = StoreWriter(db, reg, settings=AggboxSettings(**settings), sleep=lambda s: None,
+                    clock=lambda: NOW)
     w.ensure_indexes()
     return w
 
@@ -44,7 +51,7 @@ def kinds(outcomes: list[Any]) -> list[str]:
 
 
 class StoreContract:
-    """Behaviour every store backend must show. See DESIGN.md for the invariants."""
+    """Behaviour every store backend must show. See docs/design.md "Invariants"."""
 
     @pytest.fixture
     def store_db(self) -> Any:  # overridden per backend
@@ -81,42 +88,120 @@ class StoreContract:
         assert dl["reason"] == DUPLICATE_DIFFERENT_PAYLOAD
         assert store_db.counters.find_one()["state"]["total"] == 3
 
-    # -- inbox window and dedup horizon -------------------------------------------------
-    def test_inbox_window_and_dedup_horizon(self, store_db: Any) -> None:
+    # -- inbox window, archive and dedup horizon (docs/design.md "Dedup") ---------------
+    def test_inbox_keeps_new_ids_and_archives_evicted_ones(self, store_db: Any) -> None:
         small = make_counter("Small", window=3)
         w = writer(store_db, Registry([small]))
-        times = [f"2026-01-01T00:00:0{i}Z" for i in range(6)]
-        inputs = [msg(f"m{i}", 1, atype="Small", at=times[i]) for i in range(5)]
-        w.process(inputs)
+        times = [f"2026-01-01T00:00:0{i}Z" for i in range(10)]
+        w.process([msg(f"m{i}", 1, atype="Small", at=times[i]) for i in range(5)])
         doc = store_db.smalls.find_one()
-        assert [e[0] for e in doc["inbox"]] == ["m2", "m3", "m4"]
-        assert doc["inbox_floor"].replace(tzinfo=None).isoformat() == "2026-01-01T00:00:01"
-        # m0 is evicted and occurred before the floor: cannot be proven new.
-        out = w.process(
-            [
-                msg("m0", 1, atype="Small", at=times[0]),
-                msg("m3", 1, atype="Small", at=times[3]),
-                msg("m9", 1, atype="Small", at=times[5]),
-            ]
-        )
+        # One write added five ids: none of them leaves before it is stored.
+        assert [e[0] for e in doc["inbox"]] == ["m0", "m1", "m2", "m3", "m4"]
+        assert store_db.smalls_inbox_archive.count_documents({}) == 0
+        out = w.process([msg("m0", 1, atype="Small", at=times[0]),
+                         msg("m3", 1, atype="Small", at=times[3]),
+                         msg("m9", 1, atype="Small", at=times[9])])
+        assert kinds(out) == ["duplicate", "duplicate", "applied"]
+        doc = store_db.smalls.find_one()
+        assert [e[0] for e in doc["inbox"]] == ["m3", "m4", "m9"]
+        assert doc["inbox_archive_floor"].replace(tzinfo=None).isoformat() == \
+            "2026-01-01T00:00:02"
+        archived = {d["m"]: d for d in store_db.smalls_inbox_archive.find()}
+        assert sorted(archived) == ["m0", "m1", "m2"]
+        assert all(d["a"] == "a1" and d["x"] > d["t"] for d in archived.values())
+        # Evicted ids are still duplicates; a never-seen message older than the archive
+        # floor (but within the horizon) is new and applied.
+        out = w.process([msg("m1", 1, atype="Small", at=times[1]),
+                         msg("late", 1, atype="Small", at=times[0])])
+        assert kinds(out) == ["duplicate", "applied"]
+        assert store_db.smalls.find_one()["state"]["total"] == 7
+
+    def test_five_credits_reproduction(self, store_db: Any) -> None:
+        # Five new credits from five payers; their occurred_at (the payers' write times) are
+        # 900, 400, 950, 980, 500 ms after t0. Window 3, written one message per write so
+        # entries are evicted in the middle of the run: all five must be applied.
+        small = make_counter("Small", window=3)
+        for slice_ in (1, 1000):
+            w = writer(store_db, Registry([small]), slice_messages=slice_)
+            agg = f"acct-{slice_}"
+            ms = [msg(f"credit-{i}-{agg}", 10, atype="Small", agg=agg,
+                      at=f"2026-01-01T00:00:00.{ms:03d}Z")
+                  for i, ms in enumerate((900, 400, 950, 980, 500))]
+            assert kinds(w.process(ms)) == ["applied"] * 5
+            assert kinds(w.process(ms[1:2] + ms[4:])) == ["duplicate"] * 2
+            assert store_db.smalls.find_one({"_id": agg})["state"]["total"] == 50
+
+    def test_only_messages_older_than_the_horizon_are_refused(self, store_db: Any) -> None:
+        from datetime import timedelta
+
+        from aggregates import Inbox
+        # Times relative to the real clock: the servers' TTL monitors run on it.
+        small = make_counter("Small", dedup=Inbox(window=2, horizon=timedelta(days=7)))
+        now = datetime.now(UTC).replace(microsecond=0)
+        w = StoreWriter(store_db, Registry([small]), settings=AggboxSettings(slice_messages=1),
+                        clock=lambda: now, sleep=lambda s: None)
+        w.ensure_indexes()
+        at = [(now - timedelta(days=30, seconds=10 - i)).isoformat() for i in range(8)]
+        # 30 days old but provably new (nothing was ever archived): applied.
+        assert kinds(w.process([msg(f"m{i}", 1, atype="Small", at=at[i])
+                                for i in (2, 4, 6, 7)])) == ["applied"] * 4
+        out = w.process([
+            msg("m2", 1, atype="Small", at=at[2]),    # archived: still a duplicate
+            msg("old", 1, atype="Small", at=at[3]),   # below the floor, 30 days old: refused
+            msg("new", 1, atype="Small", at=at[7]),   # not below the floor: provably new
+            msg("recent", 1, atype="Small", at=(now - timedelta(days=1)).isoformat()),
+        ])
         assert [(o.outcome, o.reason) for o in out] == [
-            ("dead_lettered", BEYOND_DEDUP_HORIZON),
-            ("duplicate", None),
-            ("applied", None),
-        ]
+            ("duplicate", None), ("dead_lettered", BEYOND_DEDUP_HORIZON), ("applied", None),
+            ("applied", None)]
+        assert "dedup horizon (7d)" in (out[1].detail or "")
         assert store_db.smalls.find_one()["state"]["total"] == 6
 
-    def test_undated_messages_do_not_move_the_floor(self, store_db: Any) -> None:
+    def test_undated_ids_are_archived_without_expiry(self, store_db: Any) -> None:
         small = make_counter("Small", window=2)
-        w = writer(store_db, Registry([small]))
+        w = writer(store_db, Registry([small]), slice_messages=1)
         w.process([msg("u1", 1, atype="Small", at=None), msg("d1", 1, atype="Small"),
                    msg("d2", 1, atype="Small", at="2026-01-01T00:00:05Z")])
         doc = store_db.smalls.find_one()
-        assert "inbox_floor" not in doc and doc["inbox_undated_evicted"] is True
-        out = w.process([msg("d3", 1, atype="Small", at="2026-01-01T00:00:01Z"),  # dated: fine
-                         msg("u1", 1, atype="Small", at=None)])  # undated, evicted: unprovable
+        assert "inbox_floor" not in doc and doc["inbox_archive_undated"] is True
+        entry = store_db.smalls_inbox_archive.find_one({"a": "a1", "m": "u1"})
+        assert entry is not None and "x" not in entry  # no horizon for undated ids
+        out = w.process([msg("d3", 1, atype="Small", at="2026-01-01T00:00:01Z"),
+                         msg("u1", 1, atype="Small", at=None),
+                         msg("u2", 1, atype="Small", at=None)])
+        assert kinds(out) == ["applied", "duplicate", "applied"]
+
+    def test_documents_of_aggbox_0_1_keep_working(self, store_db: Any) -> None:
+        small = make_counter("Small", window=2)
+        t = datetime(2026, 1, 1, tzinfo=UTC)
+        store_db.smalls.insert_one({
+            "_id": "a1", "_v": 4, "_type": "Small", "_seq": 0,
+            "state": {"total": 4, "items": [1, 1, 1, 1]},
+            "inbox": [["m2", t.replace(second=2), None], ["m3", t.replace(second=3), None]],
+            "inbox_floor": t.replace(second=1), "inbox_undated_evicted": True,
+        })
+        w = writer(store_db, Registry([small]))
+        out = w.process([
+            msg("m3", 1, atype="Small", at="2026-01-01T00:00:03Z"),  # in the inbox
+            msg("m0", 1, atype="Small", at="2026-01-01T00:00:00Z"),  # evicted unarchived
+            msg("ux", 1, atype="Small", at=None),                    # undated: unprovable
+            msg("m4", 1, atype="Small", at="2026-01-01T00:00:04Z"),  # new
+        ])
         assert [(o.outcome, o.reason) for o in out] == [
-            ("applied", None), ("dead_lettered", BEYOND_DEDUP_HORIZON)]
+            ("duplicate", None), ("dead_lettered", BEYOND_DEDUP_HORIZON),
+            ("dead_lettered", BEYOND_DEDUP_HORIZON), ("applied", None)]
+        assert "aggbox 0.1" in (out[1].detail or "")
+        doc = store_db.smalls.find_one()
+        assert doc["state"]["total"] == 5 and doc["inbox_floor"] == t.replace(second=1)
+        w.process([msg("m5", 1, atype="Small", at="2026-01-01T00:00:05Z")])
+        assert store_db.smalls_inbox_archive.find_one({"a": "a1", "m": "m2"})
+        assert kinds(w.process([msg("m2", 1, atype="Small", at="2026-01-01T00:00:02Z")])) \
+            == ["duplicate"]
+
+    def test_archive_has_a_ttl_index(self, store_db: Any) -> None:
+        writer(store_db, Registry([make_counter("Small", window=2)]))
+        info = store_db.smalls_inbox_archive.index_information()
+        assert info["aggbox_ttl"]["expireAfterSeconds"] == 0
 
     # -- high-water ---------------------------------------------------------------------
     def test_high_water_monotonic(self, store_db: Any) -> None:

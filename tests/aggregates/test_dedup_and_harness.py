@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from aggregates import (
+    AggboxError,
     AggregateType,
     ConfigurationError,
     Emit,
@@ -52,31 +53,43 @@ def test_payload_hash_ignores_key_order() -> None:
 def test_inbox_decisions() -> None:
     inbox = Inbox(window=2)
     rec = DedupRecord()
+    now = T0.replace(hour=1)
     m1, m2, m3 = msg("m1"), msg("m2", at="2026-01-01T00:00:05Z"), msg("m3")
-    assert inbox.decide(rec, m1, "h1").verdict == "apply"
-    inbox.record(rec, m1, T0, "h1")
-    assert inbox.decide(rec, m1, "h1").verdict == "duplicate"
-    assert inbox.decide(rec, m1, "h2").verdict == "dead_letter"
-    inbox.record(rec, m2, m2.occurred_at or T0, "h")
-    inbox.record(rec, m3, T0.replace(second=9), "h")
-    assert rec.inbox_floor == T0  # m1 evicted
+    assert inbox.decide(rec, m1, "h1", now).verdict == "apply"
+    inbox.record(rec, m1, "h1")
+    assert inbox.decide(rec, m1, "h1", now).verdict == "duplicate"
+    assert inbox.decide(rec, m1, "h2", now).verdict == "dead_letter"
+    inbox.record(rec, m2, "h")
+    inbox.record(rec, m3, "h")
+    # Three pending (unwritten) entries: none may leave before it is stored.
+    assert rec.evict(inbox.window) == []
+    rec.pending = 0  # as after the write
+    assert [e[0] for e in rec.evict(inbox.window)] == ["m1"]
+    assert rec.archive_floor == m1.occurred_at and rec.archived == {"m1": "h1"}
     assert [e[0] for e in rec.inbox] == ["m2", "m3"]
-    late = msg("m0", at="2025-12-31T00:00:00Z")
-    assert inbox.decide(rec, late, "h").reason == "beyond_dedup_horizon"
-    undated = msg("mx", at=None)
-    assert inbox.decide(rec, undated, "h").reason == "beyond_dedup_horizon"
+    # The evicted id is still known (archived by this process): a duplicate, not refused.
+    assert inbox.decide(rec, m1, "h1", now).verdict == "duplicate"
+    # An older, never-seen message needs the archive; without a lookup that is a bug.
+    late = msg("m0", at="2025-12-31T23:00:00Z")
+    with pytest.raises(AggboxError, match="archive"):
+        inbox.decide(rec, late, "h", now)
+    rec.looked_up({})  # the archive does not have it: new, within the horizon
+    assert inbox.decide(rec, late, "h", now).verdict == "apply"
+    # … unless it is older than the horizon (7 days by default).
+    ancient = msg("m-old", at="2025-12-01T00:00:00Z")
+    assert inbox.decide(rec, ancient, "h", now).reason == "beyond_dedup_horizon"
 
 
 def test_high_water_decisions() -> None:
     rec = DedupRecord()
     mono, cont = HighWater(), HighWater(mode="contiguous")
     m = msg("s2", source=("Up", "u", 2))
-    assert mono.decide(rec, m, "h").verdict == "apply"
-    assert cont.decide(rec, m, "h").reason == "sequence_gap"
-    assert mono.decide(rec, msg("x"), "h").reason == "missing_source"
-    mono.record(rec, m, T0, "h")
-    assert mono.decide(rec, msg("s1", source=("Up", "u", 1)), "h").verdict == "duplicate"
-    assert NoDedup().decide(rec, m, "h").verdict == "apply"
+    assert mono.decide(rec, m, "h", T0).verdict == "apply"
+    assert cont.decide(rec, m, "h", T0).reason == "sequence_gap"
+    assert mono.decide(rec, msg("x"), "h", T0).reason == "missing_source"
+    mono.record(rec, m, "h")
+    assert mono.decide(rec, msg("s1", source=("Up", "u", 1)), "h", T0).verdict == "duplicate"
+    assert NoDedup().decide(rec, m, "h", T0).verdict == "apply"
     with pytest.raises(ConfigurationError):
         HighWater(mode="sometimes")  # type: ignore[arg-type]
 

@@ -1,0 +1,87 @@
+"""The inbox archive: ids that left an aggregate document's inbox, kept for the dedup
+horizon (docs/design.md "Dedup"). One collection per aggregate collection.
+
+A document per archived id::
+
+    {_id: "<len(aggregate id)>:<aggregate id><message id>",  # length-prefixed: no two
+                                      # (aggregate, message) pairs share a key ("ab"+"c" is
+                                      # "2:abc", "a"+"bc" is "1:abc")
+     a: <aggregate id>, m: <message id>,
+     t: <occurred_at>, h: <payload hash>, at: <archived at>,
+     x: <expire at>}                              # TTL index; absent for undated ids
+
+Writes are idempotent upserts (``$setOnInsert``), made *before* the conditional document
+write that evicts the ids; lookups come *after* the document read they complete. Both
+orders matter for the argument in docs/design.md "Dedup".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from pymongo import ASCENDING, UpdateOne
+from pymongo.database import Database
+
+from aggregates.bulk import bulk_write_unordered, raise_on_errors
+from aggregates.dedup import Inbox, InboxEntry
+
+__all__ = ["InboxArchive", "archive_collection", "archive_key"]
+
+#: Ids per lookup query (keeps each query's ``$in`` well below the 16 MiB command limit).
+LOOKUP_BATCH = 2000
+
+
+def archive_collection(collection: str) -> str:
+    """The archive collection of an aggregate collection."""
+    return f"{collection}_inbox_archive"
+
+
+def archive_key(aggregate_id: str, message_id: str) -> str:
+    """The archive ``_id`` of one (aggregate, message) pair; unambiguous."""
+    return f"{len(aggregate_id)}:{aggregate_id}{message_id}"
+
+
+class InboxArchive:
+    """Reads and writes the inbox archive of one aggregate collection."""
+
+    def __init__(self, db: Database[Any], collection: str, inbox: Inbox) -> None:
+        self.coll = db[archive_collection(collection)]
+        self.inbox = inbox
+
+    def ensure_indexes(self) -> None:
+        # TTL: MongoDB removes a document some time after ``x`` (never before), and never
+        # one without ``x`` (undated ids). The dedup argument needs only "never before".
+        self.coll.create_index([("x", ASCENDING)], expireAfterSeconds=0, name="aggbox_ttl")
+
+    def write(self, entries: Iterable[tuple[str, InboxEntry]], *, now: datetime) -> int:
+        """Archive ``(aggregate_id, entry)`` pairs; returns how many were sent."""
+        ops: list[UpdateOne] = []
+        for aggregate_id, e in entries:
+            mid = str(e[0])
+            doc: dict[str, Any] = {"a": aggregate_id, "m": mid, "at": now}
+            if isinstance(e[1], datetime):
+                doc["t"] = e[1]
+            if len(e) > 2 and e[2]:
+                doc["h"] = e[2]
+            expire = self.inbox.expire_at(e, now)
+            if expire is not None:
+                doc["x"] = expire
+            ops.append(UpdateOne({"_id": archive_key(aggregate_id, mid)},
+                                 {"$setOnInsert": doc}, upsert=True))
+        raise_on_errors(bulk_write_unordered(self.coll, ops))
+        return len(ops)
+
+    def lookup(self, pairs: Sequence[tuple[str, str]]) -> dict[str, dict[str, str | None]]:
+        """Which of ``(aggregate_id, message_id)`` are archived: aggregate id → message id →
+        payload hash."""
+        out: dict[str, dict[str, str | None]] = {}
+        keys = {archive_key(a, m): (a, m) for a, m in pairs}
+        ids = list(keys)
+        for i in range(0, len(ids), LOOKUP_BATCH):
+            for doc in self.coll.find({"_id": {"$in": ids[i:i + LOOKUP_BATCH]}},
+                                      {"h": 1}):
+                a, m = keys[doc["_id"]]
+                out.setdefault(a, {})[m] = doc.get("h")
+        return out
