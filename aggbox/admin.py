@@ -9,6 +9,9 @@ Exit codes: 0 success; 1 error (bad configuration, server unreachable, unknown a
 type, …); 2 usage error; 3 the action ran but did not settle everything (a replayed message
 was dead-lettered or parked again, a requested id does not exist, a parked message still
 waits).
+
+``aggbox deadletters dismiss`` marks open dead letters ``dismissed`` (never deletes them): for
+ones an operator decided need no replay, e.g. ``beyond_dedup_horizon`` duplicates.
 """
 
 from __future__ import annotations
@@ -17,10 +20,11 @@ import argparse
 import json
 import os
 import re
+import sys
 import textwrap
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from aggregates.errors import AggboxError, ConfigurationError
@@ -61,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     fmt = _Formatter
 
     dl = subparsers.add_parser(
-        "deadletters", help="list, show and replay dead letters",
+        "deadletters", help="list, show, replay and dismiss dead letters",
         description="Dead letters: messages that could not be applied, with the reason.",
         epilog=_EPILOG, formatter_class=fmt)
     _group(dl, "deadletters_action")
@@ -69,14 +73,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
     p = dl_sub.add_parser(
         "list", help="list dead letters, newest first", epilog=_EPILOG, formatter_class=fmt,
-        description="List dead letters, newest first, with counts of open ones by reason.")
+        description="List dead letters, newest first (by last_seen, when they were last "
+        "dead-lettered), with counts of open ones by reason, and of the matching ones by "
+        "reason when filters are given.")
     _store_options(p)
-    p.add_argument("--reason", metavar="R", help="only this reason code (e.g. handler_error)")
-    p.add_argument("--type", metavar="T", dest="aggregate_type",
-                   help="only dead letters of this aggregate type")
-    p.add_argument("--status", default="open", choices=("open", "replayed", "parked", "all"),
-                   help="open (default): not replayed yet; replayed: settled by a replay; "
-                   "parked: a replay parked them; all: any status")
+    _filter_options(p, "only")
+    p.add_argument("--status", default="open", choices=_STATUSES,
+                   help="open (default): not settled yet; replayed: settled by a replay; "
+                   "superseded: a high-water duplicate the mark moved past; parked: a replay "
+                   "parked them; dismissed: an operator dismissed them; all: any status")
     p.add_argument("--limit", metavar="N", type=_positive, default=50,
                    help="show at most N (default 50)")
     p.add_argument("--json", action="store_true",
@@ -107,16 +112,38 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--id", dest="ids", action="append", metavar="ID",
                    help="dead-letter id or message id; repeat for several (any status)")
     p.add_argument("--reason", metavar="R", help="all open dead letters with this reason")
-    p.add_argument("--type", metavar="T", dest="aggregate_type",
+    p.add_argument("--type", "--aggregate-type", metavar="T", dest="aggregate_type",
                    help="all open dead letters of this aggregate type")
     p.add_argument("--all", dest="all_open", action="store_true",
-                   help="all open dead letters")
+                   help="all open dead letters (dismissed ones are not open)")
     p.add_argument("--limit", metavar="N", type=_positive, default=None,
                    help="replay at most N of the selected dead letters")
     p.add_argument("--dry-run", action="store_true",
                    help="only list what would be replayed; change nothing")
     p.add_argument("--json", action="store_true", help="print the outcomes as JSON")
     p.set_defaults(func=_cmd_deadletters_replay)
+
+    p = dl_sub.add_parser(
+        "dismiss", help="mark open dead letters 'dismissed' in bulk (never deletes them)",
+        epilog=_EPILOG, formatter_class=fmt,
+        description="Mark the matching open dead letters 'dismissed' (with dismissed_at and "
+        "an optional note) and print how many; nothing is deleted or re-submitted. Use it for "
+        "dead letters that need no replay, e.g. beyond_dedup_horizon ones found to be old "
+        "duplicates. Filters combine (all must match); at least one of --id, --reason, "
+        "--aggregate-type, --before or --since is required. Running it again dismisses "
+        "nothing more. Dismissed ones leave the default list (--status dismissed shows them) "
+        "and replays by --reason/--type/--all; `replay --id ID` can still re-submit one. A "
+        "dismissed message that is dead-lettered again is open again.")
+    _store_options(p)
+    p.add_argument("--id", dest="ids", action="append", metavar="ID",
+                   help="dead-letter id or message id; repeat for several")
+    _filter_options(p, "only")
+    p.add_argument("--note", metavar="TEXT",
+                   help="why they were dismissed (stored as dismiss_note)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="only print how many would be dismissed, by reason; change nothing")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=_cmd_deadletters_dismiss)
 
     pk = subparsers.add_parser(
         "parked", help="list parked messages, release blocked aggregates",
@@ -193,6 +220,33 @@ def _aggregates_option(p: argparse.ArgumentParser, *, required: bool, extra: str
     p.add_argument("--aggregates", metavar="MODULE", required=required,
                    help="Python module defining the aggregate types (a `registry` or "
                    f"AggregateType objects), e.g. examples.orders{extra}")
+
+
+#: ``--status`` choices of ``deadletters list``.
+_STATUSES = ("open", "replayed", "superseded", "parked", "dismissed", "all")
+
+
+def _filter_options(p: argparse.ArgumentParser, which: str) -> None:
+    """``--reason``, ``--type``/``--aggregate-type``, ``--before``, ``--since``."""
+    p.add_argument("--reason", metavar="R",
+                   help=f"{which} this reason code (e.g. beyond_dedup_horizon)")
+    p.add_argument("--aggregate-type", "--type", metavar="T", dest="aggregate_type",
+                   help=f"{which} dead letters of this aggregate type")
+    p.add_argument("--before", metavar="TIME", type=_iso_time,
+                   help=f"{which} dead letters last dead-lettered before TIME (ISO 8601, e.g. "
+                   "2024-05-01 or 2024-05-01T12:00:00+02:00; UTC without an offset)")
+    p.add_argument("--since", metavar="TIME", type=_iso_time,
+                   help=f"{which} dead letters last dead-lettered at or after TIME (ISO 8601)")
+
+
+def _iso_time(text: str) -> datetime:
+    try:
+        at = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an ISO 8601 time; write e.g. 2024-05-01, 2024-05-01T12:00:00Z "
+            "or 2024-05-01T12:00:00+02:00 (UTC when no offset is given)") from None
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)
 
 
 def _positive(text: str) -> int:
@@ -335,29 +389,77 @@ _OUTCOME_HEADERS = ("message", "aggregate", "outcome", "reason", "detail", "emit
 
 
 # -- deadletters -------------------------------------------------------------------------------
-def _cmd_deadletters_list(args: argparse.Namespace) -> int:
-    from aggregates.deadletters import DeadLetterStore
+def _usage_error(args: argparse.Namespace, message: str) -> int:
+    """Print a one-line usage error (exit status 2), before touching any server."""
+    action = getattr(args, "deadletters_action", None)
+    print(f"aggbox deadletters {action}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _range_error(args: argparse.Namespace) -> str | None:
+    if args.before is not None and args.since is not None and args.since >= args.before:
+        return (f"--since {args.since.isoformat()} is not earlier than --before "
+                f"{args.before.isoformat()}: nothing can match; swap them")
+    return None
+
+
+def _filters(args: argparse.Namespace) -> dict[str, Any]:
+    return {"reason": args.reason, "aggregate_type": args.aggregate_type,
+            "before": args.before, "since": args.since}
+
+
+def _describe(args: argparse.Namespace) -> str:
+    parts = [f"id {i!r}" for i in getattr(args, "ids", None) or ()]
+    if args.reason:
+        parts.append(f"reason {args.reason}")
+    if args.aggregate_type:
+        parts.append(f"aggregate type {args.aggregate_type}")
+    if args.since is not None:
+        parts.append(f"last seen at or after {args.since.isoformat()}")
+    if args.before is not None:
+        parts.append(f"last seen before {args.before.isoformat()}")
+    return ", ".join(parts)
+
+
+def _by_reason(counts: Mapping[str, int]) -> str:
+    return ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "none"
+
+
+def _record(doc: Mapping[str, Any]) -> dict[str, Any]:
     from aggregates.debug.listing import dead_letter_record
 
+    return {**dead_letter_record(doc), "status_at": doc.get("status_at"),
+            "dismissed_at": doc.get("dismissed_at"), "dismiss_note": doc.get("dismiss_note")}
+
+
+def _cmd_deadletters_list(args: argparse.Namespace) -> int:
+    from aggregates.deadletters import DeadLetterStore
+
+    if (problem := _range_error(args)) is not None:
+        return _usage_error(args, problem)
+    status = None if args.status == "all" else args.status
+    filtered = any(_filters(args).values()) or status != "open"
     with _database(args) as (settings, db):
         store = DeadLetterStore(db, collection=settings.dead_letter_collection)
-        status = None if args.status == "all" else args.status
-        docs = store.list(reason=args.reason, aggregate_type=args.aggregate_type,
-                          status=status, limit=args.limit)
-        records = [dead_letter_record(d) for d in docs]
+        docs = store.list(**_filters(args), status=status, limit=args.limit)
+        records = [_record(d) for d in docs]
         if args.json:
             _print_json(records)
             return 0
         counts = store.counts_by_reason()
-    by_reason = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "none"
+        matching = store.counts_by_reason(**_filters(args), status=status) if filtered else counts
     rows = [[r["id"], r["reason"], r["message_type"], r["attempts"], r["last_seen"],
              r["status"], r["error"] if r["error"] else r["raw"]] for r in records]
+    caption = f"open by reason: {_by_reason(counts)}."
+    if filtered:
+        caption += f" Matching ({args.status}) by reason: {_by_reason(matching)}."
+    caption += " Details: `aggbox deadletters show ID`."
+    what = args.status + (f"; {_describe(args)}" if any(_filters(args).values()) else "")
     console = _console()
     console.print(_table(
-        f"Dead letters ({args.status}): {len(rows)} shown",
+        f"Dead letters ({what}): {len(rows)} shown of {sum(matching.values())}",
         ("id", "reason", "type", "attempts", "last seen", "status", "error"), rows,
-        caption=f"open by reason: {by_reason}. Details: `aggbox deadletters show ID`.",
-        empty=f"No dead letters ({args.status})."))
+        caption=caption, empty=f"No dead letters ({what})."))
     return 0
 
 
@@ -365,11 +467,10 @@ def _cmd_deadletters_show(args: argparse.Namespace) -> int:
     from rich.text import Text
 
     from aggregates.deadletters import DeadLetterStore
-    from aggregates.debug.listing import dead_letter_record
 
     with _database(args) as (settings, db):
         store = DeadLetterStore(db, collection=settings.dead_letter_collection)
-        records = [dead_letter_record(d) for d in store.get(args.ids)]
+        records = [_record(d) for d in store.get(args.ids)]
     found = {r["id"] for r in records} | {r["message_id"] for r in records}
     missing = [i for i in args.ids if i not in found]
     if args.json:
@@ -380,6 +481,10 @@ def _cmd_deadletters_show(args: argparse.Namespace) -> int:
             console.rule(Text(f"dead letter {r['id']}"))
             for key in ("reason", "status", "attempts", "first_seen", "last_seen", "error"):
                 console.print(f"{key}: {_cell(r[key], None)}", markup=False, soft_wrap=True)
+            for key in ("dismissed_at", "dismiss_note"):
+                if r["status"] == "dismissed" and r[key] is not None:
+                    console.print(f"{key}: {_cell(r[key], None)}", markup=False,
+                                  soft_wrap=True)
             if r["message"] is not None:
                 console.print("message:")
                 console.print_json(json.dumps(r["message"], default=_json_default))
@@ -453,6 +558,47 @@ def _cmd_deadletters_replay(args: argparse.Namespace) -> int:
                       "their aggregate; a blocked aggregate needs `aggbox parked release`.",
                       markup=False)
     return 0 if result.ok else EXIT_UNSETTLED
+
+
+def _cmd_deadletters_dismiss(args: argparse.Namespace) -> int:
+    from aggregates.deadletters import DeadLetterStore
+
+    if not (args.ids or any(_filters(args).values())):
+        return _usage_error(args, "say which dead letters to dismiss: --id ID (repeatable), "
+                            "--reason R, --aggregate-type T, --before TIME and/or --since "
+                            "TIME; there is no 'dismiss all'")
+    if (problem := _range_error(args)) is not None:
+        return _usage_error(args, problem)
+    missing: list[str] = []
+    not_open: dict[str, str] = {}
+    with _database(args) as (settings, db):
+        store = DeadLetterStore(db, collection=settings.dead_letter_collection)
+        if args.ids:
+            docs = store.get(args.ids)
+            found = {str(d["_id"]) for d in docs} | {str(d.get("message_id")) for d in docs}
+            missing = [i for i in args.ids if i not in found]
+            not_open = {str(d["_id"]): str(d.get("status")) for d in docs
+                        if d.get("status") != "open"}
+        by_reason = store.counts_by_reason(ids=args.ids, **_filters(args), status="open")
+        count = store.dismiss(ids=args.ids, **_filters(args), note=args.note,
+                              dry_run=args.dry_run)
+    rc = EXIT_UNSETTLED if missing else 0
+    if args.json:
+        _print_json({"dry_run": args.dry_run, "matched": count,
+                     "dismissed": 0 if args.dry_run else count, "by_reason": by_reason,
+                     "not_open": not_open, "missing": missing})
+        return rc
+    console = _console()
+    verb = "Would dismiss" if args.dry_run else "Dismissed"
+    console.print(f"{verb} {count} open dead letter(s) ({_describe(args)})"
+                  + (f"; by reason: {_by_reason(by_reason)}" if count else "")
+                  + (" — dry run, nothing changed." if args.dry_run else "."),
+                  markup=False, soft_wrap=True)
+    for lid, status in not_open.items():
+        console.print(f"{lid} is {status}, not open: left as it is", markup=False)
+    for i in missing:
+        console.print(f"no dead letter with id or message id {i!r}", markup=False)
+    return rc
 
 
 # -- parked ------------------------------------------------------------------------------------

@@ -15,8 +15,8 @@
         return replace(state, reserved=state.reserved + amount), [Emit("CreditReserved", {...})]
 
 A handler is ``(state, message) -> state`` or ``-> (state, [Emit, ...])``; it must be
-deterministic and side-effect free (DESIGN.md invariant 5) and must not mutate the state it
-receives.
+deterministic and side-effect free (docs/design.md "Invariants", 5) and must not mutate
+the state it receives.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Deterministic ids and hashes (pure). DESIGN.md invariant 3."""
+"""Deterministic ids and hashes (pure): docs/design.md "Outbox ids" (invariant 3)."""
 
 from __future__ import annotations
 

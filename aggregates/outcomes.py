@@ -1,4 +1,5 @@
-"""Per-message outcomes: every input message ends in exactly one (DESIGN.md invariant 6)."""
+"""Per-message outcomes: every input message ends in exactly one (docs/design.md
+"Invariants", 6)."""
 
 from __future__ import annotations
 

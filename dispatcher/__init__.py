@@ -4,7 +4,7 @@ Per collection, one active instance (a lease; others wait as standbys) opens a c
 (or polls, on servers without change streams), sweeps documents with a pending outbox,
 publishes each document's entries in order keyed by aggregate id, ``$pull``s exactly the
 acknowledged ids and saves the stream's resume token. At-least-once with stable ids: a crash
-anywhere republishes, never loses. See DESIGN.md "The dispatcher".
+anywhere republishes, never loses. See docs/design.md "The dispatcher".
 
 Modules: :mod:`~dispatcher.settings` (section ``[dispatcher]``), :mod:`~dispatcher.record`
 (entry → envelope + headers/key/topic), :mod:`~dispatcher.publishers` (Kafka, JSON Lines,

@@ -1,5 +1,5 @@
-"""One publish cycle: documents → records → publisher → dead letters → ``$pull`` (DESIGN.md
-"The dispatcher", steps 2, 3 and 6).
+"""One publish cycle: documents → records → publisher → dead letters → ``$pull``
+(docs/design.md "The dispatcher", steps 2, 3 and 6).
 
 Per document the entries go out in outbox order. After the publisher reports:
 

@@ -1,8 +1,8 @@
 """One collection's dispatcher: standby until it holds the lease, then stream (or poll) mode.
 
-Stream mode (DESIGN.md "The dispatcher", step 1): open the change stream first — from the
-saved resume token, else at the server's current time — then sweep every document with a
-pending outbox, then follow the stream. After each published batch the resume token is
+Stream mode (docs/design.md "The dispatcher", step 1): open the change stream first —
+from the saved resume token, else at the server's current time — then sweep every document
+with a pending outbox, then follow the stream. After each published batch the resume token is
 saved. An unusable token (history lost, code 286, or invalid) means: new stream at the
 current time, full sweep, a warning with counts.
 

@@ -1,7 +1,7 @@
 """Readers: every input becomes rows of raw record text ``_raw`` and its position.
 
-Position columns, used to order an aggregate's messages after ``source.seq`` and
-``occurred_at`` (DESIGN.md: "sort within aggregate"):
+Position columns, the last tie-breaker when an aggregate's messages are ordered
+(docs/design.md "Order"):
 
 - files: ``_src`` = file path, ``_o1`` = byte offset of the split (JSON Lines) or row index
   (Parquet), ``_o2`` = line order within the split — i.e. files in path order, records in

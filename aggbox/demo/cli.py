@@ -20,7 +20,8 @@ The demo generates JSON Lines input (duplicates, reordering, a few bad rows), ru
 Spark pipeline, the dispatcher (--once, JSON Lines publisher) and the pipeline again on
 the dispatcher's output (plus redelivered copies) until nothing is pending. Then it checks
 every order status and every customer's reserved credit against an in-memory oracle, and
-DESIGN.md's six invariants, and prints a table per round and PASS/FAIL per check.
+the six invariants of docs/design.md "Invariants", and prints a table per round and
+PASS/FAIL per check.
 
 MongoDB: AGGBOX_MONGODB_URI when set, else a local server started for the run (mongod on
 PATH, else mongo-java-server). Each run uses a fresh database, dropped at the end.

@@ -33,7 +33,6 @@ from tests.aggregates.domain import (
     stored,
 )
 
-
 #: The writers' clock in these tests: the test messages occurred on 2026-01-01, within the
 #: default dedup horizon of this time (a real clock would put them beyond it).
 NOW = datetime(2026, 1, 2, tzinfo=UTC)

@@ -1,6 +1,6 @@
-"""Package boundaries from DESIGN.md: ``aggregates`` imports neither ``spark`` nor
-``dispatcher``; ``dispatcher`` never imports ``spark``. Checked on the source (static) and
-at run time in a fresh interpreter."""
+"""Package boundaries (docs/design.md "Goals and guarantees"): ``aggregates`` imports
+neither ``spark`` nor ``dispatcher``; ``dispatcher`` never imports ``spark``. Checked on the
+source (static) and at run time in a fresh interpreter."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The demo's verdict: the store, the outcome logs and the published records against the
-oracle (:mod:`.against_oracle`) and against DESIGN.md's six invariants (:mod:`.invariants`).
-Every check returns PASS/FAIL with a detail line; a FAIL names the first few offenders."""
+oracle (:mod:`.against_oracle`) and against the six invariants of docs/design.md
+"Invariants" (:mod:`.invariants`). Every check returns PASS/FAIL with a detail line; a FAIL
+names the first few offenders."""
 
 from __future__ import annotations
 

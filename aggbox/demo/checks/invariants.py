@@ -1,5 +1,5 @@
-"""DESIGN.md's invariants, checked on what the run left behind: the documents, the outcome
-logs of the pipeline rounds and the records the dispatcher published."""
+"""The invariants of docs/design.md "Invariants", checked on what the run left behind: the
+documents, the outcome logs of the pipeline rounds and the records the dispatcher published."""
 
 from __future__ import annotations
 
