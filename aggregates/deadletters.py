@@ -1,20 +1,27 @@
 """The dead-letter collection: messages that cannot be applied, with the reason.
 
 Writing a dead letter is idempotent: one document per (message, aggregate), ``attempts``
-counts how often it was dead-lettered, ``first_seen``/``last_seen`` bracket it."""
+counts how often it was dead-lettered, ``first_seen``/``last_seen`` bracket it.
+
+``status`` is ``open`` until a replay settles it (``replayed``, ``superseded``, ``parked``) or
+an operator dismisses it (``dismissed``, with ``dismissed_at`` and an optional
+``dismiss_note``). Dead letters are never deleted; one dead-lettered again is ``open`` again."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pymongo import ASCENDING, UpdateOne
 from pymongo.database import Database
 
-from aggregates.bulk import bulk_write_unordered
-from aggregates.bulk import raise_on_errors as _raise_on_errors
+from aggregates.bulk import upsert_all
+from aggregates.errors import ConfigurationError
 from aggregates.fold import DeadLetter
+
+#: ``status`` of a dead letter an operator dismissed (see :meth:`DeadLetterStore.dismiss`).
+DISMISSED = "dismissed"
 
 
 def dead_letter_id(letter: DeadLetter) -> str:
@@ -68,7 +75,7 @@ class DeadLetterStore:
         if not letters:
             return
         ops = [UpdateOne(*dead_letter_update(dl, now=now), upsert=True) for dl in letters]
-        _raise_on_errors(bulk_write_unordered(self.coll, ops))
+        upsert_all(self.coll, ops)
 
     def get(self, ids: Sequence[str]) -> list[dict[str, Any]]:
         """The dead letters whose ``_id`` or ``message_id`` is in ``ids`` (any status)."""
@@ -85,26 +92,110 @@ class DeadLetterStore:
         aggregate_type: str | None = None,
         status: str | None = "open",
         limit: int = 100,
+        before: datetime | None = None,
+        since: datetime | None = None,
     ) -> list[dict[str, Any]]:
-        query: dict[str, Any] = {}
-        if reason:
-            query["reason"] = reason
-        if aggregate_type:
-            query["aggregate_type"] = aggregate_type
-        if status:
-            query["status"] = status
+        """Dead letters, newest first; ``before``/``since`` bound ``last_seen``; ``limit=0``:
+        no limit."""
+        query = _query(reason=reason, aggregate_type=aggregate_type, status=status,
+                       before=before, since=since)
         return list(self.coll.find(query).sort("last_seen", -1).limit(limit))
 
-    def counts_by_reason(self) -> dict[str, int]:
+    def counts_by_reason(
+        self,
+        *,
+        ids: Sequence[str] | None = None,
+        reason: str | None = None,
+        aggregate_type: str | None = None,
+        status: str | None = "open",
+        before: datetime | None = None,
+        since: datetime | None = None,
+    ) -> dict[str, int]:
+        """How many dead letters (open ones by default) there are of each reason."""
+        query = _query(ids=ids, reason=reason, aggregate_type=aggregate_type, status=status,
+                       before=before, since=since)
         out: dict[str, int] = {}
-        for d in self.coll.find({"status": "open"}, {"reason": 1}):
+        for d in self.coll.find(query, {"reason": 1}):
             out[d["reason"]] = out.get(d["reason"], 0) + 1
         return out
+
+    def dismiss(
+        self,
+        *,
+        ids: Sequence[str] | None = None,
+        reason: str | None = None,
+        aggregate_type: str | None = None,
+        before: datetime | None = None,
+        since: datetime | None = None,
+        note: str | None = None,
+        now: datetime | None = None,
+        dry_run: bool = False,
+    ) -> int:
+        """Mark the matching open dead letters ``dismissed``; returns how many (would be)."""
+        if isinstance(ids, str):
+            raise ConfigurationError(
+                f"ids must be a list of dead-letter ids or message ids, not the string "
+                f"{ids!r}: pass ids=[{ids!r}] (on the command line: --id ID, repeatable)")
+        if not (ids or reason or aggregate_type or before or since):
+            raise ConfigurationError(
+                "say which dead letters to dismiss: ids=[...], reason=..., "
+                "aggregate_type=..., before=... or since=... (on the command line: --id, "
+                "--reason, --aggregate-type, --before or --since); there is no 'dismiss all'")
+        query = _query(ids=ids, reason=reason, aggregate_type=aggregate_type, status="open",
+                       before=before, since=since)
+        if dry_run:
+            return int(self.coll.count_documents(query))
+        at = now or datetime.now(UTC)
+        fields: dict[str, Any] = {"status": DISMISSED, "status_at": at, "dismissed_at": at}
+        if note:
+            fields["dismiss_note"] = note
+        # status "open" is part of the filter: running it again dismisses nothing.
+        return int(self.coll.update_many(query, {"$set": fields}).modified_count)
 
     def mark(self, ids: Sequence[str], *, status: str, now: datetime) -> int:
         res = self.coll.update_many({"_id": {"$in": list(ids)}},
                                     {"$set": {"status": status, "status_at": now}})
         return int(res.modified_count)
+
+
+def _query(
+    *,
+    ids: Sequence[str] | None = None,
+    reason: str | None = None,
+    aggregate_type: str | None = None,
+    status: str | None = None,
+    before: datetime | None = None,
+    since: datetime | None = None,
+) -> dict[str, Any]:
+    before, since = _utc(before), _utc(since)
+    if before is not None and since is not None and since >= before:
+        raise ConfigurationError(
+            f"since ({since.isoformat()}) is not earlier than before ({before.isoformat()}): "
+            "no dead letter can match; swap them or widen the range (on the command line: "
+            "--since must be earlier than --before)")
+    query: dict[str, Any] = {}
+    if ids:
+        wanted = list(ids)
+        query["$or"] = [{"_id": {"$in": wanted}}, {"message_id": {"$in": wanted}}]
+    if reason:
+        query["reason"] = reason
+    if aggregate_type:
+        query["aggregate_type"] = aggregate_type
+    if status:
+        query["status"] = status
+    seen: dict[str, datetime] = {}
+    if since is not None:
+        seen["$gte"] = since
+    if before is not None:
+        seen["$lt"] = before
+    if seen:
+        query["last_seen"] = seen
+    return query
+
+
+def _utc(at: datetime | None) -> datetime | None:
+    """``at`` with a time zone: naive times are UTC, as MongoDB stores them."""
+    return at.replace(tzinfo=UTC) if at is not None and at.tzinfo is None else at
 
 
 def _raw_text(raw: Any, limit: int = 64 * 1024) -> str:

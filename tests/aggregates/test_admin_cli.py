@@ -10,6 +10,7 @@ import sys
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,10 @@ from aggbox.admin import EXIT_UNSETTLED, redact_uri
 from aggbox.cli import build_parser, main
 from aggregates import AggboxSettings, AggregateType, Emit, Handled, Message, Registry, StoreWriter
 from aggregates import outcomes as oc
+from aggregates.deadletters import DeadLetterStore
 from aggregates.document import F_BLOCKED, F_VERSION
+from aggregates.errors import ConfigurationError
+from aggregates.fold import DeadLetter
 from aggregates.testing import message
 from examples.orders import customers, orders
 from examples.orders import registry as orders_registry
@@ -128,7 +132,8 @@ def test_help_explains_every_option(capsys: pytest.CaptureFixture[str]) -> None:
             if p.prog.split()[1] in ("deadletters", "parked", "indexes")]
     assert {p.prog for p in ours} >= {
         "aggbox deadletters list", "aggbox deadletters show", "aggbox deadletters replay",
-        "aggbox parked list", "aggbox parked release", "aggbox indexes"}
+        "aggbox deadletters dismiss", "aggbox parked list", "aggbox parked release",
+        "aggbox indexes"}
     for p in ours:
         assert p.description, p.prog
         for action in p._actions:
@@ -240,6 +245,138 @@ def test_deadletters_list_show_and_replay(cli: Run, db: Any) -> None:
     assert "dead_lettered" in out and "not found" in out and "ghost" in out
     doc = db.aggbox_dead_letters.find_one({"_id": "Order/o-3/p3"})
     assert doc["status"] == "open" and doc["attempts"] == 2
+
+
+HORIZON = "beyond_dedup_horizon"
+
+
+def seed_dead_letters(db: Any) -> DeadLetterStore:
+    """Dead letters written straight into the store, last seen in January/February 2024:
+    Account/a1/m1 and Account/a2/m2 beyond the horizon, Order/o1/m3 too, Account/a3/m4 a
+    handler error."""
+    store = DeadLetterStore(db)
+    store.ensure_indexes()
+    for mid, atype, agg, reason, day in (("m1", "Account", "a1", HORIZON, (1, 10)),
+                                         ("m2", "Account", "a2", HORIZON, (2, 10)),
+                                         ("m3", "Order", "o1", HORIZON, (2, 11)),
+                                         ("m4", "Account", "a3", oc.HANDLER_ERROR, (2, 12))):
+        msg = message("Deposit", {"amount": 1}, to=atype, id=agg, message_id=mid)
+        store.write([DeadLetter(msg, None, reason, "cannot prove it is new", None, atype, agg)],
+                    now=datetime(2024, *day, tzinfo=UTC))
+    return store
+
+
+def statuses(db: Any) -> dict[str, str]:
+    return {d["_id"]: d["status"] for d in db.aggbox_dead_letters.find()}
+
+
+def test_deadletters_list_filters(cli: Run, db: Any) -> None:
+    seed_dead_letters(db)
+
+    def ids(*argv: str) -> list[str]:
+        rc, out, err = cli("deadletters", "list", "--json", *argv)
+        assert rc == 0, err
+        return [d["id"] for d in json.loads(out)]
+
+    assert ids() == ["Account/a3/m4", "Order/o1/m3", "Account/a2/m2", "Account/a1/m1"]
+    assert ids("--reason", HORIZON) == ["Order/o1/m3", "Account/a2/m2", "Account/a1/m1"]
+    assert ids("--aggregate-type", "Account", "--reason", HORIZON) == [
+        "Account/a2/m2", "Account/a1/m1"]
+    assert ids("--type", "Order") == ["Order/o1/m3"]
+    assert ids("--before", "2024-02-01") == ["Account/a1/m1"]
+    assert ids("--since", "2024-02-11T00:00:00Z") == ["Account/a3/m4", "Order/o1/m3"]
+    assert ids("--since", "2024-02-01", "--before", "2024-02-11T01:00:00+01:00") == [
+        "Account/a2/m2"]  # 01:00+01:00 is midnight UTC: m3 (Feb 11, 00:00 UTC) is not before
+    assert ids("--status", "dismissed") == []
+
+    rc, out, _ = cli("deadletters", "list", "--reason", HORIZON, "--limit", "1")
+    assert rc == 0
+    for text in ("1 shown of 3", "open by reason: beyond_dedup_horizon: 3, handler_error: 1",
+                 "Matching (open) by reason: beyond_dedup_horizon: 3"):
+        assert text in out
+
+    rc, _, err = cli("deadletters", "list", "--since", "2024-03-01", "--before", "2024-02-01")
+    assert rc == 2 and "--since" in err and err.count("\n") == 1
+    with pytest.raises(SystemExit) as exc:
+        main(["deadletters", "list", "--before", "last tuesday"])
+    assert exc.value.code == 2
+
+
+def test_deadletters_dismiss_in_bulk(cli: Run, db: Any) -> None:
+    store = seed_dead_letters(db)
+    before = statuses(db)
+
+    argv = ("deadletters", "dismiss", "--reason", HORIZON, "--aggregate-type", "Account")
+    rc, out, _ = cli(*argv, "--dry-run")
+    assert rc == 0 and "Would dismiss 2 open dead letter(s)" in out and "dry run" in out
+    assert "by reason: beyond_dedup_horizon: 2" in out
+    assert statuses(db) == before  # a dry run changes nothing
+
+    rc, out, _ = cli(*argv, "--note", "old duplicates, applied before (audit log)")
+    assert rc == 0 and "Dismissed 2 open dead letter(s)" in out
+    assert statuses(db) == {"Account/a1/m1": "dismissed", "Account/a2/m2": "dismissed",
+                            "Order/o1/m3": "open", "Account/a3/m4": "open"}
+    doc = db.aggbox_dead_letters.find_one({"_id": "Account/a1/m1"})
+    assert isinstance(doc["dismissed_at"], datetime)
+    assert doc["dismiss_note"] == "old duplicates, applied before (audit log)"
+    assert doc["attempts"] == 1 and doc["message"]["message_id"] == "m1"  # nothing else lost
+
+    rc, out, _ = cli(*argv, "--json")  # idempotent: nothing more to dismiss
+    assert rc == 0 and json.loads(out)["dismissed"] == 0
+    assert statuses(db)["Order/o1/m3"] == "open"
+
+    # Dismissed ones leave the default list and filtered replays; --status shows them.
+    listed = json.loads(cli("deadletters", "list", "--json")[1])
+    assert [d["id"] for d in listed] == ["Account/a3/m4", "Order/o1/m3"]
+    dismissed = json.loads(cli("deadletters", "list", "--status", "dismissed", "--json")[1])
+    assert sorted(d["id"] for d in dismissed) == ["Account/a1/m1", "Account/a2/m2"]
+    assert dismissed[0]["dismiss_note"].startswith("old duplicates")
+    rc, out, _ = cli("deadletters", "replay", "--reason", HORIZON, "--aggregates",
+                     "examples.orders", "--dry-run", "--json")
+    assert rc == 0 and [d["id"] for d in json.loads(out)] == ["Order/o1/m3"]
+    rc, out, _ = cli("deadletters", "show", "m2")
+    assert rc == 0 and "status: dismissed" in out and "dismiss_note: old duplicates" in out
+
+    # By id (or message id), with a time filter; unknown ids are reported (exit 3).
+    rc, out, _ = cli("deadletters", "dismiss", "--id", "m4", "--id", "Account/a1/m1",
+                     "--id", "ghost", "--json")
+    result = json.loads(out)
+    assert rc == EXIT_UNSETTLED and result["dismissed"] == 1
+    assert result["missing"] == ["ghost"] and result["not_open"] == {
+        "Account/a1/m1": "dismissed"}
+    rc, out, _ = cli("deadletters", "dismiss", "--before", "2024-02-11")
+    assert rc == 0 and "Dismissed 0 open dead letter(s)" in out  # m3 was seen on Feb 11
+    assert statuses(db)["Order/o1/m3"] == "open"
+
+    # Dead-lettered again, a dismissed message is open again.
+    msg = message("Deposit", {"amount": 1}, to="Account", id="a1", message_id="m1")
+    store.write([DeadLetter(msg, None, HORIZON, "again", None, "Account", "a1")],
+                now=datetime(2024, 3, 1, tzinfo=UTC))
+    assert statuses(db)["Account/a1/m1"] == "open"
+
+
+def test_deadletters_dismiss_needs_a_filter(cli: Run, db: Any) -> None:
+    store = seed_dead_letters(db)
+    before = statuses(db)
+    for argv in ((), ("--note", "x"), ("--dry-run",)):
+        rc, out, err = cli("deadletters", "dismiss", *argv)
+        assert rc == 2 and out == ""
+        assert err.count("\n") == 1 and "say which dead letters to dismiss" in err
+        assert "--reason" in err and "--id" in err
+    rc, _, err = cli("deadletters", "dismiss", "--since", "2024-03-01", "--before", "2024-01-01")
+    assert rc == 2 and "--since" in err and "--before" in err
+    assert statuses(db) == before
+
+    with pytest.raises(ConfigurationError, match="say which dead letters to dismiss"):
+        store.dismiss()
+    with pytest.raises(ConfigurationError, match="--id ID"):
+        store.dismiss(ids="m1")
+    with pytest.raises(ConfigurationError, match="--since must be earlier than --before"):
+        store.dismiss(reason=HORIZON, since=datetime(2024, 3, 1),
+                      before=datetime(2024, 1, 1, tzinfo=UTC))
+    assert store.dismiss(ids=["m1", "m3"], reason=HORIZON, dry_run=True) == 2
+    assert store.dismiss(ids=["m1", "m3"], aggregate_type="Order") == 1
+    assert statuses(db) == {**before, "Order/o1/m3": "dismissed"}
 
 
 # -- parked ------------------------------------------------------------------------------------
