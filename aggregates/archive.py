@@ -24,7 +24,7 @@ from typing import Any
 from pymongo import ASCENDING, UpdateOne
 from pymongo.database import Database
 
-from aggregates.bulk import bulk_write_unordered, raise_on_errors
+from aggregates.bulk import upsert_all
 from aggregates.dedup import Inbox, InboxEntry
 
 __all__ = ["InboxArchive", "archive_collection", "archive_key"]
@@ -70,7 +70,7 @@ class InboxArchive:
                 doc["x"] = expire
             ops.append(UpdateOne({"_id": archive_key(aggregate_id, mid)},
                                  {"$setOnInsert": doc}, upsert=True))
-        raise_on_errors(bulk_write_unordered(self.coll, ops))
+        upsert_all(self.coll, ops)
         return len(ops)
 
     def lookup(self, pairs: Sequence[tuple[str, str]]) -> dict[str, dict[str, str | None]]:

@@ -58,3 +58,16 @@ def raise_on_errors(errors: list[dict[str, Any]]) -> None:
         e = errors[0]
         raise StoreError(f"{len(errors)} write(s) failed; first at op {e.get('index')}: "
                          f"code {e.get('code')}: {e.get('errmsg')}")
+
+
+def upsert_all(coll: Collection[Any], ops: Sequence[UpdateOne | DeleteOne]) -> None:
+    """Run idempotent upserts (side records: archive, dead letters, parked); raise on any
+    error but this one: two writers upserting the same ``_id`` at once may see E11000
+    (MongoDB ≥ 4.2 retries most such upserts itself; mongo-java-server and mongomock do not).
+    The loser's operation is re-run once, and then matches the winner's document."""
+    errors = bulk_write_unordered(coll, ops)
+    raced = [ops[int(e["index"])] for e in errors if e.get("code") == 11000]
+    others = [e for e in errors if e.get("code") != 11000]
+    if raced and not others:
+        others = bulk_write_unordered(coll, raced)
+    raise_on_errors(others)

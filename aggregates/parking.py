@@ -12,8 +12,7 @@ from typing import Any
 from pymongo import ASCENDING, DeleteOne, UpdateOne
 from pymongo.database import Database
 
-from aggregates.bulk import bulk_write_unordered
-from aggregates.bulk import raise_on_errors as _raise_on_errors
+from aggregates.bulk import upsert_all
 from aggregates.envelope import Message
 from aggregates.fold import Parked
 
@@ -79,7 +78,7 @@ class ParkedStore:
             )
         ops.extend(DeleteOne({"_id": parked_id(collection, a, m)}) for a, m in released)
         if ops:
-            _raise_on_errors(bulk_write_unordered(self.coll, ops))
+            upsert_all(self.coll, ops)
 
     def for_aggregate(self, aggregate_type: str, aggregate_id: str) -> list[dict[str, Any]]:
         """The parked entries of one aggregate, oldest first."""
