@@ -10,8 +10,11 @@ executor-side writer (``mapInArrow``) → outcomes. Batch and streaming share on
     result.counts        # {"applied": …, "duplicate": …, "dead_lettered": …, "parked": …}
     result.outcomes      # DataFrame, one row per message (spark.schema.OUTCOME_SCHEMA)
 
-Order within an aggregate: ``source.seq``, then ``occurred_at``, then input position
-(file path and line, or Kafka partition and offset); missing values sort first.
+Order within an aggregate: each source (``source.type`` + ``source.id``) keeps its
+``source.seq`` order, and sources and unsourced messages are interleaved by ``occurred_at``
+(for a sourced message the newest of its source up to its seq), ties settled by source, then
+input position (file path and line, or Kafka partition and offset). The definition is
+:func:`aggregates.ordering.delivery_order`; :func:`order_within_aggregates` computes it.
 
 Every input record ends in exactly one outcome. :class:`RunResult` compares the number of
 input records with the number of outcome rows (released parked messages are counted apart)
@@ -49,6 +52,7 @@ __all__ = [
     "StreamFailed",
     "StreamResult",
     "new_run_id",
+    "order_within_aggregates",
     "run_batch",
     "run_stream",
 ]
@@ -138,6 +142,51 @@ class StreamResult:
         return all(b.ok for b in self.batches)
 
 
+def order_within_aggregates(checked: Any, partitions: int) -> Any:
+    """Validated rows (:data:`spark.validate.VALIDATED_COLUMNS`) plus the aggregate key
+    ``_pa``, ``_pb``, hash-partitioned by it into ``partitions`` and sorted within each
+    partition: an aggregate's rows are consecutive and in the order of
+    :func:`aggregates.ordering.delivery_order` (the specification; tested against it).
+
+    A row is *sourced* when it passed validation and has ``source`` type, id and seq; its
+    effective time is the newest ``occurred_at`` of its source up to it, by (seq, input
+    position) — a running max over a window partitioned by aggregate and source. The window
+    runs after the repartition: its partitioning contains the shuffle key, so Spark adds no
+    second exchange. Other rows (unsourced, or flagged invalid: they only need to reach the
+    executor) use their own ``occurred_at``. Times compare at millisecond precision, as
+    :meth:`aggregates.envelope.Message.from_dict` keeps them."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    keyed = checked.withColumn("_pa", F.coalesce(F.col("_atype"), F.lit(""))).withColumn(
+        "_pb",
+        F.when(F.col("_aid").isNotNull(), F.col("_aid")).otherwise(
+            F.concat(F.lit("raw:"), F.xxhash64(F.col("_raw")).cast("string"))
+        ),
+    )
+    parts = keyed.repartition(partitions, "_pa", "_pb")
+    position = [F.col("_src"), F.col("_o1"), F.col("_o2")]
+    own = F.date_trunc("millisecond", F.col("_ts"))
+    sourced = (F.col("_reason").isNull() & F.col("_stype").isNotNull()
+               & F.col("_sid").isNotNull() & F.col("_seq").isNotNull())
+    by_source = (Window.partitionBy("_pa", "_pb", "_stype", "_sid")
+                 .orderBy(F.col("_seq"), *position)
+                 .rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    newest = F.max(F.when(sourced, own)).over(by_source)
+    keys = parts.select(
+        "*",
+        own.alias("_k_own"),
+        (~sourced).alias("_k_unsourced"),
+        F.when(sourced, newest).otherwise(own).alias("_k_eff"),
+    )
+    ordered = keys.sortWithinPartitions(
+        F.col("_pa"), F.col("_pb"), F.col("_k_eff").asc_nulls_first(),
+        F.col("_k_unsourced"), F.col("_stype"), F.col("_sid"), F.col("_seq"),
+        F.col("_k_own").asc_nulls_first(), *position,
+    )
+    return ordered.drop("_k_own", "_k_unsourced", "_k_eff")
+
+
 class Pipeline:
     """The aggbox pipeline for one aggregates module against one MongoDB database.
 
@@ -195,20 +244,8 @@ class Pipeline:
     def plan(self, raw: Any) -> Any:
         """The lazy outcomes DataFrame for ``raw`` (``_raw, _src, _o1, _o2``). Every action
         on it runs the writer again; :meth:`process` runs it exactly once."""
-        from pyspark.sql import functions as F
-
         checked = validate(raw, self.info, max_payload_bytes=self.settings.max_payload_bytes)
-        keyed = checked.withColumn("_pa", F.coalesce(F.col("_atype"), F.lit(""))).withColumn(
-            "_pb",
-            F.when(F.col("_aid").isNotNull(), F.col("_aid")).otherwise(
-                F.concat(F.lit("raw:"), F.xxhash64(F.col("_raw")).cast("string"))
-            ),
-        )
-        ordered = keyed.repartition(self.spark_settings.shuffle_partitions, "_pa", "_pb")
-        ordered = ordered.sortWithinPartitions(
-            F.col("_pa"), F.col("_pb"), F.col("_seq").asc_nulls_first(),
-            F.col("_ts").asc_nulls_first(), F.col("_src"), F.col("_o1"), F.col("_o2"),
-        )
+        ordered = order_within_aggregates(checked, self.spark_settings.shuffle_partitions)
         rows = ordered.select("_raw", "_reason", "_detail", "_mid", "_atype", "_aid")
         return rows.mapInArrow(functools.partial(write_partition, self.task()), OUTCOME_SCHEMA)
 

@@ -47,8 +47,8 @@ INVALID_JSON: Final = "invalid_json"
 PAYLOAD_TOO_LARGE: Final = "payload_too_large"
 
 #: Columns :func:`validate` returns.
-VALIDATED_COLUMNS: Final = ("_raw", "_reason", "_detail", "_mid", "_atype", "_aid", "_seq",
-                            "_ts", "_src", "_o1", "_o2")
+VALIDATED_COLUMNS: Final = ("_raw", "_reason", "_detail", "_mid", "_atype", "_aid", "_stype",
+                            "_sid", "_seq", "_ts", "_src", "_o1", "_o2")
 
 #: Slack over ``max_payload_bytes`` before Spark rejects a record by its text size (JSON text
 #: and BSON sizes differ; the executor checks the payload's BSON size exactly).
@@ -127,6 +127,8 @@ def _projections(info: RegistryInfo, max_payload_bytes: int
         second.append(f"try_variant_get(_v, '$.{name}', 'string') AS _s_{name}")
     second += [
         "schema_of_variant(variant_get(_v, '$.payload')) AS _t_payload",
+        "try_variant_get(_v, '$.source.type', 'string') AS _source_type",
+        "try_variant_get(_v, '$.source.id', 'string') AS _source_id",
         "try_variant_get(_v, '$.source.seq', 'bigint') AS _source_seq",
         "try_variant_get(_v, '$.occurred_at', 'string') AS _s_occurred_at",
         "try_variant_get(_v, '$.occurred_at', 'double') AS _d_occurred_at",
@@ -181,8 +183,8 @@ def _unknown_aggregate_detail(names: list[str]) -> str:
 
 def validate(df: Any, info: RegistryInfo, *, max_payload_bytes: int) -> Any:
     """Add ``_reason``/``_detail`` (NULL for valid rows), the routing columns ``_mid``,
-    ``_atype``, ``_aid`` and the ordering columns ``_seq`` (source seq) and ``_ts``
-    (occurred_at). Returns exactly :data:`VALIDATED_COLUMNS`."""
+    ``_atype``, ``_aid`` and the ordering columns ``_stype``, ``_sid``, ``_seq`` (source type,
+    id, seq) and ``_ts`` (occurred_at). Returns exactly :data:`VALIDATED_COLUMNS`."""
     first, second, checks = _projections(info, max_payload_bytes)
     parsed = df.selectExpr(*first).selectExpr(*second)
     checked = parsed.selectExpr("*", f"{checks.index()} AS _check")
@@ -193,6 +195,8 @@ def validate(df: Any, info: RegistryInfo, *, max_payload_bytes: int) -> Any:
         "CASE WHEN _t_message_id = 'STRING' THEN _s_message_id END AS _mid",
         "CASE WHEN _t_aggregate_type = 'STRING' THEN _s_aggregate_type END AS _atype",
         "CASE WHEN _t_aggregate_id = 'STRING' THEN _s_aggregate_id END AS _aid",
+        "_source_type AS _stype",
+        "_source_id AS _sid",
         "_source_seq AS _seq",
         # occurred_at: epoch milliseconds (a number) or ISO-8601 text; unparsable: NULL here,
         # a dead letter in the executor.
