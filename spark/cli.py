@@ -25,7 +25,8 @@ Apply message files to the aggregates in MongoDB, once, with Spark.
 Input: JSON Lines (one envelope per line) and Parquet files, as paths, directories or globs.
 Every record ends in exactly one outcome — applied, duplicate, dead_lettered (with a reason
 code; the record is in the dead-letter collection) or parked — and the summary table shows
-them. Running the same input again is harmless: everything comes back as duplicate.
+them. Running the same input again, even concurrently, is harmless: everything comes back as
+duplicate (for inbox dedup: while it is younger than the dedup horizon, 7 days by default).
 
 The aggregates module must be importable here and in every Spark executor: install it in the
 cluster's Python environment, or ship it with --py-files (a .py, .zip or wheel), e.g.

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from aggregates import Emit, Message, emitted_message_id
+from aggregates.ordering import delivery_order
 from tests.spark import domain
 
 Envelope = dict[str, Any]
@@ -112,31 +113,24 @@ class Expected:
     inbox: list[str] = field(default_factory=list)
 
 
-def _order(env: Envelope, pos: int) -> tuple[Any, ...]:
-    src = env.get("source")
-    seq = src["seq"] if src else None
-    ts = env.get("occurred_at")
-    return (seq is not None, seq or 0, ts is not None, ts or "", pos)
-
-
 def oracle(records: Sequence[Envelope]) -> dict[Key, Expected]:
     """Independent of ``aggregates.fold``: group by aggregate, order like the pipeline
-    (source seq, occurred_at, input position), drop repeated message ids (first occurrence
-    wins), then call the handlers directly. ``records`` are valid envelopes in input order."""
-    groups: dict[Key, list[tuple[tuple[Any, ...], Envelope]]] = defaultdict(list)
-    for pos, env in enumerate(records):
-        groups[(env["aggregate_type"], env["aggregate_id"])].append((_order(env, pos), env))
+    (the specification, :func:`aggregates.ordering.delivery_order`), drop repeated message
+    ids (first occurrence wins), then call the handlers directly. ``records`` are valid
+    envelopes in input order."""
+    groups: dict[Key, list[Envelope]] = defaultdict(list)
+    for env in records:
+        groups[(env["aggregate_type"], env["aggregate_id"])].append(env)
     out: dict[Key, Expected] = {}
     for (atype, aid), items in groups.items():
         handlers = domain.registry.get(atype)
         state: Any = _STATE[atype]()
         exp = Expected(state={})
         seen: set[str] = set()
-        for _, env in sorted(items, key=lambda kv: kv[0]):
-            if env["message_id"] in seen:
+        for msg in delivery_order([Message.from_dict(env) for env in items]):
+            if msg.message_id in seen:
                 continue
-            seen.add(env["message_id"])
-            msg = Message.from_dict(env)
+            seen.add(msg.message_id)
             result = handlers.handler_for(msg.type)(state, msg)
             state, emits = result if isinstance(result, tuple) else (result, [])
             for i, e in enumerate(emits):
