@@ -230,3 +230,25 @@ def test_a_burst_far_above_the_window_applies_every_new_message() -> None:
     assert doc["state"]["total"] == 2000
     assert len(doc["inbox"]) <= 50  # the window, plus at most one slice of new ids
     assert db.counters_inbox_archive.count_documents({}) >= 1950
+
+
+def test_five_credits_from_five_payers_are_all_applied_in_a_pure_replay() -> None:
+    """The reproduction from the issue, without a server: window 3; five new credits whose
+    occurred_at (the payers' write times) are 900, 400, 950, 980, 500 ms after t0, in the
+    pipeline's order. The fifth used to be dead-lettered beyond_dedup_horizon."""
+    from aggregates.debug import replay_steps
+
+    atype = counters_with(3).get("Counter")
+    t0 = NOW - timedelta(minutes=1)
+    batch = [msg(f"credit-{i}", 10, agg="acct", source=("Account", f"payer-{i}", i + 1),
+                 at=(t0 + timedelta(milliseconds=ms)).isoformat())
+             for i, ms in enumerate((900, 400, 950, 980, 500))]
+    # In the old pipeline order (by source.seq) as in the report, and in today's order.
+    ordered = delivery_order(batch)
+    assert [m.message_id for m in ordered] == [
+        "credit-1", "credit-4", "credit-0", "credit-2", "credit-3"]
+    for delivery in (batch, ordered):
+        run = replay_steps(atype, delivery + batch, now=NOW)
+        assert [s.outcome for s in run.steps] == ["applied"] * 5 + ["duplicate"] * 5
+        assert run.state.total == 50
+        assert len(run.snapshot.dedup.inbox) == 3 and len(run.snapshot.dedup.archived) == 2
