@@ -11,11 +11,13 @@ from typing import Any
 import pytest
 
 from aggbox.servers import LocalKafka, create_topic
+from aggregates import Message
 from aggregates.errors import ConfigurationError
+from aggregates.ordering import delivery_order
 from spark.pipeline import RunResult
 from spark.sources import DirectorySource, KafkaSource
 from tests.spark.conftest import PipelineFactory
-from tests.spark.helpers import _order, assert_matches_oracle, make_records, write_jsonl
+from tests.spark.helpers import assert_matches_oracle, make_records, write_jsonl
 
 pytestmark = [pytest.mark.spark, pytest.mark.mongo]
 
@@ -23,8 +25,15 @@ pytestmark = [pytest.mark.spark, pytest.mark.mongo]
 def in_pipeline_order(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Records sorted the way the pipeline orders each aggregate (so that splitting them
     into micro-batches by position keeps every aggregate's order)."""
-    keyed = sorted(enumerate(records), key=lambda kv: _order(kv[1], kv[0]))
-    return [r for _, r in keyed]
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["aggregate_type"], r["aggregate_id"]), []).append(r)
+    out: list[dict[str, Any]] = []
+    for recs in groups.values():
+        msgs = [Message.from_dict(r) for r in recs]
+        index = {id(m): i for i, m in enumerate(msgs)}
+        out.extend(recs[index[id(m)]] for m in delivery_order(msgs))
+    return out
 
 
 def test_directory_stream_available_now(pipeline: PipelineFactory, db: Any,
