@@ -16,7 +16,14 @@ import bson
 
 from aggregates import outcomes as oc
 from aggregates.aggregate import AggregateType, Emit
-from aggregates.dedup import SEQUENCE_GAP, Decision, Inbox, InboxEntry, source_key
+from aggregates.dedup import (
+    DUPLICATE_DIFFERENT_PAYLOAD,
+    SEQUENCE_GAP,
+    Decision,
+    Inbox,
+    InboxEntry,
+    source_key,
+)
 from aggregates.document import Snapshot
 from aggregates.envelope import Message
 from aggregates.errors import (
@@ -52,6 +59,10 @@ class DeadLetter:
     traceback: str | None = None
     aggregate_type: str | None = None
     aggregate_id: str | None = None
+    #: The identity its outcome reports, for input without a valid envelope (``raw``): the
+    #: line's string ``message_id``, else ``raw_message_id(raw)``. ``None``: derived from
+    #: ``message`` or ``raw`` (see :func:`aggregates.deadletters.letter_message_id`).
+    message_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -198,16 +209,19 @@ class _Folder:
 
     # -- the step ---------------------------------------------------------------------
     def step(self, msg: Message, *, from_parked: bool) -> None:
-        if self.snap.blocked is not None:
+        phash = payload_hash(msg.payload)
+        decision: Decision = self.atype.dedup.decide(self.snap.dedup, msg, phash, self.now)
+        if decision.verdict == "duplicate":  # applied before: a duplicate, blocked or not
+            self._out(msg, "duplicate", from_parked)
+            return
+        if self.snap.blocked is not None and decision.reason != DUPLICATE_DIFFERENT_PAYLOAD:
+            # The blocker itself is parked too when it comes again (a replay after a fix,
+            # or the rerun of a batch that crashed before its dead letter was written): the
+            # failure stays recorded in _blocked, and releasing the aggregate retries it.
             blocker = self.snap.blocked.get("message_id")
             self._park(msg, from_parked, oc.AGGREGATE_BLOCKED,
                        f"aggregate blocked by failed message {blocker!r}; release it with "
                        "`aggbox parked release`")
-            return
-        phash = payload_hash(msg.payload)
-        decision: Decision = self.atype.dedup.decide(self.snap.dedup, msg, phash, self.now)
-        if decision.verdict == "duplicate":
-            self._out(msg, "duplicate", from_parked)
             return
         if decision.verdict == "dead_letter":
             self._dead(msg, from_parked, decision.reason or "dedup", decision.detail)

@@ -143,6 +143,7 @@ class StoreWriter:
         clock: Callable[[], datetime] = utc_now,
         sleep: Callable[[float], None] = time.sleep,
         before_write: Callable[[list[UpdateOne]], None] | None = None,
+        fault: Callable[[str], None] | None = None,
     ) -> None:
         self.db = db
         self.registry = registry
@@ -150,6 +151,9 @@ class StoreWriter:
         self.clock = clock
         self.sleep = sleep
         self.before_write = before_write  # test hook: inject concurrent writers
+        #: Test hook: called at "after_write" (a round's aggregate writes are done),
+        #: "before_dead_letters" and "before_parked"; raising there simulates a crash.
+        self.fault = fault
         self.dead_letters = DeadLetterStore(db, collection=self.settings.dead_letter_collection)
         self.parking = ParkedStore(db, collection=self.settings.parked_collection)
         self.stats = WriterStats()
@@ -263,7 +267,11 @@ class StoreWriter:
                                      released.setdefault(cname, []), st)
         # Side records after the aggregate writes. A crash in between leaves the input
         # unacknowledged; re-running it re-derives the same decisions (idempotent).
+        if self.fault is not None:
+            self.fault("before_dead_letters")
         self.dead_letters.write(dead, now=now)
+        if self.fault is not None:
+            self.fault("before_parked")
         for cname in by_coll:
             self.parking.apply(cname, parked_new[cname], released[cname], now=now)
         with self._stats_lock:
@@ -325,6 +333,8 @@ class StoreWriter:
             if self.before_write is not None:
                 self.before_write(ops)
             conflicted = self._bulk(coll, ops)
+            if self.fault is not None:
+                self.fault("after_write")
             st.write_s += time.perf_counter() - t1
             st.writes += len(ops) - len(conflicted)
             retry_ids: list[str] = []
