@@ -8,6 +8,19 @@ aggregate's messages with the domain's own handlers — its own small fold, not 
 aggregate) is the next generation's input, as it is for the dispatcher and the next pipeline
 round, until nothing is emitted.
 
+Independent of the code it checks: a bug there must not be made twice, here too.
+
+- *Envelope*: its own check of the documented envelope contract (:func:`_envelope`, into its
+  own :class:`Envelope`), not :meth:`aggregates.envelope.Message.from_dict`. Only the field
+  table ``ENVELOPE_FIELDS`` is shared.
+- *Handlers and classification*: its own map aggregate type → message type → the domain's
+  handler function (:func:`domain_of`), read once from the registrations; unknown aggregate
+  and message types are decided by that map. Handlers get an :class:`Envelope` (they read
+  attributes: ``payload``, ``aggregate_id``, …).
+- *State*: the domain's own state dataclass (from the handlers' annotations), created with
+  its defaults and turned into the stored form with :func:`dataclasses.asdict` plus what BSON
+  changes (:func:`bson_plain`) — not the library's ``StateCodec``.
+
 Per generation the messages of an aggregate are folded in a canonical order (by message
 id) — and once more in the opposite order: the demo's input is order-insensitive by
 construction (see :mod:`aggbox.demo.generate`), and ``Expected.order_sensitive`` lists
@@ -20,30 +33,40 @@ another one, so checks compare the *set* of an aggregate's sequence numbers, not
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import json
+import typing
+import weakref
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Final
 
 from aggbox.demo.errors import DemoError
 from aggregates import outcomes as oc
-from aggregates.aggregate import AggregateType, Emit, Registry
-from aggregates.envelope import Message, Source
-from aggregates.errors import EnvelopeError
+from aggregates.aggregate import Emit, Registry
+from aggregates.envelope import ENVELOPE_FIELDS
 from aggregates.ids import emitted_message_id, raw_message_id
 from spark.validate import INVALID_JSON
 
 __all__ = [
     "Classified",
+    "DomainType",
+    "Envelope",
+    "EnvelopeSource",
     "Expected",
     "Folded",
     "Key",
     "RoundCounts",
+    "bson_plain",
     "classify",
+    "domain_of",
     "expect",
     "expected_round_counts",
     "fold_messages",
+    "plain_state",
 ]
 
 Key = tuple[str, str]
@@ -53,6 +76,205 @@ Key = tuple[str, str]
 MAX_GENERATIONS: Final = 50
 
 
+# -- the envelope ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EnvelopeSource:
+    type: str
+    id: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A message as the oracle reads it: the envelope's fields, nothing derived. Handlers
+    take it in place of :class:`aggregates.envelope.Message` (they read its attributes)."""
+
+    message_id: str
+    type: str
+    aggregate_type: str
+    aggregate_id: str
+    payload: dict[str, Any]
+    occurred_at: datetime | None = None
+    source: EnvelopeSource | None = None
+    correlation_id: str | None = None
+    causation_id: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def aggregate_key(self) -> Key:
+        return (self.aggregate_type, self.aggregate_id)
+
+
+class _Invalid(Exception):
+    """The line is not a valid envelope (``invalid_envelope``)."""
+
+
+def _string(value: Any) -> str:
+    if not isinstance(value, str) or not value:
+        raise _Invalid("must be a non-empty string")
+    return value
+
+
+def _object(value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _Invalid("must be a JSON object")
+    return value
+
+
+def _time(value: Any) -> datetime:
+    if isinstance(value, str):  # ISO-8601 (``Z`` accepted by Python ≥ 3.11)
+        try:
+            dt = datetime.fromisoformat(value)
+        except ValueError:
+            raise _Invalid("not an ISO-8601 time") from None
+        return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
+    if isinstance(value, int | float) and not isinstance(value, bool):  # epoch milliseconds
+        try:
+            return datetime.fromtimestamp(value / 1000, tz=UTC)
+        except (OverflowError, ValueError, OSError):
+            raise _Invalid("epoch milliseconds out of range") from None
+    raise _Invalid("must be an ISO-8601 string or epoch milliseconds")
+
+
+def _source(value: Any) -> EnvelopeSource:
+    src = _object(value)
+    seq = src.get("seq")
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
+        raise _Invalid("source.seq must be an integer ≥ 1")
+    return EnvelopeSource(_string(src.get("type")), _string(src.get("id")), seq)
+
+
+def _headers(value: Any) -> dict[str, str]:
+    h = _object(value)
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in h.items()):
+        raise _Invalid("headers must map strings to strings")
+    return dict(h)
+
+
+#: How the oracle checks each kind of the field table (``ENVELOPE_FIELDS``: field → (kind,
+#: required)). Written from the envelope contract (docs/concepts.md, docs/design.md "The
+#: pipeline", the table's comments), not from ``Message.from_dict``. Rules the generator
+#: never exercises are not modelled: id length and NUL characters, white space around ids,
+#: ``$``/``.`` in payload keys, the payload's BSON size, float seqs, time ranges.
+_KINDS: Final[dict[str, Callable[[Any], Any]]] = {
+    "string": _string,
+    "object": lambda v: dict(_object(v)),
+    "timestamp": _time,
+    "source": _source,
+    "map<string,string>": _headers,
+}
+
+
+def _envelope(raw: Any) -> Envelope:
+    """``raw`` (parsed JSON) as an :class:`Envelope`; :class:`_Invalid` if it breaks the
+    contract: not an object, an unknown field, a required field missing (``null`` is
+    missing), a field of the wrong kind."""
+    if not isinstance(raw, dict):
+        raise _Invalid("not a JSON object")
+    if set(raw) - set(ENVELOPE_FIELDS):
+        raise _Invalid("unknown envelope field")
+    values: dict[str, Any] = {}
+    for name, (kind, required) in ENVELOPE_FIELDS.items():
+        check = _KINDS.get(kind)
+        if check is None:
+            raise DemoError(f"envelope field {name!r} has kind {kind!r}, which the demo's "
+                            "oracle does not know; teach aggbox/demo/oracle.py the new kind")
+        value = raw.get(name)
+        if value is None:
+            if required:
+                raise _Invalid(f"{name} is required")
+            continue
+        values[name] = check(value)
+    return Envelope(**values)
+
+
+# -- the domain -----------------------------------------------------------------------------
+
+Handler = Callable[[Any, Any], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class DomainType:
+    """One aggregate type as the oracle uses it: its state dataclass and its handlers."""
+
+    name: str
+    state: type[Any]
+    handlers: Mapping[str, Handler]
+
+
+def _state_class(atype_name: str, handlers: Mapping[str, Handler]) -> type[Any]:
+    """The state dataclass of an aggregate type: the annotation of its handlers' first
+    parameter (the domain's own class, e.g. ``Customer``), the same for every handler."""
+    found: set[type[Any]] = set()
+    for mtype, fn in handlers.items():
+        first = next(iter(inspect.signature(fn).parameters), None)
+        try:
+            hint = typing.get_type_hints(fn).get(first or "")
+        except Exception as exc:  # unresolvable annotations
+            raise DemoError(f"{atype_name}/{mtype}: cannot read the handler's annotations "
+                            f"({exc})") from exc
+        if not (isinstance(hint, type) and dataclasses.is_dataclass(hint)):
+            raise DemoError(f"{atype_name}/{mtype}: the demo's oracle needs the handler's state "
+                            f"parameter annotated with a dataclass, got {hint!r}")
+        found.add(hint)
+    if len(found) != 1:
+        raise DemoError(f"{atype_name}: handlers annotate {len(found)} different state classes "
+                        f"{sorted(c.__name__ for c in found)}; the demo's oracle needs one")
+    return found.pop()
+
+
+def _build_domain(registry: Registry) -> dict[str, DomainType]:
+    domain: dict[str, DomainType] = {}
+    for atype in registry:
+        # ``AggregateType`` exposes its registrations only as ``message_types`` and
+        # ``handler_for``; they are read here once, per registered type, to copy the
+        # registrations into the oracle's own map. What the pipeline does with them per
+        # message — reject unknown aggregate/message types (spark/validate.py, the writer) and
+        # pick a message's handler while folding (aggregates/fold.py) — the oracle does
+        # with this map only, never through the registry.
+        handlers = {mtype: atype.handler_for(mtype) for mtype in atype.message_types}
+        domain[atype.name] = DomainType(atype.name, _state_class(atype.name, handlers),
+                                        handlers)
+    return domain
+
+
+_DOMAINS: weakref.WeakKeyDictionary[Registry, dict[str, DomainType]] = (
+    weakref.WeakKeyDictionary())
+
+
+def domain_of(registry: Registry) -> Mapping[str, DomainType]:
+    """The oracle's map of ``registry``'s domain: aggregate type → :class:`DomainType`
+    (built once per registry)."""
+    domain = _DOMAINS.get(registry)
+    if domain is None:
+        domain = _DOMAINS[registry] = _build_domain(registry)
+    return domain
+
+
+def bson_plain(value: Any) -> Any:
+    """``value`` as it comes back from MongoDB: tuples become lists, datetimes UTC (aware) at
+    millisecond precision — nothing else changes."""
+    if isinstance(value, dict):
+        return {k: bson_plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [bson_plain(v) for v in value]
+    if isinstance(value, datetime):
+        dt = (value if value.tzinfo else value.replace(tzinfo=UTC)).astimezone(UTC)
+        return dt.replace(microsecond=dt.microsecond // 1000 * 1000)
+    return value
+
+
+def plain_state(state: Any) -> dict[str, Any]:
+    """A state dataclass as the store's ``state`` sub-document must hold it."""
+    plain: dict[str, Any] = bson_plain(dataclasses.asdict(state))
+    return plain
+
+
+# -- classification -------------------------------------------------------------------------
+
+
 @dataclass(frozen=True, slots=True)
 class Classified:
     """One input line as the pipeline must see it: a valid message, or a dead letter with
@@ -60,7 +282,7 @@ class Classified:
     without a usable one the id the pipeline derives from the raw text."""
 
     line: str
-    message: Message | None
+    message: Envelope | None
     reason: str | None
     key: str
 
@@ -73,14 +295,18 @@ def classify(line: str, registry: Registry) -> Classified:
     mid = raw.get("message_id") if isinstance(raw, dict) else None
     key = mid if isinstance(mid, str) and mid else raw_message_id(line)
     try:
-        msg = Message.from_dict(raw)
-    except EnvelopeError:
+        msg = _envelope(raw)
+    except _Invalid:
         return Classified(line, None, oc.INVALID_ENVELOPE, key)
-    if msg.aggregate_type not in registry:
+    dtype = domain_of(registry).get(msg.aggregate_type)
+    if dtype is None:
         return Classified(line, msg, oc.UNKNOWN_AGGREGATE_TYPE, key)
-    if msg.type not in registry.get(msg.aggregate_type).message_types:
+    if msg.type not in dtype.handlers:
         return Classified(line, msg, oc.UNKNOWN_MESSAGE_TYPE, key)
     return Classified(line, msg, None, key)
+
+
+# -- the fold -------------------------------------------------------------------------------
 
 
 @dataclass(slots=True)
@@ -90,20 +316,23 @@ class Folded:
     state: Any
     seq: int
     applied: list[str] = field(default_factory=list)
-    emitted: list[Message] = field(default_factory=list)
+    emitted: list[Envelope] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)  # message id → error
 
 
-def fold_messages(atype: AggregateType[Any], aggregate_id: str, messages: Iterable[Message],
+def fold_messages(dtype: DomainType, aggregate_id: str, messages: Iterable[Envelope],
                   *, state: Any = None, seq: int = 0) -> Folded:
-    """Apply ``messages`` in the given order with ``atype``'s handlers. A handler that
-    raises (or returns something unusable) leaves the state unchanged: ``failed``."""
-    out = Folded(atype.codec.initial() if state is None else state, seq)
+    """Apply ``messages`` in the given order with ``dtype``'s handlers, starting from
+    ``state`` (default: the state class with its defaults). A handler that raises (or
+    returns something unusable) leaves the state unchanged: ``failed``."""
+    out = Folded(dtype.state() if state is None else state, seq)
     for msg in messages:
         try:
-            result = atype.handler_for(msg.type)(out.state, msg)
+            result = dtype.handlers[msg.type](out.state, msg)
             new_state, emits = _normalise(result)
-            atype.codec.dump(new_state)  # the store must be able to hold it
+            if not isinstance(new_state, dtype.state):  # the store holds only that class
+                raise TypeError(f"handler returned {type(new_state).__name__}, expected "
+                                f"{dtype.state.__name__}")
         except Exception as exc:
             out.failed[msg.message_id] = f"{type(exc).__name__}: {exc}"
             continue
@@ -111,7 +340,7 @@ def fold_messages(atype: AggregateType[Any], aggregate_id: str, messages: Iterab
         out.applied.append(msg.message_id)
         for i, e in enumerate(emits):
             out.seq += 1
-            out.emitted.append(_emitted(atype, aggregate_id, msg, i, e, out.seq))
+            out.emitted.append(_emitted(dtype, aggregate_id, msg, i, e, out.seq))
     return out
 
 
@@ -124,16 +353,16 @@ def _normalise(result: Any) -> tuple[Any, Sequence[Emit]]:
     return result, []
 
 
-def _emitted(atype: AggregateType[Any], aggregate_id: str, cause: Message, index: int,
-             e: Emit, seq: int) -> Message:
-    to_type, to_id = e.to if e.to is not None else (atype.name, aggregate_id)
-    return Message(
-        message_id=emitted_message_id(atype.name, aggregate_id, cause.message_id, index),
+def _emitted(dtype: DomainType, aggregate_id: str, cause: Envelope, index: int,
+             e: Emit, seq: int) -> Envelope:
+    to_type, to_id = e.to if e.to is not None else (dtype.name, aggregate_id)
+    return Envelope(
+        message_id=emitted_message_id(dtype.name, aggregate_id, cause.message_id, index),
         type=e.type,
         aggregate_type=to_type,
         aggregate_id=to_id,
         payload=dict(e.payload),
-        source=Source(atype.name, aggregate_id, seq),
+        source=EnvelopeSource(dtype.name, aggregate_id, seq),
         correlation_id=cause.correlation_id or cause.message_id,
         causation_id=cause.message_id,
         headers=dict(e.headers),
@@ -151,7 +380,7 @@ class Expected:
     #: ids of the messages each aggregate applies
     applied: dict[Key, set[str]] = field(default_factory=dict)
     #: every valid message by id: the input's and every emitted one
-    messages: dict[str, Message] = field(default_factory=dict)
+    messages: dict[str, Envelope] = field(default_factory=dict)
     #: ids of emitted messages
     emitted: set[str] = field(default_factory=set)
     #: dead letters: key (message id or raw id) → reason
@@ -168,41 +397,42 @@ class Expected:
 def expect(lines: Iterable[str], registry: Registry) -> Expected:
     """Fold ``lines`` (the first round's input) and everything it causes."""
     ex = Expected()
-    current: list[Message] = []
+    current: list[Envelope] = []
     for line in lines:
         c = classify(line, registry)
         if c.reason is not None:
             ex.dead[c.key] = c.reason
         elif c.message is not None:
             current.append(c.message)
+    domain = domain_of(registry)
     states: dict[Key, Any] = {}
     seen: set[str] = set()
     while current:
         if len(ex.generations) >= MAX_GENERATIONS:
             raise DemoError(f"the domain still emits messages after {MAX_GENERATIONS} "
                             "generations; the demo needs a cascade that ends")
-        batch: dict[Key, list[Message]] = {}
+        batch: dict[Key, list[Envelope]] = {}
         for m in current:
             ex.messages.setdefault(m.message_id, m)
             if m.message_id not in seen:
                 seen.add(m.message_id)
                 batch.setdefault(m.aggregate_key, []).append(m)
-        nxt: list[Message] = []
+        nxt: list[Envelope] = []
         applied = 0
         for key in sorted(batch):
             msgs = sorted(batch[key], key=lambda m: m.message_id)
-            atype = registry.get(key[0])
+            dtype = domain[key[0]]
             start, seq0 = states.get(key), ex.seq.get(key, 0)
-            fwd = fold_messages(atype, key[1], msgs, state=start, seq=seq0)
-            bwd = fold_messages(atype, key[1], reversed(msgs), state=start, seq=seq0)
-            if _signature(atype, fwd) != _signature(atype, bwd):
+            fwd = fold_messages(dtype, key[1], msgs, state=start, seq=seq0)
+            bwd = fold_messages(dtype, key[1], reversed(msgs), state=start, seq=seq0)
+            if _signature(fwd) != _signature(bwd):
                 ex.order_sensitive.append(key)
             for mid in fwd.failed:
                 ex.dead[mid] = oc.HANDLER_ERROR
                 seen.discard(mid)  # not recorded: a later copy is dead-lettered again
             if fwd.applied:
                 states[key] = fwd.state
-                ex.states[key] = atype.codec.dump(fwd.state)
+                ex.states[key] = plain_state(fwd.state)
                 ex.seq[key] = fwd.seq
                 ex.applied.setdefault(key, set()).update(fwd.applied)
                 applied += len(fwd.applied)
@@ -214,13 +444,13 @@ def expect(lines: Iterable[str], registry: Registry) -> Expected:
     return ex
 
 
-def _signature(atype: AggregateType[Any], f: Folded) -> tuple[Any, ...]:
+def _signature(f: Folded) -> tuple[Any, ...]:
     emitted = sorted(
         (m.message_id, m.type, m.aggregate_type, m.aggregate_id,
          json.dumps(m.payload, sort_keys=True))
         for m in f.emitted
     )
-    return (json.dumps(atype.codec.dump(f.state), sort_keys=True, default=str), f.seq,
+    return (json.dumps(plain_state(f.state), sort_keys=True, default=str), f.seq,
             sorted(f.applied), sorted(f.failed), emitted)
 
 

@@ -5,6 +5,7 @@
   must not start a differently configured one in the same process). The demo reuses it.
 - ``local_run``: a small scenario run through the real loop, the real dispatcher and the real
   store writer — without Spark — once per module; the checks' tests corrupt copies of it.
+  :func:`run_locally` makes such a run on demand (e.g. with a bug patched into the library).
 """
 
 from __future__ import annotations
@@ -42,14 +43,14 @@ class LocalRun:
     settings: AggboxSettings
 
 
-@pytest.fixture(scope="module")
-def local_run(mongo_client: MongoClient[dict[str, Any]], mongo_uri: str,
-              tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRun]:
+def run_locally(mongo_client: MongoClient[dict[str, Any]], mongo_uri: str, workdir: Path,
+                spec: ScenarioSpec) -> LocalRun:
+    """Generate ``spec``, run it through the loop in a new database (the caller drops
+    ``run.db``), compute the oracle and read the store."""
     name = f"t_demo_local_{uuid.uuid4().hex[:8]}"
     settings = AggboxSettings.load(mongodb_uri=mongo_uri, database=name)
     db = mongo_client[name]
-    workdir: Path = tmp_path_factory.mktemp("demo-local")
-    scenario = generate(ScenarioSpec(customers=8, orders=40, seed=11))
+    scenario = generate(spec)
     inputs = write_lines(workdir / "input", scenario.files())
     record = run_rounds(
         inputs, workdir=workdir,
@@ -58,6 +59,14 @@ def local_run(mongo_client: MongoClient[dict[str, Any]], mongo_uri: str,
         pending=lambda: pending_outbox(db, orders_registry),
         redeliver_rate=0.2, rng=random.Random(3),
     )
-    yield LocalRun(scenario, expect(scenario.lines, orders_registry), record,
-                   read_store(db, orders_registry, settings), orders_registry, db, settings)
-    mongo_client.drop_database(name)
+    return LocalRun(scenario, expect(scenario.lines, orders_registry), record,
+                    read_store(db, orders_registry, settings), orders_registry, db, settings)
+
+
+@pytest.fixture(scope="module")
+def local_run(mongo_client: MongoClient[dict[str, Any]], mongo_uri: str,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRun]:
+    run = run_locally(mongo_client, mongo_uri, tmp_path_factory.mktemp("demo-local"),
+                      ScenarioSpec(customers=8, orders=40, seed=11))
+    yield run
+    mongo_client.drop_database(run.db.name)

@@ -3,10 +3,33 @@ an order-sensitive input; it predicts each round's outcome counts."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+
+from aggbox.demo.checks import (
+    Evidence,
+    check_customers,
+    check_dead_letters,
+    check_invariant_1,
+    check_invariant_5,
+    check_orders,
+    run_checks,
+)
 from aggbox.demo.generate import ScenarioSpec, envelope_line, generate
-from aggbox.demo.oracle import classify, expect, expected_round_counts
+from aggbox.demo.oracle import Envelope, classify, expect, expected_round_counts
+from aggregates import outcomes as oc
+from aggregates.aggregate import StateCodec
+from aggregates.envelope import Message
+from aggregates.errors import EnvelopeError
 from aggregates.ids import emitted_message_id
 from examples.orders import registry
+from tests.demo.conftest import LocalRun, run_locally
 
 
 def test_oracle_agrees_with_the_generators_plan() -> None:
@@ -87,3 +110,102 @@ def test_classify_names_the_reason_of_each_bad_row() -> None:
             assert c.reason == b.reason
     truncated = next(b for b in sc.bad_rows if b.reason == "invalid_json")
     assert classify(truncated.line, registry).key.startswith("raw:")
+
+
+def _pipeline_view(line: str) -> tuple[str | None, dict[str, Any] | None]:
+    """How the pipeline classifies ``line``: ``Message.from_dict`` and the registry."""
+    try:
+        msg = Message.from_dict(json.loads(line))
+    except EnvelopeError:
+        return oc.INVALID_ENVELOPE, None
+    except ValueError:
+        return "invalid_json", None
+    env = msg.to_dict()
+    if msg.aggregate_type not in registry:
+        return oc.UNKNOWN_AGGREGATE_TYPE, env
+    if msg.type not in registry.get(msg.aggregate_type).message_types:
+        return oc.UNKNOWN_MESSAGE_TYPE, env
+    return None, env
+
+
+def _oracle_view(line: str) -> tuple[str | None, dict[str, Any] | None]:
+    """The same, by the oracle — its :class:`Envelope` in ``Message.to_dict``'s form."""
+    c = classify(line, registry)
+    m = c.message
+    if m is None:
+        return c.reason, None
+    env: dict[str, Any] = {"message_id": m.message_id, "type": m.type,
+                           "aggregate_type": m.aggregate_type,
+                           "aggregate_id": m.aggregate_id, "payload": m.payload}
+    if m.occurred_at is not None:
+        env["occurred_at"] = m.occurred_at.isoformat()
+    if m.source is not None:
+        env["source"] = dataclasses.asdict(m.source)
+    env.update({k: v for k, v in (("correlation_id", m.correlation_id),
+                                  ("causation_id", m.causation_id)) if v is not None})
+    if m.headers:
+        env["headers"] = m.headers
+    return c.reason, env
+
+
+@pytest.mark.mongo
+def test_the_oracles_own_envelope_check_agrees_with_the_pipelines(local_run: LocalRun) -> None:
+    """Every line the demo feeds the pipeline — generated, bad on purpose, published by the
+    dispatcher and redelivered — is classified alike by the oracle's envelope check and by
+    ``Message.from_dict`` with the registry, and read into the same fields."""
+    lines = [line for r in local_run.record.rounds for line in r.lines]
+    assert any('"causation_id"' in line for line in lines)  # published records are in
+    for line in [*lines, *(b.line for b in local_run.scenario.bad_rows)]:
+        assert _oracle_view(line) == _pipeline_view(line), line
+    assert all(isinstance(m, Envelope) for m in local_run.expected.messages.values())
+
+
+def _drop_credit_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = Message.from_dict
+
+    def lossy(raw: Any, **kw: Any) -> Message:
+        msg = original(raw, **kw)
+        return dataclasses.replace(msg, payload={k: v for k, v in msg.payload.items()
+                                                 if k != "credit_limit"})
+
+    monkeypatch.setattr(Message, "from_dict", staticmethod(lossy))
+
+
+def _rename_reserved(monkeypatch: pytest.MonkeyPatch) -> None:
+    original = StateCodec.dump
+
+    def renaming(self: StateCodec[Any], state: Any) -> dict[str, Any]:
+        return {("reserved_credit" if k == "reserved" else k): v
+                for k, v in original(self, state).items()}
+
+    monkeypatch.setattr(StateCodec, "dump", renaming)
+
+
+@pytest.mark.mongo
+@pytest.mark.parametrize(("bug", "must_fail"), [
+    # Every CustomerRegistered fails in the pipeline (KeyError): dead letters, no credit.
+    (_drop_credit_limit, {check_dead_letters, check_customers, check_orders, check_invariant_1}),
+    # The stored state has ``reserved_credit`` where the domain's Customer has ``reserved``.
+    (_rename_reserved, {check_customers, check_invariant_1, check_invariant_5}),
+], ids=["from_dict-drops-a-payload-field", "codec-dump-renames-a-field"])
+def test_a_library_bug_shared_with_the_pipeline_fails_the_checks(
+        bug: Callable[[pytest.MonkeyPatch], None], must_fail: set[Callable[[Evidence], Any]],
+        monkeypatch: pytest.MonkeyPatch, mongo_client: MongoClient[dict[str, Any]],
+        mongo_uri: str, tmp_path: Path) -> None:
+    """The oracle does not use what it checks: with a bug patched into
+    ``Message.from_dict`` or into ``StateCodec.dump`` for the whole run — pipeline,
+    dispatcher, oracle and checks, as in a real demo — the checks FAIL.
+
+    Before the oracle had its own envelope check, handler map and state conversion, it
+    parsed lines with the same ``Message.from_dict`` and dumped states with the same
+    codec: it made the same mistake as the pipeline (the registrations dead-lettered; the
+    state stored as ``reserved_credit``), agreed with the store, and all 12 checks passed.
+    """
+    bug(monkeypatch)
+    run = run_locally(mongo_client, mongo_uri, tmp_path,
+                      ScenarioSpec(customers=3, orders=12, seed=4))
+    mongo_client.drop_database(run.db.name)  # the checks read the copy in ``run.store``
+    ev = Evidence(run.expected, run.store, run.record, run.registry)
+    results = run_checks(ev)
+    failed = {c.name for c in results if not c.passed}
+    assert {fn(ev).name for fn in must_fail} <= failed, results

@@ -10,11 +10,10 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from aggbox.demo.model import OutcomeRow, RunRecord
-from aggbox.demo.oracle import Expected, Key, classify
+from aggbox.demo.oracle import Envelope, Expected, Key, bson_plain, classify
 from aggbox.demo.store import StoreView
 from aggregates.aggregate import Registry
 from aggregates.document import F_STATE
-from aggregates.envelope import Message
 
 __all__ = ["SHOW", "Check", "Evidence", "fmt", "plural", "state_of", "verdict"]
 
@@ -42,7 +41,7 @@ class Evidence:
     run: RunRecord
     registry: Registry
     #: every valid input message of every round, by id
-    messages: dict[str, Message] = field(init=False, default_factory=dict)
+    messages: dict[str, Envelope] = field(init=False, default_factory=dict)
     #: applied outcome rows per aggregate (all rounds)
     applied: dict[Key, list[OutcomeRow]] = field(init=False, default_factory=dict)
     #: every record the dispatcher published, parsed
@@ -89,5 +88,7 @@ def verdict(name: str, problems: Sequence[str], ok: str, *, total: int | None = 
 
 
 def state_of(doc: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The ``state`` sub-document of a stored aggregate (``{}`` when missing)."""
-    return dict((doc or {}).get(F_STATE) or {})
+    """The ``state`` sub-document of a stored aggregate (``{}`` when missing), datetimes as
+    aware UTC like the oracle's (:func:`~aggbox.demo.oracle.bson_plain`)."""
+    state: dict[str, Any] = bson_plain(dict((doc or {}).get(F_STATE) or {}))
+    return state

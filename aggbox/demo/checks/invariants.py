@@ -8,10 +8,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from aggbox.demo.checks.base import Check, Evidence, fmt, state_of, verdict
-from aggbox.demo.oracle import Key, fold_messages
-from aggregates.dedup import HighWater, Inbox, source_key
+from aggbox.demo.oracle import Key, domain_of, fold_messages, plain_state
+from aggregates.dedup import HighWater, Inbox
 from aggregates.document import F_HW, F_INBOX, F_SEQ
 from aggregates.ids import emitted_message_id
+from aggregates.keys import hw_key
 
 __all__ = [
     "check_invariant_1",
@@ -72,8 +73,7 @@ def _hw_problems(ev: Evidence, key: Key, doc: Mapping[str, Any], applied: set[st
         if msg is None or msg.source is None:
             out.append(f"{t}/{aid}: applied {mid} is not in any round's input")
             continue
-        k = source_key(msg)
-        assert k is not None
+        k = hw_key(msg.source.type, msg.source.id)
         highest[k] = max(highest.get(k, 0), msg.source.seq)
     if hw != highest:
         out.append(f"{t}/{aid}: hw {hw} ≠ highest applied seq per source {highest}")
@@ -181,9 +181,10 @@ def check_invariant_5(ev: Evidence) -> Check:
     problems: list[str] = []
     order = {mid: (r.number, mid) for r in ev.run.rounds for mid in
              (o.message_id for o in r.outcomes)}
+    domain = domain_of(ev.registry)
     for key, rows in sorted(ev.applied.items()):
         t, aid = key
-        if t not in ev.registry:
+        if t not in domain:
             continue
         msgs = [ev.messages[o.message_id] for o in rows if o.message_id in ev.messages]
         if len(msgs) != len(rows):
@@ -191,13 +192,12 @@ def check_invariant_5(ev: Evidence) -> Check:
                             "any round's input")
             continue
         msgs.sort(key=lambda m: order.get(m.message_id, (0, m.message_id)))
-        atype = ev.registry.get(t)
-        f = fold_messages(atype, aid, msgs)
+        f = fold_messages(domain[t], aid, msgs)
         doc = ev.store.documents.get(key)
         if f.failed:
             problems.append(f"{t}/{aid}: re-fold fails on {sorted(f.failed)[0]}")
-        elif atype.codec.dump(f.state) != state_of(doc):
-            problems.append(f"{t}/{aid}: re-fold gives {atype.codec.dump(f.state)}, stored "
+        elif plain_state(f.state) != state_of(doc):
+            problems.append(f"{t}/{aid}: re-fold gives {plain_state(f.state)}, stored "
                             f"{state_of(doc)}")
         elif sorted(m.message_id for m in f.emitted) != sorted(
                 e for o in rows for e in o.emitted_ids):
