@@ -36,7 +36,8 @@ examples:
   aggbox dispatch --collection orders --publisher jsonl --jsonl-dir out/events --once
   AGGBOX_DISPATCHER_FAULT=after_publish:kill aggbox dispatch ...   (crash tests only)
 
-endpoints: GET /metrics (Prometheus), GET /healthz (200 healthy, 503 not) on --metrics-port.
+endpoints: GET /metrics (Prometheus), GET /healthz (200 healthy, 503 not — e.g. no MongoDB
+round trip for --unhealthy-after seconds) on --metrics-port.
 """
 
 # option → (settings section, field name, argparse keyword arguments)
@@ -66,6 +67,9 @@ _OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
      {"type": float, "metavar": "SECONDS"}),
     ("--metrics-port", "dispatcher", "metrics_port", {"type": int, "metavar": "PORT"}),
     ("--metrics-host", "dispatcher", "metrics_host", {"metavar": "ADDRESS"}),
+    ("--unhealthy-after", "dispatcher", "unhealthy_after_s",
+     {"type": float, "metavar": "SECONDS"}),
+    ("--once-timeout", "dispatcher", "once_timeout_s", {"type": float, "metavar": "SECONDS"}),
     ("--json-logs", "dispatcher", "log_json", {"action": "store_const", "const": True}),
     ("--mongodb-uri", "aggbox", "mongodb_uri", {"metavar": "URI"}),
     ("--database", "aggbox", "database", {"metavar": "NAME"}),
@@ -136,7 +140,9 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--once", action="store_true",
                         help="sweep until every collection is drained, then exit (no change "
                              "stream, no metrics server; waits for the lease while another "
-                             "instance is active); for demos, tests and cron jobs")
+                             "instance is active; exit status 1 with one error line when a "
+                             "collection makes no progress for --once-timeout seconds); for "
+                             "demos, tests and cron jobs")
     for flag, section, field, kwargs in _OPTIONS:
         parser.add_argument(flag, dest=f"opt_{field}", help=_help(section, field), **kwargs)
     parser.set_defaults(func=run)

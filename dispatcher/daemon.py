@@ -9,6 +9,10 @@ flight finishes (at most ``shutdown_timeout_s``; beyond that it is abandoned —
 was pulled, so it is published again after a restart), the resume token is saved, leases
 are released so a standby takes over at once, and :meth:`run` returns 0. A second signal
 abandons in-flight work immediately.
+
+With ``once=True``, :meth:`run` raises :class:`OnceGaveUp` when a collection makes no
+progress for ``once_timeout_s`` (MongoDB or the broker unreachable): the command line prints
+it as one error line and exits with status 1.
 """
 
 from __future__ import annotations
@@ -17,12 +21,13 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from typing import Any
 
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
-from aggregates.errors import ConfigurationError
+from aggregates.errors import AggboxError, ConfigurationError
 from aggregates.settings import AggboxSettings
 from dispatcher.faults import Faults
 from dispatcher.lease import default_instance_id
@@ -32,9 +37,13 @@ from dispatcher.record import check_template
 from dispatcher.settings import DispatcherSettings
 from dispatcher.worker import CollectionWorker
 
-__all__ = ["Dispatcher", "resolve_collections"]
+__all__ = ["Dispatcher", "OnceGaveUp", "resolve_collections"]
 
 log = logging.getLogger("aggbox.dispatcher")
+
+
+class OnceGaveUp(AggboxError):
+    """``--once`` stopped because a collection made no progress for ``once_timeout_s``."""
 
 
 def resolve_collections(settings: DispatcherSettings) -> list[tuple[str, str | None]]:
@@ -77,7 +86,8 @@ class Dispatcher:
         self.faults = faults if faults is not None else Faults.from_env()
         self.metrics = metrics or Metrics()
         self.health = Health(stale_after_s=max(60.0, 3 * self.settings.lease_ttl_s,
-                                               3 * self.settings.kafka_delivery_timeout_s))
+                                               3 * self.settings.kafka_delivery_timeout_s),
+                             unhealthy_after_s=self.settings.unhealthy_after_s)
         self.instance_id = self.settings.instance_id or default_instance_id()
         self.workers: list[CollectionWorker] = []
         self.metrics_server: MetricsServer | None = None
@@ -87,6 +97,7 @@ class Dispatcher:
         self._stop: asyncio.Event | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._signals = 0
+        self._gave_up: str | None = None
 
     # -- control ----------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -100,13 +111,22 @@ class Dispatcher:
                 t.cancel()
 
     @property
+    def server_selection_timeout_s(self) -> float:
+        """How long the dispatcher's own client waits for a reachable server before an
+        operation fails (pymongo's default, 30 s, would hide an outage from the health
+        check and the lease for that long)."""
+        s = self.settings
+        return max(1.0, min(s.lease_ttl_s, s.unhealthy_after_s / 2))
+
+    @property
     def metrics_port(self) -> int | None:
         return self.metrics_server.port if self.metrics_server is not None else None
 
     # -- run --------------------------------------------------------------------------------
     async def run(self, *, once: bool = False, install_signal_handlers: bool = False) -> int:
         """Dispatch until stopped (or, with ``once``, until every collection is drained).
-        Returns the process exit code."""
+        Returns the process exit code; with ``once``, raises :class:`OnceGaveUp` when a
+        collection made no progress for ``once_timeout_s``."""
         stop = self._stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         if install_signal_handlers:
@@ -130,10 +150,14 @@ class Dispatcher:
         if not uri:
             from aggbox.servers import mongodb_uri
 
-            log.warning("no mongodb_uri set (AGGBOX_MONGODB_URI): using a local server started "
-                        "for this process (embedded mode)")
+            # The resolver uses `aggbox local start`'s server when one runs, else says in one
+            # line that it starts a throw-away one.
             uri = await asyncio.to_thread(mongodb_uri)
-        self._client = AsyncMongoClient(uri, tz_aware=True, appname="aggbox-dispatcher")
+        options: dict[str, Any] = {}
+        if "serverselectiontimeoutms" not in uri.lower():  # the URI's own setting wins
+            options["serverSelectionTimeoutMS"] = int(self.server_selection_timeout_s * 1000)
+        self._client = AsyncMongoClient(uri, tz_aware=True, appname="aggbox-dispatcher",
+                                        **options)
         return self._client
 
     async def _run(self, stop: asyncio.Event, once: bool) -> int:
@@ -166,19 +190,44 @@ class Dispatcher:
             self._tasks = [asyncio.create_task(w.run(), name=f"dispatch-{w.name}")
                            for w in self.workers]
             gauges = asyncio.create_task(self._measure_loop(stop), name="dispatch-gauges")
+            watchdog = (asyncio.create_task(self._once_watchdog(stop), name="dispatch-watchdog")
+                        if once else None)
             log.info("dispatcher %s started: %s → %s", self.instance_id,
                      ", ".join(n for n, _ in self.collections), self.publisher.name,
                      extra={"instance": self.instance_id, "publisher": self.publisher.name})
             self.started.set()
             rc = await self._wait(stop)
-            gauges.cancel()
-            await asyncio.gather(gauges, return_exceptions=True)
-            if once:
+            helpers = [t for t in (gauges, watchdog) if t is not None]
+            for t in helpers:
+                t.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            if once and self._gave_up is None:
                 await self._measure_once()
         finally:
             await self._close()
         log.info("dispatcher %s stopped", self.instance_id, extra={"instance": self.instance_id})
+        if self._gave_up is not None:
+            raise OnceGaveUp(self._gave_up)
         return rc
+
+    async def _once_watchdog(self, stop: asyncio.Event) -> None:
+        """``--once`` must end: abandon the run when a collection has made no progress for
+        ``once_timeout_s`` (nothing was pulled that was not published: at-least-once holds)."""
+        limit = self.settings.once_timeout_s
+        while not stop.is_set():
+            now = time.monotonic()
+            for w, task in zip(self.workers, self._tasks, strict=True):
+                if task.done() or now - w.progress_at <= limit:
+                    continue
+                self._gave_up = (f"{w.name}: no progress for {limit:g}s in --once mode "
+                                 f"({w.failure_summary()}); giving up with entries still "
+                                 "pending (once_timeout_s)")
+                stop.set()
+                for t in self._tasks:
+                    t.cancel()
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), min(1.0, limit / 10))
 
     async def _wait(self, stop: asyncio.Event) -> int:
         rc = 0

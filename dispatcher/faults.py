@@ -20,7 +20,10 @@ Actions:
   mongo-java-server never produces by itself;
 - ``invalid_token`` — raise ``OperationFailure`` code 260 (InvalidResumeToken);
 - ``no_change_streams`` — raise ``OperationFailure`` code 40573, what a standalone
-  ``mongod`` answers to ``$changeStream`` (tests the fallback to polling).
+  ``mongod`` answers to ``$changeStream`` (tests the fallback to polling);
+- ``invalidate`` (at ``stream_read``) — the stream ends as after an ``invalidate`` event
+  (collection dropped or renamed on MongoDB), which mongo-java-server never sends: raises
+  :class:`InjectedInvalidate`, which the worker turns into that event.
 
 Example: ``AGGBOX_DISPATCHER_FAULT=after_publish:kill@3`` kills the process right after the
 third batch was acknowledged by the broker and before it was pulled.
@@ -39,19 +42,26 @@ from pymongo.errors import OperationFailure
 
 from aggregates.errors import ConfigurationError
 
-__all__ = ["FAULT_ENV", "POINTS", "FaultRule", "Faults"]
+__all__ = ["FAULT_ENV", "POINTS", "FaultRule", "Faults", "InjectedInvalidate"]
 
 log = logging.getLogger("aggbox.dispatcher.faults")
 
 FAULT_ENV: Final = "AGGBOX_DISPATCHER_FAULT"
 POINTS: Final = ("stream_open", "stream_read", "before_publish", "after_publish", "after_pull",
                  "after_checkpoint")
-Action = Literal["kill", "exit", "history_lost", "invalid_token", "no_change_streams"]
-ACTIONS: Final = ("kill", "exit", "history_lost", "invalid_token", "no_change_streams")
+Action = Literal["kill", "exit", "history_lost", "invalid_token", "no_change_streams",
+                 "invalidate"]
+ACTIONS: Final = ("kill", "exit", "history_lost", "invalid_token", "no_change_streams",
+                  "invalidate")
 
 CHANGE_STREAM_HISTORY_LOST: Final = 286
 INVALID_RESUME_TOKEN: Final = 260
 CHANGE_STREAMS_NOT_SUPPORTED: Final = 40573
+
+
+class InjectedInvalidate(Exception):
+    """Fault action ``invalidate``: the change stream is to end as after an ``invalidate``
+    event."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,3 +133,5 @@ class Faults:
         elif rule.action == "no_change_streams":
             raise OperationFailure("injected: $changeStream is only supported on replica sets",
                                    code=CHANGE_STREAMS_NOT_SUPPORTED)
+        elif rule.action == "invalidate":
+            raise InjectedInvalidate("injected: change stream invalidated")

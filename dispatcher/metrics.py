@@ -5,7 +5,9 @@ e.g. in tests). :class:`MetricsServer` is a tiny asyncio HTTP server:
 
 - ``GET /metrics`` — Prometheus text format;
 - ``GET /healthz`` — 200 when every collection worker made progress recently (active or
-  standby), else 503; the body is JSON with each worker's role, mode and last activity.
+  standby) *and* had a successful MongoDB round trip within ``unhealthy_after_s``, else 503;
+  the body is JSON with each worker's role, mode, last activity, last server contact and
+  last error.
 """
 
 from __future__ import annotations
@@ -76,6 +78,10 @@ class Metrics:
                                        ["collection", "reason"], registry=r)
         self.backoffs = Counter(p + "backoffs", "Pauses after a broker or store failure.",
                                 ["collection", "cause"], registry=r)
+        self.stream_invalidations = Counter(
+            p + "stream_invalidations", "Change streams ended by an invalidate event "
+            "(collection dropped or renamed); each is followed by a new stream and a sweep.",
+            ["collection"], registry=r)
 
     def set_mode(self, collection: str, mode: str) -> None:
         for m in ("stream", "poll", "standby"):
@@ -90,14 +96,23 @@ class WorkerHealth:
     role: str = "starting"  # starting | standby | active | stopped | failed
     mode: str = "-"
     last_beat: float = field(default_factory=time.monotonic)
+    #: last successful MongoDB round trip (start-up counts, so a new worker has a grace period)
+    last_contact: float = field(default_factory=time.monotonic)
     error: str | None = None
 
 
 class Health:
-    """Liveness of the collection workers (each calls :meth:`beat` from its loop)."""
+    """Liveness of the collection workers (each calls :meth:`beat` from its loop and
+    :meth:`contact` after each successful MongoDB round trip).
 
-    def __init__(self, *, stale_after_s: float = 60.0) -> None:
+    A worker is healthy while its role is starting, standby or active, it beat within
+    ``stale_after_s`` and it reached MongoDB within ``unhealthy_after_s`` — a loop that only
+    retries failing server calls still beats, so the beat alone proves nothing."""
+
+    def __init__(self, *, stale_after_s: float = 60.0, unhealthy_after_s: float = 30.0
+                 ) -> None:
         self.stale_after_s = stale_after_s
+        self.unhealthy_after_s = unhealthy_after_s
         self.workers: dict[str, WorkerHealth] = {}
 
     def beat(self, collection: str, *, role: str | None = None, mode: str | None = None
@@ -109,6 +124,11 @@ class Health:
         if mode is not None:
             w.mode = mode
 
+    def contact(self, collection: str) -> None:
+        """A MongoDB round trip of this worker succeeded."""
+        w = self.workers.setdefault(collection, WorkerHealth())
+        w.last_contact = time.monotonic()
+
     def fail(self, collection: str, error: str) -> None:
         w = self.workers.setdefault(collection, WorkerHealth())
         w.role, w.error = "failed", error
@@ -119,10 +139,13 @@ class Health:
         ok = bool(self.workers)
         for name, w in self.workers.items():
             age = now - w.last_beat
-            healthy = w.role in ("standby", "active", "starting") and age <= self.stale_after_s
+            silent = now - w.last_contact
+            healthy = (w.role in ("standby", "active", "starting") and age <= self.stale_after_s
+                       and silent <= self.unhealthy_after_s)
             ok = ok and healthy
             workers[name] = {"role": w.role, "mode": w.mode, "seconds_since_progress":
-                             round(age, 3), "healthy": healthy, "error": w.error}
+                             round(age, 3), "seconds_since_server_contact": round(silent, 3),
+                             "healthy": healthy, "error": w.error}
         return ok, {"status": "ok" if ok else "unhealthy", "collections": workers}
 
 

@@ -10,6 +10,18 @@ particular — reads it with ``Message.from_dict``:
 - ``occurred_at`` = ``created_at``; ``source``, ``causation_id``, ``correlation_id``,
   ``headers`` as stored.
 
+Two kinds of record, told apart by the header ``aggbox-kind`` (:data:`H_KIND`):
+
+- ``input`` — the entry was addressed (``Emit(..., to=(type, id))``): the envelope is input
+  for the aggregate it names; feed it to a pipeline that has that aggregate type.
+- ``event`` — the entry was not addressed: the envelope names the *emitting* aggregate
+  (so it stays a valid envelope, keyed and ordered like the rest) but it is a fact that
+  aggregate published, not input for it. The envelope's own ``headers`` carry
+  ``aggbox-kind: event`` as well, so a JSON Lines reader sees it too. Consumers that feed
+  records back into aggbox must skip (or route elsewhere) records with ``aggbox-kind:
+  event``; otherwise the emitting aggregate is handed its own event, and without a handler
+  for that type it is dead-lettered (``unknown_message_type``).
+
 Broker headers carry the ids without parsing the value: :data:`HEADER_NAMES`.
 """
 
@@ -28,6 +40,9 @@ from aggregates.errors import AggboxError, EnvelopeError
 
 __all__ = [
     "HEADER_NAMES",
+    "H_KIND",
+    "KIND_EVENT",
+    "KIND_INPUT",
     "InvalidEntry",
     "OutboundRecord",
     "build_record",
@@ -45,11 +60,16 @@ H_SOURCE_ID: Final = "source_id"
 H_SOURCE_SEQ: Final = "source_seq"
 H_AGGREGATE_TYPE: Final = "aggregate_type"
 H_AGGREGATE_ID: Final = "aggregate_id"
+#: ``input`` (addressed to the aggregate the envelope names) or ``event`` (not addressed:
+#: the emitting aggregate's event, not input for it); also in an event's envelope headers.
+H_KIND: Final = "aggbox-kind"
+KIND_INPUT: Final = "input"
+KIND_EVENT: Final = "event"
 
 #: Headers set on every record (the entry's own headers are added unless they clash).
 HEADER_NAMES: Final = (
     H_MESSAGE_ID, H_TYPE, H_CAUSATION_ID, H_CORRELATION_ID, H_SOURCE_TYPE, H_SOURCE_ID,
-    H_SOURCE_SEQ, H_AGGREGATE_TYPE, H_AGGREGATE_ID,
+    H_SOURCE_SEQ, H_AGGREGATE_TYPE, H_AGGREGATE_ID, H_KIND,
 )
 
 _PLACEHOLDER = re.compile(r"{([^{}]*)}")
@@ -216,13 +236,16 @@ def build_record(entry: Mapping[str, Any], *, collection: str, document_id: Any,
     emitter_type = str(src_map.get("type") or source_type)
     emitter_id = str(src_map.get("id") if src_map.get("id") is not None else document_id)
     target = entry.get("target")
+    addressed = False
     if isinstance(target, Mapping) and target.get("type") and target.get("id") is not None:
-        agg_type, agg_id = str(target["type"]), str(target["id"])
+        agg_type, agg_id, addressed = str(target["type"]), str(target["id"]), True
     else:
         agg_type, agg_id = emitter_type, emitter_id
     env = _fast_envelope(entry, entry_id, agg_type, agg_id, src)
     if env is None:
         env = _slow_envelope(entry, entry_id, agg_type, agg_id, src)
+    if not addressed:  # the emitter's event, not input for it: say so in the envelope too
+        env["headers"] = {**(env.get("headers") or {}), H_KIND: KIND_EVENT}
     etype: str = env["type"]
     topic = entry.get("topic") or render_topic(
         topic_template, aggregate_type=emitter_type, target_type=agg_type, type=etype,
@@ -232,6 +255,7 @@ def build_record(entry: Mapping[str, Any], *, collection: str, document_id: Any,
     headers[H_TYPE] = etype
     headers[H_AGGREGATE_TYPE] = agg_type
     headers[H_AGGREGATE_ID] = agg_id
+    headers[H_KIND] = KIND_INPUT if addressed else KIND_EVENT
     if "causation_id" in env:
         headers[H_CAUSATION_ID] = env["causation_id"]
     if "correlation_id" in env:

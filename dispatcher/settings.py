@@ -64,7 +64,8 @@ class DispatcherSettings(SectionSettings):
     jsonl_dir: str = Field(
         "aggbox-dispatch",
         description="Directory of JSON Lines files (publisher jsonl); one file per batch, "
-        "written atomically.",
+        "written atomically (as a hidden .tmp-*.jsonl, then renamed). Temp files a killed "
+        "writer left behind (older than a minute) are removed at start-up.",
     )
     mode: Mode = Field(
         "auto",
@@ -126,6 +127,20 @@ class DispatcherSettings(SectionSettings):
     metrics_host: str = Field("127.0.0.1", description="Address the metrics server binds.")
     metrics_interval_s: float = Field(
         5.0, gt=0, description="How often backlog and oldest-pending age are measured."
+    )
+    unhealthy_after_s: float = Field(
+        30.0, gt=0,
+        description="/healthz answers 503 once a collection worker has had no successful "
+        "MongoDB round trip (lease check, stream read, sweep, measurement) for this long. "
+        "The dispatcher's own client also gives up selecting a server after "
+        "min(lease_ttl_s, unhealthy_after_s / 2) unless the URI sets serverSelectionTimeoutMS.",
+    )
+    once_timeout_s: float = Field(
+        120.0, gt=0,
+        description="With --once: give up (exit status 1, one error line) when a collection "
+        "has made no progress for this long — no MongoDB answer while waiting for the lease, "
+        "no entry published and no sweep completed while active (MongoDB or the broker "
+        "unreachable).",
     )
     done_cache_size: int = Field(
         100_000, ge=1000,

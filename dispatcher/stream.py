@@ -11,7 +11,12 @@ Contract with the server (it holds for MongoDB and for mongo-java-server):
   wait for the same time and no extra pause is added;
 - a plain ``watch()`` fails on mongo-java-server ("operationTime missing"), so a new stream
   always gets ``start_at_operation_time`` (from the server, see :func:`server_time`) or
-  ``resume_after``. Resume tokens are opaque: stored and handed back, never inspected.
+  ``resume_after``. Resume tokens are opaque: stored and handed back, never inspected;
+- an ``invalidate`` event (collection dropped or renamed on MongoDB; it passes any ``$match``)
+  ends the stream: the server closes the cursor and nothing more arrives. :meth:`read`
+  reports it (``StreamBatch.ended`` with the event's token) and the caller opens a new stream
+  ``start_after`` that token. mongo-java-server never sends one (its streams survive a drop);
+  tests inject it with ``AGGBOX_DISPATCHER_FAULT=stream_read:invalidate``.
 """
 
 from __future__ import annotations
@@ -110,6 +115,10 @@ class StreamBatch:
     documents: list[Mapping[str, Any]]
     events: int
     newest: Timestamp | None
+    #: the stream is over (an ``invalidate`` event, or the server closed the cursor): open
+    #: a new one ``start_after`` :attr:`end_token`
+    ended: bool = False
+    end_token: Mapping[str, Any] | None = None
 
 
 class StreamFollower:
@@ -121,14 +130,23 @@ class StreamFollower:
         self.pacing_s = pacing_s
         self._stream: AsyncChangeStream[Any] | None = None
         self._rewind: Mapping[str, Any] | None = None  # token to resume from after a failed read
+        self._ended: StreamBatch | None = None  # set once the stream is over
         self.reads = 0  #: calls of :meth:`read` (tests check the pacing with it)
 
+    @property
+    def is_open(self) -> bool:
+        return self._stream is not None
+
     async def open(self, *, resume_after: Mapping[str, Any] | None = None,
+                   start_after: Mapping[str, Any] | None = None,
                    start_at: Timestamp | None = None) -> None:
         await self.close()
         self._rewind = None
+        self._ended = None
         kwargs: dict[str, Any] = {}
-        if resume_after is not None:
+        if start_after is not None:
+            kwargs["start_after"] = start_after
+        elif resume_after is not None:
             kwargs["resume_after"] = resume_after
         else:
             kwargs["start_at_operation_time"] = start_at
@@ -148,10 +166,15 @@ class StreamFollower:
         assert self._stream is not None, "open() first"
         self.reads += 1
         started = time.monotonic()
+        if self._ended is not None:  # nothing more will come (never spin on it either)
+            await asyncio.sleep(self.pacing_s)
+            return self._ended
         docs: list[Mapping[str, Any]] = []
         newest: Timestamp | None = None
         n = 0
         start_token = self._stream.resume_token
+        end_token: Mapping[str, Any] | None = None
+        ended = False
         while n < self.batch_size:
             try:
                 event = await self._stream.try_next()
@@ -162,21 +185,39 @@ class StreamFollower:
                     self._rewind = start_token
                 raise
             if event is None:
+                ended = not self._stream.alive  # the server closed the cursor
                 break
             n += 1
             ct = event.get("clusterTime")
             if isinstance(ct, Timestamp):
                 newest = ct
+            if event.get("operationType") == "invalidate":
+                ended = True
+                token = event.get("_id")
+                end_token = token if isinstance(token, Mapping) else None
+                break
             doc = event.get("fullDocument")
             if isinstance(doc, Mapping) and doc.get(F_OUTBOX):
                 docs.append(doc)
+        if ended:
+            self._ended = StreamBatch([], 0, None, ended=True,
+                                      end_token=end_token or self._stream.resume_token)
+            return StreamBatch(docs, n, newest, ended=True, end_token=self._ended.end_token)
         if n == 0:
             remaining = self.pacing_s - (time.monotonic() - started)
             if remaining > 0:
                 await asyncio.sleep(remaining)
         return StreamBatch(docs, n, newest)
 
+    def end(self) -> StreamBatch:
+        """Make the stream behave as after an ``invalidate`` event at its current position
+        (fault injection: mongo-java-server never invalidates)."""
+        token = self.resume_token
+        self._ended = StreamBatch([], 0, None, ended=True, end_token=token)
+        return StreamBatch([], 1, None, ended=True, end_token=token)
+
     async def close(self) -> None:
+        self._ended = None
         stream, self._stream = self._stream, None
         if stream is not None:
             with contextlib.suppress(Exception):  # a broken cursor must not mask the error

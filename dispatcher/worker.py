@@ -4,13 +4,19 @@ Stream mode (docs/design.md "The dispatcher", step 1): open the change stream fi
 from the saved resume token, else at the server's current time — then sweep every document
 with a pending outbox, then follow the stream. After each published batch the resume token is
 saved. An unusable token (history lost, code 286, or invalid) means: new stream at the
-current time, full sweep, a warning with counts.
+current time, full sweep, a warning with counts. An ``invalidate`` event (the collection was
+dropped or renamed) ends the stream: a new one is opened ``start_after`` it (else at the
+current time), with a full sweep at once.
 
 Polling mode (servers without change streams): sweep, publish, pause when idle. Same
 guarantees; higher latency.
 
 Both modes sweep periodically as a safety net, back off (exponentially, with jitter) after
 failures without pulling anything, and stop publishing as soon as the lease is lost.
+
+Every successful MongoDB round trip is reported to :class:`~dispatcher.metrics.Health`
+(``contact``): a worker that only retries failing calls is not healthy. ``progress_at``
+is what ``--once`` watches (:attr:`CollectionWorker.progress_at`).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 
 from aggregates.document import F_OUTBOX, F_TYPE
 from dispatcher.cycle import Cycle, CycleResult
-from dispatcher.faults import Faults
+from dispatcher.faults import Faults, InjectedInvalidate
 from dispatcher.inflight import InFlight
 from dispatcher.lease import Lease
 from dispatcher.metrics import Health, Metrics
@@ -79,6 +85,7 @@ class WorkerStats:
     stale: int = 0
     sweeps: int = 0
     stream_restarts: int = 0
+    stream_invalidations: int = 0
     backoffs: int = 0
     activations: int = 0
 
@@ -141,6 +148,12 @@ class CollectionWorker:
         self._last_idle_checkpoint = 0.0
         self._drained = False
         self._last_sweep: CycleResult | None = None
+        self._start_after: Mapping[str, Any] | None = None  # reopen after an invalidate
+        #: last time this worker got anywhere (``--once`` gives up after once_timeout_s
+        #: without): a server answer while standby, published entries or a completed sweep
+        #: while active
+        self.progress_at = time.monotonic()
+        self.last_error: str | None = None
 
     # -- lifecycle ----------------------------------------------------------------------
     async def run(self) -> None:
@@ -183,6 +196,20 @@ class CollectionWorker:
         self.metrics.lease_active.labels(self.name).set(0)
         self.health.beat(self.name, role="stopped")
 
+    def _contact(self) -> None:
+        self.health.contact(self.name)
+
+    def _progress(self) -> None:
+        self.progress_at = time.monotonic()
+
+    def failure_summary(self) -> str:
+        """The last error, shortened to one line (for ``--once`` giving up)."""
+        if not self.last_error:
+            return "no error reported"
+        text = self.last_error.splitlines()[0] if self.last_error.strip() else ""
+        text = text.split(", Timeout: ")[0]  # pymongo appends the whole topology
+        return "last error: " + (text if len(text) <= 200 else text[:197] + "...")
+
     async def _sleep(self, seconds: float) -> None:
         """Sleep, waking early when stop is requested."""
         if seconds <= 0 or self.stop.is_set():
@@ -194,9 +221,13 @@ class CollectionWorker:
         announced = False
         while not self.stop.is_set():
             try:
-                if await self.lease.acquire():
+                acquired = await self.lease.acquire()
+                self._contact()
+                self._progress()
+                if acquired:
                     return True
             except PyMongoError as exc:
+                self.last_error = f"{type(exc).__name__}: {exc}"
                 log.warning("%s: lease check failed: %s", self.name, exc,
                             extra={"collection": self.name})
             self.health.beat(self.name, role="standby", mode="standby")
@@ -211,12 +242,15 @@ class CollectionWorker:
         while True:
             await asyncio.sleep(self.settings.renew_interval_s)
             try:
-                if not await self.lease.acquire():
+                acquired = await self.lease.acquire()
+                self._contact()
+                if not acquired:
                     log.warning("%s: lease taken over by %s", self.name, self.lease.holder,
                                 extra={"collection": self.name})
                     self.lease.forget()
                     return
             except PyMongoError as exc:
+                self.last_error = f"{type(exc).__name__}: {exc}"
                 log.warning("%s: lease renewal failed (%s); valid for now: %s", self.name, exc,
                             self.lease.held, extra={"collection": self.name})
 
@@ -281,7 +315,7 @@ class CollectionWorker:
         self.stats.backoffs += 1
         self.metrics.backoffs.labels(self.name, cause).inc()
         self.health.beat(self.name)
-        self.health.workers[self.name].error = f"{type(exc).__name__}: {exc}"
+        self.last_error = self.health.workers[self.name].error = f"{type(exc).__name__}: {exc}"
         log.warning("%s: %s failure (%s); retrying in %.2fs", self.name, cause, exc, delay,
                     extra={"collection": self.name, "cause": cause})
 
@@ -296,10 +330,12 @@ class CollectionWorker:
             self._retry_at = time.monotonic() + delay
             self.stats.backoffs += 1
             self.metrics.backoffs.labels(self.name, "broker").inc()
+            self.last_error = f"publishing failed: {res.retry_error}"
             log.warning("%s: publishing failed (%s); %d document(s) kept pending, retry in "
                         "%.2fs", self.name, res.retry_error, len(res.retry), delay,
                         extra={"collection": self.name, "cause": "broker"})
         elif res.published or res.dead_lettered:
+            self._progress()
             self.backoff.reset()
             if self.name in self.health.workers:
                 self.health.workers[self.name].error = None
@@ -342,6 +378,7 @@ class CollectionWorker:
     async def _run_keys(self, keys: list[Any]) -> None:
         docs = await self.coll.find({"_id": {"$in": keys}, **PENDING},
                                     {F_OUTBOX: 1, F_TYPE: 1}).to_list()
+        self._contact()
         self._absorb(await self.cycle.run(docs))
 
     async def _sweep(self) -> None:
@@ -350,6 +387,7 @@ class CollectionWorker:
         self.stats.sweeps += 1
         res = await sweep(self.coll, self.cycle, page_size=self.settings.batch_size,
                           stop=self.stop)
+        self._contact()
         if self._sweep_started is None:
             self._sweep_started = CycleResult()
         self._sweep_started.add(res.cycle)
@@ -357,6 +395,7 @@ class CollectionWorker:
         if not res.complete:
             return  # retried after the backoff (or after the restart when stopping)
         total, self._sweep_started = self._sweep_started, None
+        self._progress()
         self._last_sweep = total
         self._sweep_reason = None
         self._next_sweep = time.monotonic() + self.settings.sweep_interval_s
@@ -420,10 +459,18 @@ class CollectionWorker:
         await self._final_checkpoint()
 
     async def _stream_step(self) -> bool:
+        if not self.follower.is_open:  # reopening failed (store error): try again
+            if self._start_after is not None:
+                await self._reopen_after_invalidate()
+            else:
+                await self._start_stream()  # from the checkpoint, with a sweep
+            return True
         started = time.monotonic()
         try:
             self.faults.hit("stream_read")
             batch = await self.follower.read()
+        except InjectedInvalidate:
+            batch = self.follower.end()
         except OperationFailure as exc:
             if exc.code in TOKEN_UNUSABLE:
                 await self._restart_stream(exc)
@@ -433,6 +480,8 @@ class CollectionWorker:
         except PyMongoError:
             await self._reopen()
             raise
+        if not batch.ended:
+            self._contact()
         if batch.newest is not None:
             self.metrics.stream_lag.labels(self.name).set(max(0.0, time.time() - batch.newest.time))
         elif batch.events == 0:
@@ -447,12 +496,51 @@ class CollectionWorker:
             log.debug("%s: %d events, %d documents: read %.1f ms, published in %.1f ms",
                       self.name, batch.events, len(docs), (read_done - started) * 1000,
                       (time.monotonic() - read_done) * 1000)
-            if not self._retry:
+            if not self._retry and not batch.ended:
                 await self._checkpoint()
-        elif not self._retry and time.monotonic() - self._last_idle_checkpoint > _IDLE_CHECKPOINT_S:
+        elif (not self._retry and not batch.ended
+              and time.monotonic() - self._last_idle_checkpoint > _IDLE_CHECKPOINT_S):
             self._last_idle_checkpoint = time.monotonic()
             await self._checkpoint()
+        if batch.ended:
+            await self._invalidated(batch.end_token)
         return batch.events > 0
+
+    async def _invalidated(self, token: Mapping[str, Any] | None) -> None:
+        """The stream is over (``invalidate``: the collection was dropped or renamed, or the
+        server closed the cursor): a new stream after it, and a full sweep at once."""
+        self.stats.stream_invalidations += 1
+        self.metrics.stream_invalidations.labels(self.name).inc()
+        log.warning("%s: change stream invalidated (collection dropped or renamed?); new "
+                    "stream after it and a full sweep", self.name,
+                    extra={"collection": self.name, "reason": "invalidated"})
+        await self.follower.close()
+        self._start_after = token
+        self._sweep_reason = "invalidated"
+        await self._reopen_after_invalidate()
+
+    async def _reopen_after_invalidate(self) -> None:
+        """``start_after`` the invalidate event's token (MongoDB ≥ 4.2; mongo-java-server
+        treats it like ``resume_after``); if the server refuses it, or there is no token, a
+        new stream at the current time — the sweep that follows covers the gap. A store
+        error propagates (backoff); the next step tries again."""
+        token = self._start_after
+        if token is not None:
+            try:
+                self.faults.hit("stream_open")
+                await self.follower.open(start_after=token)
+                self._start_after = None
+                self._contact()
+                return
+            except OperationFailure as exc:
+                if exc.code in CHANGE_STREAMS_UNSUPPORTED:
+                    raise
+                log.warning("%s: cannot start a stream after the invalidate event (%s, code "
+                            "%s); new stream from now", self.name, exc, exc.code,
+                            extra={"collection": self.name})
+        await self._open_at_now("invalidated")
+        self._start_after = None
+        self._contact()
 
     async def _reopen(self) -> None:
         """After a connection error: reopen from the in-memory token (or the saved one)."""
@@ -470,6 +558,7 @@ class CollectionWorker:
 
     async def _checkpoint(self) -> None:
         if await self.checkpoints.save(self.follower.resume_token, owner=self.lease.owner):
+            self._contact()
             self.faults.hit("after_checkpoint")
 
     async def _final_checkpoint(self) -> None:
@@ -493,6 +582,7 @@ class CollectionWorker:
         self.metrics.sweeps.labels(self.name, "poll").inc()
         res = await sweep(self.coll, self.cycle, page_size=self.settings.batch_size,
                           stop=self.stop)
+        self._contact()
         self._absorb(res.cycle)
         if res.documents == 0:
             await self._sleep(self.settings.poll_interval_ms / 1000)
@@ -524,6 +614,7 @@ class CollectionWorker:
                         "oldest": {"$min": "$first"}}},
         ]
         rows = await (await self.coll.aggregate(pipeline)).to_list()
+        self._contact()
         row = rows[0] if rows else {"n": 0, "docs": 0, "oldest": None}
         age = 0.0
         oldest = row.get("oldest")

@@ -3,12 +3,20 @@ format of the Spark pipeline, so a pipeline can consume the dispatcher's output.
 
 Files appear atomically: written as ``.tmp-<uuid>.jsonl`` (hidden, ignored by Spark's file
 sources), fsynced, renamed to ``<UTC timestamp>-<uuid>.jsonl``, and the directory fsynced.
-A batch is all-or-nothing: an I/O error fails every record of it (retryable)."""
+A batch is all-or-nothing: an I/O error fails every record of it (retryable).
+
+A process killed (``kill -9``) between writing and renaming leaves its temp file behind. It
+is not published output (its entries are still in the outbox and go out again), so
+:meth:`JsonLinesPublisher.start` deletes temp files older than ``stale_tmp_s`` and logs how
+many; younger ones may belong to another dispatcher writing to the same directory right now.
+The same clean-up runs again every ``stale_tmp_s`` while publishing."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -17,7 +25,12 @@ from pathlib import Path
 from dispatcher.publishers.base import PublisherError, PublishResult
 from dispatcher.record import OutboundRecord
 
-__all__ = ["JsonLinesPublisher"]
+__all__ = ["TMP_PREFIX", "JsonLinesPublisher"]
+
+log = logging.getLogger("aggbox.dispatcher.jsonl")
+
+#: Name prefix of files being written (hidden; Spark's file sources skip them).
+TMP_PREFIX = ".tmp-"
 
 
 class JsonLinesPublisher:
@@ -25,10 +38,14 @@ class JsonLinesPublisher:
 
     name = "jsonl"
 
-    def __init__(self, directory: str | Path, *, fsync: bool = True) -> None:
+    def __init__(self, directory: str | Path, *, fsync: bool = True,
+                 stale_tmp_s: float = 60.0) -> None:
         self.directory = Path(directory)
         self.fsync = fsync
+        self.stale_tmp_s = stale_tmp_s
         self.files_written = 0
+        self.stale_removed = 0  #: temp files of crashed writers deleted so far
+        self._next_cleanup = 0.0
 
     async def start(self) -> None:
         try:
@@ -38,11 +55,37 @@ class JsonLinesPublisher:
                 f"cannot create the JSON Lines directory {self.directory}: {exc}; set "
                 "jsonl_dir (AGGBOX_DISPATCHER_JSONL_DIR) to a writable directory"
             ) from exc
+        await asyncio.to_thread(self.remove_stale_temp_files)
+
+    def remove_stale_temp_files(self) -> int:
+        """Delete ``.tmp-*.jsonl`` files not modified for ``stale_tmp_s`` (left by a writer
+        that was killed); returns how many."""
+        self._next_cleanup = time.monotonic() + self.stale_tmp_s
+        cutoff = time.time() - self.stale_tmp_s
+        removed = 0
+        for path in self.directory.glob(f"{TMP_PREFIX}*.jsonl"):
+            try:
+                if path.stat().st_mtime <= cutoff:
+                    path.unlink()
+                    removed += 1
+            except FileNotFoundError:
+                continue  # renamed or removed meanwhile
+            except OSError as exc:
+                log.warning("cannot remove the stale temp file %s: %s", path, exc)
+        if removed:
+            self.stale_removed += removed
+            log.warning("removed %d stale temp file(s) %s*.jsonl from %s, left by a writer "
+                        "that died mid-batch (not published output: those entries are still "
+                        "pending and are written again)", removed, TMP_PREFIX, self.directory,
+                        extra={"removed": removed})
+        return removed
 
     async def publish(self, records: Sequence[OutboundRecord]) -> list[PublishResult]:
         if not records:
             return []
         try:
+            if time.monotonic() >= self._next_cleanup:
+                await asyncio.to_thread(self.remove_stale_temp_files)
             await asyncio.to_thread(self._write, [r.value for r in records])
         except OSError as exc:
             err = PublishResult.retryable(f"writing to {self.directory} failed: {exc}",
@@ -53,7 +96,7 @@ class JsonLinesPublisher:
     def _write(self, lines: list[bytes]) -> Path:
         token = uuid.uuid4().hex
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-        tmp = self.directory / f".tmp-{token}.jsonl"
+        tmp = self.directory / f"{TMP_PREFIX}{token}.jsonl"
         final = self.directory / f"{stamp}-{token}.jsonl"
         try:
             with open(tmp, "wb") as fh:

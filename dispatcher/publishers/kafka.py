@@ -8,7 +8,12 @@ records of one aggregate reach their partition in emission order.
 background thread calling ``poll``). Broker outages are retried inside librdkafka until
 ``delivery_timeout_s``; what then still fails comes back *retryable* and the dispatcher backs
 off. Records the broker will never accept (too large, invalid topic name, policy) come back
-*permanent* and are dead-lettered."""
+*permanent* and are dead-lettered.
+
+librdkafka's own log lines (e.g. one "Connect to … failed" per reconnect attempt while the
+broker is down) go through the ``aggbox.dispatcher.kafka`` logger, at most one line per
+distinct message (numbers ignored) per :data:`LOG_INTERVAL_S`; the next one says how many
+were suppressed."""
 
 from __future__ import annotations
 
@@ -18,13 +23,14 @@ import functools
 import logging
 import re
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from dispatcher.publishers.base import PublisherError, PublishResult
 from dispatcher.record import OutboundRecord
 
-__all__ = ["KafkaPublisher", "valid_topic_name"]
+__all__ = ["LOG_INTERVAL_S", "KafkaPublisher", "RateLimitedLog", "valid_topic_name"]
 
 log = logging.getLogger("aggbox.dispatcher.kafka")
 
@@ -38,6 +44,46 @@ _FATAL: Final = -150
 
 #: Settings the dispatcher's guarantees depend on; ``kafka_config`` cannot override them.
 FORCED_CONFIG: Final[Mapping[str, Any]] = {"enable.idempotence": True, "acks": "all"}
+
+#: librdkafka log lines: at most one per distinct message per this many seconds.
+LOG_INTERVAL_S: Final = 60.0
+_NUMBERS: Final = re.compile(r"\d+")
+
+
+class RateLimitedLog:
+    """The ``logger`` handed to librdkafka (it calls ``log(level, fmt, *args)`` from the poll
+    thread): forwards to ``target`` at most one record per distinct message per
+    ``interval_s``, numbers (timestamps, counts, ports, instance names) ignored when
+    comparing; the first line after a quiet spell counts what was suppressed."""
+
+    def __init__(self, target: logging.Logger, *, interval_s: float = LOG_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic, max_keys: int = 1000) -> None:
+        self.target = target
+        self.interval_s = interval_s
+        self._clock = clock
+        self._max_keys = max_keys
+        self._seen: dict[str, tuple[float, int]] = {}  # key → (last emitted, suppressed)
+        self._lock = threading.Lock()
+
+    def log(self, level: int, msg: str, *args: Any, **kwargs: Any) -> None:
+        if not self.target.isEnabledFor(level):
+            return
+        text = msg % args if args else str(msg)
+        key = _NUMBERS.sub("#", text)
+        now = self._clock()
+        with self._lock:
+            last = self._seen.get(key)
+            if last is not None and now - last[0] < self.interval_s:
+                self._seen[key] = (last[0], last[1] + 1)
+                return
+            suppressed, since = (last[1], now - last[0]) if last is not None else (0, 0.0)
+            self._seen[key] = (now, 0)
+            if len(self._seen) > self._max_keys:
+                cutoff = now - self.interval_s
+                self._seen = {k: v for k, v in self._seen.items() if v[0] >= cutoff}
+        if suppressed:
+            text += f" ({suppressed} more like it in the last {since:.0f}s)"
+        self.target.log(level, "librdkafka: %s", text)
 
 
 @functools.lru_cache(maxsize=4096)  # called per record, with few distinct topics
@@ -123,6 +169,7 @@ class KafkaPublisher:
         self._closing = threading.Event()
         self._fatal: str | None = None
         self._thread: threading.Thread | None = None
+        self._rdkafka_log = RateLimitedLog(log)
 
     async def start(self) -> None:
         try:
@@ -133,7 +180,8 @@ class KafkaPublisher:
             ) from exc
         try:
             self._producer = confluent_kafka.Producer({**self.config,
-                                                      "error_cb": self._on_error})
+                                                      "error_cb": self._on_error,
+                                                      "logger": self._rdkafka_log})
         except confluent_kafka.KafkaException as exc:
             raise PublisherError(
                 f"invalid Kafka producer configuration: {exc}; check kafka_config"
@@ -206,5 +254,9 @@ class KafkaPublisher:
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
             self._thread = None
-        # Outstanding records were reported already (publish waits for all of them).
-        await asyncio.to_thread(producer.flush, 5.0)
+        # Outstanding records were reported already (publish waits for all of them) unless
+        # a publish was abandoned (a stop, --once giving up): drop those, they are still in
+        # the outbox and go out again later.
+        if await asyncio.to_thread(producer.flush, 5.0):
+            producer.purge(in_queue=True, in_flight=True, blocking=False)
+            await asyncio.to_thread(producer.flush, 1.0)

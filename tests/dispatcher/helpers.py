@@ -56,9 +56,12 @@ def pending_entries(db: Database[Any], collection: str = "emitters") -> int:
 
 
 def jsonl_envelopes(directory: Path) -> list[dict[str, Any]]:
-    """Every envelope written by the JSON Lines publisher, in file (= time) order."""
+    """Every envelope written by the JSON Lines publisher, in file (= time) order (hidden
+    ``.tmp-*`` files are not output)."""
     out: list[dict[str, Any]] = []
     for f in sorted(directory.glob("*.jsonl")):
+        if f.name.startswith("."):
+            continue
         out.extend(json.loads(line) for line in f.read_text().splitlines() if line)
     return out
 

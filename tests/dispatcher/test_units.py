@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import io
 import json
+import logging
 import os
 from datetime import UTC, datetime
 from pathlib import Path
@@ -58,7 +59,8 @@ def test_record_is_a_valid_input_envelope_with_headers_key_and_topic() -> None:
     assert (m.message_id, m.type, m.aggregate_type, m.aggregate_id) == (
         "e-3", "Tick", "Emitter", "agg-1")
     assert m.occurred_at == NOW and m.source is not None and m.source.seq == 3
-    assert (m.causation_id, m.correlation_id, m.headers) == ("in-1", "corr-1", {"tenant": "t1"})
+    assert (m.causation_id, m.correlation_id) == ("in-1", "corr-1")
+    assert m.headers == {"tenant": "t1", "aggbox-kind": "event"}  # not addressed: an event
     assert env["payload"]["when"] == NOW.isoformat()  # BSON dates become ISO strings
     assert r.topic == "Emitter.events" and r.key == "agg-1"
     assert set(HEADER_NAMES) <= set(r.headers)
@@ -93,8 +95,28 @@ def test_fast_envelope_equals_the_validated_one(over: dict[str, Any]) -> None:
     slow = _slow_envelope(*args)
     fast = _fast_envelope(*args)
     assert fast is None or fast == slow
+    if not e.get("target"):  # the emitter's own event says so (aggbox-kind: event)
+        slow = {**slow, "headers": {**slow.get("headers", {}), "aggbox-kind": "event"}}
     assert json.loads(record(e).value) == json.loads(envelope_json(slow))
     assert record(e).message == Message.from_dict(slow)
+
+
+def test_untargeted_entries_are_marked_as_events_of_the_emitter() -> None:
+    event = record(entry(1))
+    m = Message.from_dict(json.loads(event.value))
+    # Still a valid envelope naming the emitter (keyed, ordered, deduplicated like the rest)…
+    assert (m.aggregate_type, m.aggregate_id) == ("Emitter", "agg-1")
+    # … but marked, in the envelope (JSON Lines readers) and the broker headers, as its event.
+    assert m.headers == {"tenant": "t1", "aggbox-kind": "event"}
+    assert event.headers["aggbox-kind"] == "event"
+    addressed = record(entry(2, target={"type": "Order", "id": "o-1"}))
+    m2 = Message.from_dict(json.loads(addressed.value))
+    assert m2.headers == {"tenant": "t1"}  # input for the target: the envelope is unchanged
+    assert addressed.headers["aggbox-kind"] == "input"
+    # A handler's own header of that name cannot make an event look like input.
+    forged = record(entry(3, headers={"aggbox-kind": "input"}))
+    assert forged.headers["aggbox-kind"] == "event"
+    assert json.loads(forged.value)["headers"]["aggbox-kind"] == "event"
 
 
 def test_invalid_entries_and_templates_are_named() -> None:
@@ -244,3 +266,127 @@ def test_cli_help_explains_every_option(capsys: pytest.CaptureFixture[str]) -> N
                               "--publisher", "stdout", "--kafka-option", "linger.ms=1"])
     assert _overrides(args, "dispatcher") == {
         "collections": ["a", "b"], "publisher": "stdout", "kafka_config": {"linger.ms": "1"}}
+
+
+def test_jsonl_publisher_removes_only_stale_temp_files(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    stale = out / ".tmp-aaaa.jsonl"
+    stale.write_text('{"message_id": "x"}\n')
+    os.utime(stale, (0, 0))
+    fresh = out / ".tmp-bbbb.jsonl"
+    fresh.write_text('{"message_id": "y"}\n')
+    final = out / "20260301T000000000000Z-cccc.jsonl"
+    final.write_text('{"message_id": "z"}\n')
+    os.utime(final, (0, 0))
+    pub = JsonLinesPublisher(out, stale_tmp_s=60)
+    asyncio.run(pub.start())
+    assert not stale.exists() and fresh.exists() and final.exists()
+    assert pub.stale_removed == 1
+    assert pub.remove_stale_temp_files() == 0
+
+
+def test_librdkafka_lines_are_rate_limited_per_distinct_message() -> None:
+    from dispatcher.publishers.kafka import RateLimitedLog
+
+    now = [0.0]
+    records: list[logging.LogRecord] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+
+    target = logging.getLogger("test.rdkafka.ratelimit")
+    target.setLevel(logging.DEBUG)
+    target.propagate = False
+    target.addHandler(Keep())
+    rl = RateLimitedLog(target, interval_s=30, clock=lambda: now[0])
+    for i in range(50):  # what librdkafka logs on every reconnect attempt
+        now[0] = i * 0.5
+        rl.log(logging.ERROR, "%s [%s] %s", "FAIL", "rdkafka#producer-1",
+               f"127.0.0.1:9092/bootstrap: Connect failed (after {i}ms in state CONNECT)")
+    rl.log(logging.WARNING, "%s [%s] %s", "REQTMOUT", "rdkafka#producer-1", "timed out")
+    assert [r.getMessage() for r in records] == [
+        "librdkafka: FAIL [rdkafka#producer-1] 127.0.0.1:9092/bootstrap: Connect failed "
+        "(after 0ms in state CONNECT)",
+        "librdkafka: REQTMOUT [rdkafka#producer-1] timed out",
+    ]
+    now[0] = 40.0
+    rl.log(logging.ERROR, "%s [%s] %s", "FAIL", "rdkafka#producer-1",
+           "127.0.0.1:9092/bootstrap: Connect failed (after 1ms in state CONNECT)")
+    assert records[-1].getMessage().endswith("(49 more like it in the last 40s)")
+    assert records[0].levelno == logging.ERROR
+
+
+def test_health_needs_recent_server_contact(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    from dispatcher import metrics
+
+    now = [1000.0]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    h = metrics.Health(stale_after_s=60, unhealthy_after_s=30)
+    h.beat("c", role="standby")
+    h.contact("c")
+    assert h.report()[0]
+    now[0] += 31
+    h.beat("c")  # the loop still turns, but every server call fails
+    ok, report = h.report()
+    assert not ok and report["collections"]["c"]["seconds_since_server_contact"] == 31
+    h.contact("c")
+    assert h.report()[0]
+
+
+class _FakeStream:
+    """Just enough of AsyncChangeStream for StreamFollower.read."""
+
+    def __init__(self, events: list[dict[str, Any]], *, close_after: bool) -> None:
+        self.events = events
+        self.close_after = close_after
+        self.resume_token: dict[str, Any] = {"_data": "start"}
+        self.alive = True
+
+    async def try_next(self) -> dict[str, Any] | None:
+        if not self.events:
+            if self.close_after:
+                self.alive = False
+            return None
+        event = self.events.pop(0)
+        self.resume_token = event["_id"]
+        if event["operationType"] == "invalidate":
+            self.alive = False
+        return event
+
+    async def close(self) -> None:
+        self.alive = False
+
+
+@pytest.mark.parametrize("how", ["invalidate_event", "cursor_closed"])
+def test_follower_reports_the_end_of_an_invalidated_stream(how: str) -> None:
+    from dispatcher.stream import StreamFollower
+
+    insert = {"_id": {"_data": "1"}, "operationType": "insert",
+              "fullDocument": {"_id": "d1", "outbox": [entry(1)]}}
+    events = [insert]
+    if how == "invalidate_event":
+        events.append({"_id": {"_data": "inv"}, "operationType": "invalidate"})
+    follower = StreamFollower(None, batch_size=10, pacing_s=0.001)  # type: ignore[arg-type]
+    follower._stream = _FakeStream(events, close_after=how == "cursor_closed")  # type: ignore[assignment]
+
+    async def go() -> tuple[Any, Any]:
+        return await follower.read(), await follower.read()
+
+    first, again = asyncio.run(go())
+    assert [d["_id"] for d in first.documents] == ["d1"]  # what came before is kept
+    assert first.ended
+    assert first.end_token == ({"_data": "inv"} if how == "invalidate_event" else {"_data": "1"})
+    assert again.ended and again.events == 0 and again.documents == []
+
+
+def test_invalidate_fault_rule() -> None:
+    from dispatcher.faults import InjectedInvalidate
+
+    f = Faults.parse("stream_read:invalidate@2")
+    f.hit("stream_read")
+    with pytest.raises(InjectedInvalidate):
+        f.hit("stream_read")
