@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import sys
 import textwrap
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -167,7 +166,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="show at most N (default 50)")
     _aggregates_option(p, required=False,
                        extra=" (to also list blocked aggregates of its types)")
-    p.add_argument("--json", action="store_true", help="print a JSON array")
+    p.add_argument("--json", action="store_true",
+                   help='print a JSON object {"parked": [...], "blocked": [...]}; "blocked" '
+                   "lists blocked aggregates with --aggregates, and is empty without it")
     p.set_defaults(func=_cmd_parked_list)
 
     p = pk_sub.add_parser(
@@ -284,8 +285,54 @@ def _settings(args: argparse.Namespace) -> AggboxSettings:
 
 
 def redact_uri(uri: str) -> str:
-    """The URI without its password (safe for messages and logs)."""
-    return re.sub(r"(://[^:/@]+):[^@/]*@", r"\1:***@", uri)
+    """The URI without its password (safe for messages and logs), also when the password
+    holds unescaped ``/``, ``@`` or ``?`` (then rather too much is hidden than too little)."""
+    scheme, sep, rest = uri.partition("://")
+    userinfo, at, hosts = rest.rpartition("@")
+    if not sep or not at or ":" not in userinfo:
+        return uri
+    return f"{scheme}://{userinfo.partition(':')[0]}:***@{hosts}"
+
+
+def mongodb_uri_source(option: str | None = None) -> str:
+    """Where ``mongodb_uri`` came from, for messages: the option (when given), else
+    ``AGGBOX_MONGODB_URI`` when set, else the config file."""
+    if option:
+        return option
+    if any(k.upper() == "AGGBOX_MONGODB_URI" for k in os.environ):
+        return "AGGBOX_MONGODB_URI"
+    return "mongodb_uri in the [aggbox] section of the config file"
+
+
+def check_mongodb_uri(uri: str, source: str) -> None:
+    """Raise :class:`ConfigurationError` (one line naming ``source``, never the password)
+    when pymongo would reject ``uri``. ``mongodb+srv`` URIs are only checked up to their
+    DNS lookup."""
+    from pymongo.errors import PyMongoError
+    from pymongo.uri_parser import parse_uri
+
+    shown = redact_uri(uri)
+    scheme, sep, rest = uri.partition("://")
+    if not sep or scheme not in ("mongodb", "mongodb+srv"):
+        raise ConfigurationError(
+            f"{source} {shown!r} is not a MongoDB URI: it must start with mongodb:// or "
+            "mongodb+srv://, e.g. mongodb://USER:PASSWORD@HOST:27017")
+    hosts, _, path = rest.partition("/")
+    if "@" not in hosts and "@" in path.partition("?")[0]:
+        raise ConfigurationError(
+            f"{source} {shown!r}: the user name or password contains an unescaped '/'; "
+            "percent-encode them with urllib.parse.quote_plus ('/' is %2F)")
+    if scheme == "mongodb+srv":
+        return
+    try:
+        parse_uri(uri)
+    except (PyMongoError, ValueError) as exc:
+        reason = str(exc).rstrip(".")
+        password = rest.rpartition("@")[0].partition(":")[2]
+        if password:
+            reason = reason.replace(password, "***")
+        raise ConfigurationError(f"{source} {shown!r} is not a valid MongoDB URI: {reason}. "
+                                 f"Fix {source}") from None
 
 
 @contextmanager
@@ -293,14 +340,18 @@ def _database(args: argparse.Namespace) -> Iterator[tuple[AggboxSettings, Databa
     from pymongo import MongoClient
     from pymongo.errors import PyMongoError
 
+    from aggbox.servers import local_mongodb_uri
+
     settings = _settings(args)
-    uri = settings.mongodb_uri
+    uri = settings.mongodb_uri or local_mongodb_uri()  # `aggbox local start`'s server, if up
     if not uri:
         raise ConfigurationError(
             "no MongoDB configured: set AGGBOX_MONGODB_URI (or mongodb_uri in the [aggbox] "
             "section of --config FILE) to the server that holds the aggregates; admin "
             "commands never start a local server"
         )
+    check_mongodb_uri(uri, mongodb_uri_source() if settings.mongodb_uri else "the local "
+                      "server's URI (aggbox local)")
     client: Any = MongoClient(uri, serverSelectionTimeoutMS=int(args.timeout * 1000),
                               tz_aware=True, appname="aggbox-admin")
     try:
@@ -631,7 +682,7 @@ def _cmd_parked_list(args: argparse.Namespace) -> int:
                 blocked.append({"aggregate_type": atype.name, "aggregate_id": doc["_id"],
                                 "blocked": doc.get(F_BLOCKED)})
     if args.json:
-        _print_json({"parked": records, "blocked": blocked} if registry else records)
+        _print_json({"parked": records, "blocked": blocked})
         return 0
     console = _console()
     rows = [[f"{r['aggregate_type']}/{r['aggregate_id']}", r["message_id"], r["message_type"],
@@ -726,4 +777,5 @@ def _cmd_indexes(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["EXIT_UNSETTLED", "redact_uri", "register"]
+__all__ = ["EXIT_UNSETTLED", "check_mongodb_uri", "mongodb_uri_source", "redact_uri",
+           "register"]

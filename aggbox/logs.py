@@ -1,12 +1,26 @@
-"""Logging set-up shared by the command line, the pipeline and the dispatcher."""
+"""Logging set-up shared by the command line, the pipeline and the dispatcher.
+
+Log records go to stderr. Full tracebacks go to a log file instead, ``$AGGBOX_LOG_FILE`` or
+``aggbox.log`` in the working directory, created only when a trace is written to it: the
+command line prints one line per error and says where the full trace is (:func:`write_trace`);
+a Spark session started by the command line logs the JVM's errors there too."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+
+#: Environment variable naming the log file; default ``aggbox.log`` in the working directory.
+LOG_FILE_ENV = "AGGBOX_LOG_FILE"
+DEFAULT_LOG_FILE = "aggbox.log"
+
+#: Records of this logger go to the log file only (never to stderr): full tracebacks.
+TRACE_LOGGER = "aggbox.trace"
 
 
 class JsonFormatter(logging.Formatter):
@@ -29,12 +43,72 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-def configure(*, level: str = "INFO", json_logs: bool = False) -> None:
+class _LogFileHandler(logging.FileHandler):
+    """Appends to the log file, which is created at the first record. If the file cannot be
+    written, the handler turns itself off silently (``failed``) instead of printing a
+    logging error on stderr."""
+
+    failed = False
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.failed:
+            return
+        try:
+            super().emit(record)  # opens the file at the first record (an error is raised)
+        except OSError:
+            self.failed = True
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self.failed = True
+
+
+_file_handler: _LogFileHandler | None = None
+
+
+def log_file_path() -> Path:
+    """Where traces are written: ``$AGGBOX_LOG_FILE``, else ``aggbox.log`` in the working
+    directory."""
+    return Path(os.environ.get(LOG_FILE_ENV) or DEFAULT_LOG_FILE).expanduser().absolute()
+
+
+def current_log_file() -> Path | None:
+    """The log file :func:`configure` set up (None: no log file, e.g. library use)."""
+    if _file_handler is None or _file_handler.failed:
+        return None
+    return Path(_file_handler.baseFilename)
+
+
+def configure(*, level: str = "INFO", json_logs: bool = False, log_file: bool = True) -> None:
+    """Records at ``level`` and above on stderr; with ``log_file``, the traces of
+    :func:`write_trace` go to :func:`log_file_path`."""
+    global _file_handler
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if json_logs else logging.Formatter(
         "%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger()
+    trace = logging.getLogger(TRACE_LOGGER)
+    if _file_handler is not None:
+        trace.removeHandler(_file_handler)
+        _file_handler.close()
+        _file_handler = None
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    trace.propagate = False
+    trace.setLevel(logging.DEBUG)
+    if log_file:
+        _file_handler = _LogFileHandler(log_file_path(), delay=True, encoding="utf-8")
+        _file_handler.setFormatter(logging.Formatter(
+            "%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        trace.handlers[:] = [_file_handler]
     for noisy in ("py4j", "pymongo", "kafka"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def write_trace(message: str, exc: BaseException) -> Path | None:
+    """Write ``message`` and the traceback of ``exc`` to the log file only (not stderr);
+    the file's path, or None when there is no log file or it cannot be written."""
+    if _file_handler is None or _file_handler.failed:
+        return None
+    logging.getLogger(TRACE_LOGGER).error(message, exc_info=(type(exc), exc, exc.__traceback__))
+    _file_handler.flush()
+    return current_log_file()

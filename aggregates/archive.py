@@ -21,26 +21,24 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from pymongo import ASCENDING, UpdateOne
+from pymongo import ASCENDING
 from pymongo.database import Database
+from pymongo.errors import BulkWriteError
 
-from aggregates.bulk import upsert_all
 from aggregates.dedup import Inbox, InboxEntry
+from aggregates.errors import StoreError
+from aggregates.keys import archive_key  # the archive ``_id`` (unambiguous)
 
 __all__ = ["InboxArchive", "archive_collection", "archive_key"]
 
 #: Ids per lookup query (keeps each query's ``$in`` well below the 16 MiB command limit).
 LOOKUP_BATCH = 2000
+DUPLICATE_KEY = 11000
 
 
 def archive_collection(collection: str) -> str:
     """The archive collection of an aggregate collection."""
     return f"{collection}_inbox_archive"
-
-
-def archive_key(aggregate_id: str, message_id: str) -> str:
-    """The archive ``_id`` of one (aggregate, message) pair; unambiguous."""
-    return f"{len(aggregate_id)}:{aggregate_id}{message_id}"
 
 
 class InboxArchive:
@@ -56,11 +54,16 @@ class InboxArchive:
         self.coll.create_index([("x", ASCENDING)], expireAfterSeconds=0, name="aggbox_ttl")
 
     def write(self, entries: Iterable[tuple[str, InboxEntry]], *, now: datetime) -> int:
-        """Archive ``(aggregate_id, entry)`` pairs; returns how many were sent."""
-        ops: list[UpdateOne] = []
+        """Archive ``(aggregate_id, entry)`` pairs; returns how many were sent.
+
+        Plain unordered inserts: an entry never changes, so an id archived before (a rerun,
+        or a rival writer) is a duplicate-key error that means "already there" and is
+        ignored — cheaper than upserts on MongoDB and on the stand-in."""
+        docs: list[dict[str, Any]] = []
         for aggregate_id, e in entries:
             mid = str(e[0])
-            doc: dict[str, Any] = {"a": aggregate_id, "m": mid, "at": now}
+            doc: dict[str, Any] = {"_id": archive_key(aggregate_id, mid), "a": aggregate_id,
+                                   "m": mid, "at": now}
             if isinstance(e[1], datetime):
                 doc["t"] = e[1]
             if len(e) > 2 and e[2]:
@@ -68,10 +71,21 @@ class InboxArchive:
             expire = self.inbox.expire_at(e, now)
             if expire is not None:
                 doc["x"] = expire
-            ops.append(UpdateOne({"_id": archive_key(aggregate_id, mid)},
-                                 {"$setOnInsert": doc}, upsert=True))
-        upsert_all(self.coll, ops)
-        return len(ops)
+            docs.append(doc)
+        if docs:
+            try:
+                self.coll.insert_many(docs, ordered=False)
+            except BulkWriteError as exc:
+                if exc.details.get("writeConcernErrors"):
+                    raise StoreError(f"write concern not satisfied on {self.coll.name}; the "
+                                     "batch fails so it is retried") from exc
+                others = [e for e in exc.details.get("writeErrors", [])
+                          if e.get("code") != DUPLICATE_KEY]
+                if others:
+                    raise StoreError(f"archiving inbox ids in {self.coll.name} failed: code "
+                                     f"{others[0].get('code')}: {others[0].get('errmsg')}"
+                                     ) from exc
+        return len(docs)
 
     def lookup(self, pairs: Sequence[tuple[str, str]]) -> dict[str, dict[str, str | None]]:
         """Which of ``(aggregate_id, message_id)`` are archived: aggregate id → message id →

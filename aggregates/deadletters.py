@@ -9,6 +9,7 @@ an operator dismisses it (``dismissed``, with ``dismissed_at`` and an optional
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -19,18 +20,49 @@ from pymongo.database import Database
 from aggregates.bulk import upsert_all
 from aggregates.errors import ConfigurationError
 from aggregates.fold import DeadLetter
+from aggregates.ids import raw_message_id
+from aggregates.keys import dead_letter_key
 
 #: ``status`` of a dead letter an operator dismissed (see :meth:`DeadLetterStore.dismiss`).
 DISMISSED = "dismissed"
 
 
 def dead_letter_id(letter: DeadLetter) -> str:
+    """The ``_id`` of ``letter``: ``<aggregate type>/<aggregate id>/<message id>`` with each
+    part escaped (:func:`aggregates.keys.dead_letter_key`, unambiguous) for a message;
+    ``raw_message_id`` of the text for a raw input line (so, for a line without a usable
+    ``message_id``, the same id its outcome reports); of ``repr`` for other raw values."""
     if letter.message is not None:
         m = letter.message
-        return f"{m.aggregate_type}/{m.aggregate_id}/{m.message_id}"
-    from aggregates.ids import raw_message_id
-
+        return dead_letter_key(m.aggregate_type, m.aggregate_id, m.message_id)
+    if isinstance(letter.raw, str):
+        return raw_message_id(letter.raw)
     return raw_message_id(repr(letter.raw))
+
+
+def raw_line_id(line: str) -> str:
+    """The identity of an input line that is no valid message, as its outcome reports it:
+    the line's ``message_id`` when it is JSON with a non-empty string ``message_id``, else
+    ``raw_message_id(line)``."""
+    try:
+        decoded = json.loads(line)
+    except (ValueError, RecursionError):
+        decoded = None
+    mid = decoded.get("message_id") if isinstance(decoded, dict) else None
+    return mid if isinstance(mid, str) and mid else raw_message_id(line)
+
+
+def letter_message_id(letter: DeadLetter) -> str | None:
+    """The ``message_id`` stored with ``letter`` (``aggbox deadletters show`` finds it by
+    it): the one given, else the message's, else :func:`raw_line_id` of a raw line; ``None``
+    for other raw values (e.g. the dispatcher's invalid outbox entries)."""
+    if letter.message_id is not None:
+        return letter.message_id
+    if letter.message is not None:
+        return letter.message.message_id
+    if isinstance(letter.raw, str):
+        return raw_line_id(letter.raw)
+    return None
 
 
 def dead_letter_update(letter: DeadLetter, *, now: datetime
@@ -44,7 +76,7 @@ def dead_letter_update(letter: DeadLetter, *, now: datetime
         {
             "$setOnInsert": {"first_seen": now},
             "$set": {
-                "message_id": msg.message_id if msg else None,
+                "message_id": letter_message_id(letter),
                 "aggregate_type": letter.aggregate_type,
                 "aggregate_id": letter.aggregate_id,
                 "message": msg.to_dict() if msg else None,

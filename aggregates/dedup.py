@@ -21,7 +21,7 @@ from typing import Literal
 
 from aggregates.envelope import Message
 from aggregates.errors import AggboxError, ConfigurationError
-from aggregates.fieldnames import escape_key
+from aggregates.keys import hw_key
 
 Verdict = Literal["apply", "duplicate", "dead_letter", "park"]
 
@@ -153,10 +153,11 @@ def needs_archive(rec: DedupRecord, msg: Message) -> bool:
 
 
 def source_key(msg: Message) -> str | None:
-    """``"<type>/<id>"`` escaped so it is safe as a field name under ``hw``."""
+    """The key of ``msg``'s source under ``hw``: :func:`aggregates.keys.hw_key` — type and
+    id each escaped (also ``/``, so no two sources share a key), joined by ``/``."""
     if msg.source is None:
         return None
-    return escape_key(f"{msg.source.type}/{msg.source.id}")
+    return hw_key(msg.source.type, msg.source.id)
 
 
 class DedupStrategy(ABC):

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from aggregates.dedup import DedupRecord
+from aggregates.keys import read_hw
 
 # Field names of the aggregate document. The dispatcher imports these too.
 F_ID: Final = "_id"
@@ -74,7 +75,9 @@ def snapshot_from_document(doc: Mapping[str, Any] | None, aggregate_id: str) -> 
             archive_undated=bool(doc.get(F_ARCHIVE_UNDATED, False)),
             legacy_floor=_aware(doc.get(F_INBOX_FLOOR)),
             legacy_undated=bool(doc.get(F_INBOX_UNDATED, False)),
-            hw={str(k): int(v) for k, v in (doc.get(F_HW) or {}).items()},
+            # Keys written before aggregates.keys (a '/' inside a type or id unescaped) are
+            # read compatibly: see read_hw.
+            hw=read_hw(doc.get(F_HW)),
         ),
         seq=int(doc.get(F_SEQ, 0)),
         outbox_ids=[str(e.get("id")) for e in outbox],

@@ -15,10 +15,13 @@ from pymongo.database import Database
 from aggregates.bulk import upsert_all
 from aggregates.envelope import Message
 from aggregates.fold import Parked
+from aggregates.keys import legacy_path, parked_key
 
 
 def parked_id(collection: str, aggregate_id: str, message_id: str) -> str:
-    return f"{collection}/{aggregate_id}/{message_id}"
+    """``<collection>/<aggregate id>/<message id>``, each part escaped
+    (:func:`aggregates.keys.parked_key`): no two messages share a parked document."""
+    return parked_key(collection, aggregate_id, message_id)
 
 
 class ParkedStore:
@@ -35,13 +38,26 @@ class ParkedStore:
         out: dict[str, list[Parked]] = defaultdict(list)
         if not aggregate_ids:
             return out
+        # A message parked before aggregates.keys under an ambiguous id (a part with '/' or
+        # '%', not yet rewritten by `aggbox migrate keys`) and parked again since has two
+        # documents: it is loaded once, preferring the current id.
+        seen: dict[tuple[str, str], tuple[bool, int]] = {}
         for doc in self.coll.find(
             {"collection": collection, "aggregate_id": {"$in": list(aggregate_ids)}}
         ):
-            out[doc["aggregate_id"]].append(
-                Parked(Message.from_dict(doc["message"], max_payload_bytes=0), doc["reason"],
+            aid = doc["aggregate_id"]
+            p = Parked(Message.from_dict(doc["message"], max_payload_bytes=0), doc["reason"],
                        doc.get("detail"))
-            )
+            current = doc["_id"] == parked_id(collection, aid, p.message.message_id)
+            key = (aid, p.message.message_id)
+            if key in seen:
+                was_current, i = seen[key]
+                if current and not was_current:
+                    out[aid][i] = p
+                    seen[key] = (True, i)
+                continue
+            seen[key] = (current, len(out[aid]))
+            out[aid].append(p)
         return out
 
     def apply(
@@ -76,7 +92,12 @@ class ParkedStore:
                     upsert=True,
                 )
             )
-        ops.extend(DeleteOne({"_id": parked_id(collection, a, m)}) for a, m in released)
+        for aid, mid in released:
+            ops.append(DeleteOne({"_id": parked_id(collection, aid, mid)}))
+            legacy = legacy_path(collection, aid, mid)
+            if legacy != parked_id(collection, aid, mid):  # parked before aggregates.keys
+                ops.append(DeleteOne({"_id": legacy, "collection": collection,
+                                      "aggregate_id": aid, "message_id": mid}))
         if ops:
             upsert_all(self.coll, ops)
 

@@ -9,7 +9,9 @@ every setting with its default and is checked against these models by the test s
 from __future__ import annotations
 
 import contextvars
+import json
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
@@ -20,6 +22,7 @@ from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
+    SettingsError,
 )
 
 from aggregates.errors import ConfigurationError
@@ -94,15 +97,57 @@ class SectionSettings(BaseSettings):
         try:
             return cls(**overrides)
         except ValidationError as exc:
+            origins = [cls._origin(e["loc"], overrides) for e in exc.errors()]
             problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+                f"{'.'.join(str(p) for p in e['loc'])}{f' (from {o})' if o else ''}: "
+                f"{e['msg'].removeprefix('Value error, ')}"
+                for e, o in zip(exc.errors(), origins, strict=True))
+            where = (" or ".join(dict.fromkeys(origins)) if all(origins) else
+                     f"the config file, the environment variable "
+                     f"({cls.model_config.get('env_prefix', '')}<NAME>) or the option")
             raise ConfigurationError(
-                f"invalid [{cls.section}] setting(s): {problems}. Fix the config file, the "
-                f"environment variable ({cls.model_config.get('env_prefix', '')}<NAME>) or the "
-                "option."
+                f"invalid [{cls.section}] setting(s): {problems}. Fix {where}."
             ) from None
+        except SettingsError as exc:  # an environment variable that is not valid JSON
+            raise ConfigurationError(cls._env_json_problem(exc)) from None
         finally:
             _config_file.reset(token)
+
+    @classmethod
+    def env_name(cls, field: str) -> str:
+        """The environment variable of a setting, e.g. ``AGGBOX_SPARK_PY_FILES``."""
+        return f"{cls.model_config.get('env_prefix', '')}{field}".upper()
+
+    @classmethod
+    def _env_value(cls, field: str) -> str | None:
+        name = cls.env_name(field)
+        return next((v for k, v in os.environ.items() if k.upper() == name), None)
+
+    @classmethod
+    def _origin(cls, loc: tuple[int | str, ...], overrides: dict[str, Any]) -> str:
+        """Where a value came from: the option, ``AGGBOX_X`` or "" (file or unknown)."""
+        field = str(loc[0]) if loc else ""
+        if field in overrides:
+            return "the command-line option"
+        if field in cls.model_fields and cls._env_value(field) is not None:
+            return cls.env_name(field)
+        return ""
+
+    @classmethod
+    def _env_json_problem(cls, exc: SettingsError) -> str:
+        m = re.search(r'field "(\w+)"', str(exc))
+        if m is None or m.group(1) not in cls.model_fields:
+            return f"invalid [{cls.section}] setting from the environment: {exc}"
+        field = m.group(1)
+        name = cls.env_name(field)
+        value = cls._env_value(field) or ""
+        if "dict" in str(cls.model_fields[field].annotation):
+            shape, example = "a JSON object", '{"key": "value"}'
+        else:
+            items = [v.strip() for v in value.split(",") if v.strip()] or ["value"]
+            shape, example = "a JSON list", json.dumps(items)
+        return (f"[{cls.section}] {field}: environment variable {name} is not valid JSON; "
+                f"set it to {shape}, e.g. {name}='{example}', or unset it")
 
 
 class AggboxSettings(SectionSettings):

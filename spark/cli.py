@@ -193,6 +193,11 @@ class _Context:
                 "no aggregates module: pass --aggregates MODULE (or set [spark] aggregates / "
                 "AGGBOX_SPARK_AGGREGATES)"
             )
+        if self.settings.mongodb_uri:
+            from aggbox.admin import check_mongodb_uri, mongodb_uri_source
+
+            check_mongodb_uri(self.settings.mongodb_uri, mongodb_uri_source(
+                "--mongodb-uri" if args.opt_aggbox_mongodb_uri else None))
         self.console = Console(stderr=True)
         self.out = Console()
         self.kafka = kafka
@@ -202,11 +207,13 @@ class _Context:
     def start(self) -> Any:
         from pyspark.sql import SparkSession
 
+        from aggbox.logs import current_log_file
         from spark.session import build_session
 
         self.owns_session = SparkSession.getActiveSession() is None
         with self.console.status("starting Spark…"):
-            self.spark = build_session(self.spark_settings, kafka=self.kafka)
+            self.spark = build_session(self.spark_settings, kafka=self.kafka,
+                                       log_file=current_log_file())
         if self.owns_session:
             self.spark.sparkContext.setLogLevel("ERROR")
         return self.spark
@@ -240,28 +247,31 @@ def _finish(ctx: _Context, title: str, summary: dict[str, Any], input_count: int
     return 0
 
 
-_EXC_LINE = re.compile(r"^\s*([A-Za-z_][\w.]*(?:Error|Exception|Failure)):\s*(.+)$")
+_EXC_LINE = re.compile(
+    r"^\s*(?::\s*|Caused by:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Failure)):\s*(.+)$")
 
 
 def _job_error(exc: BaseException) -> str | None:
-    """A short message for errors raised by Spark or MongoDB (None: anything else)."""
+    """A one-line message for errors raised by Spark or MongoDB (None: anything else)."""
     module = type(exc).__module__
-    lines = str(exc).strip().splitlines()
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     if module.startswith("pymongo"):
         return (f"MongoDB: {type(exc).__name__}: {' '.join(lines[:3])}. Check --mongodb-uri / "
                 "AGGBOX_MONGODB_URI and that the server is reachable.")
     if module.startswith("pyspark") or module.startswith("py4j"):
-        causes = [m.group(0).strip() for m in map(_EXC_LINE.match, lines) if m]
+        causes = [f"{m.group(1)}: {m.group(2).strip()}" for m in map(_EXC_LINE.match, lines)
+                  if m]
         if causes:  # the Python exception raised in the executor (last in the trace)
-            return (f"the Spark job failed: {causes[-1]} (the full trace is in the Spark log "
-                    "above)")
-        return "the Spark job failed: " + "\n".join(lines[:12])
+            return f"the Spark job failed: {causes[-1]}"
+        return "the Spark job failed: " + (lines[0] if lines else type(exc).__name__)
     return None
 
 
 def _guarded(ctx: _Context, command: str, job: Callable[[], int]) -> int:
-    """Run a Spark job: Spark and MongoDB failures become one clear line and exit code 1;
-    the session is stopped in every case."""
+    """Run a Spark job: Spark and MongoDB failures become one clear line on stderr (the full
+    trace goes to the log file) and exit code 1; the session is stopped in every case."""
+    from aggbox.logs import write_trace
+
     try:
         ctx.start()
         return job()
@@ -271,7 +281,9 @@ def _guarded(ctx: _Context, command: str, job: Callable[[], int]) -> int:
         message = _job_error(exc)
         if message is None:
             raise
-        print(f"aggbox {command}: error: {message}", file=sys.stderr)
+        path = write_trace(f"aggbox {command}: {message}", exc)
+        where = f" (full trace in {path})" if path else ""
+        print(f"aggbox {command}: error: {message}{where}", file=sys.stderr)
         return 1
     finally:
         ctx.stop()

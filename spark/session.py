@@ -19,10 +19,16 @@ Under ``spark-submit`` (or in a notebook) pass your own session to the pipeline 
   session is started again with that one dependency pinned to ``<major>.<minor>.0``
   (or set ``kafka_token_provider_version``).
 - ``spark.sql.session.timeZone=UTC``: ``occurred_at`` is compared and ordered in UTC.
+- ``log_file`` (the ``aggbox`` command passes its log file): the JVM's log4j output —
+  start-up chatter and the stack traces of failed tasks, hundreds of lines — goes to that
+  file (errors only) instead of stderr, unless you configured log4j yourself
+  (``-Dlog4j2.configurationFile`` in ``spark.driver.extraJavaOptions``, or a
+  ``log4j2.properties`` in ``$SPARK_CONF_DIR``).
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -85,12 +91,14 @@ def build_session(
     packages: Iterable[str] = (),
     conf: Mapping[str, str] | None = None,
     show_console_progress: bool = False,
+    log_file: Path | str | None = None,
 ) -> Any:
     """Create (or return the active) SparkSession configured for the pipeline.
 
     ``kafka=True`` adds Spark's Kafka source; ``packages`` adds other Maven coordinates;
-    ``conf`` overrides everything else. Static settings (packages, master) only apply when
-    no session is running yet in this process."""
+    ``conf`` overrides everything else; ``log_file`` sends the JVM's log there instead of
+    stderr. Static settings (packages, master, log file) only apply when no session is
+    running yet in this process."""
     s = settings or SparkSettings.load()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -106,6 +114,8 @@ def build_session(
     }
     values.update(s.conf)
     values.update(conf or {})
+    if log_file is not None:
+        _log_to_file(values, Path(log_file))
     pkgs = list(packages)
     if not kafka:
         return _start(s, values, pkgs, None)
@@ -124,6 +134,44 @@ def build_session(
             kafka_package(s), _TOKEN_PROVIDER, pinned,
         )
         return _start(s, values, pkgs, pinned)
+
+
+_LOG4J2 = """\
+# Written by aggbox (spark/session.py): the JVM's errors go to the aggbox log file.
+# root at warn, Spark's default shell level: no "Setting default log level" banner on stderr
+rootLogger.level = warn
+rootLogger.appenderRef.file.ref = file
+rootLogger.appenderRef.file.level = error
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {path}
+appender.file.append = true
+appender.file.createOnDemand = true
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = %d{{yyyy-MM-dd HH:mm:ss,SSS}} %p %c (Spark JVM): %m%n%ex
+"""
+
+
+def _log_to_file(values: dict[str, str], log_file: Path) -> None:
+    """Point the driver JVM's log4j at ``log_file`` (errors only) instead of stderr, unless
+    log4j is configured already."""
+    options = values.get("spark.driver.extraJavaOptions", "")
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    if "log4j" in options or (conf_dir and (Path(conf_dir) / "log4j2.properties").exists()):
+        return
+    from aggbox.servers.maven import cache_dir
+
+    path = log_file.absolute()
+    text = _LOG4J2.format(path=str(path).replace("\\", "/"))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
+    config = cache_dir() / "spark" / f"log4j2-{digest}.properties"
+    if not config.is_file():
+        config.parent.mkdir(parents=True, exist_ok=True)
+        tmp = config.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(config)
+    values["spark.driver.extraJavaOptions"] = " ".join(
+        filter(None, [options, f"-Dlog4j2.configurationFile={config.as_uri()}"]))
 
 
 def _gateway_failed(exc: Exception) -> bool:

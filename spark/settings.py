@@ -6,9 +6,11 @@ Store settings (MongoDB URI, database, chunk sizes, …) live in ``[aggbox]``
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from aggregates.settings import SectionSettings
@@ -110,3 +112,15 @@ class SparkSettings(SectionSettings):
         description="Extra Spark configuration (key → value) applied when aggbox creates the "
         "session, e.g. {\"spark.executor.memory\" = \"4g\"}.",
     )
+
+    @field_validator("py_files")
+    @classmethod
+    def _py_files_exist(cls, paths: list[str]) -> list[str]:
+        """Local files must exist (URLs such as hdfs://, s3a:// or local: are not checked):
+        a missing one fails later, deep in SparkContext.addPyFile."""
+        for path in paths:
+            if re.match(r"^[A-Za-z][\w+.-]+:", path):
+                continue
+            if not Path(path).expanduser().is_file():
+                raise ValueError(f"{path!r} is not a file (in {Path.cwd()})")
+        return paths

@@ -85,6 +85,11 @@ def kafka_server() -> Iterator[LocalKafka]:
 # pipeline tests and the demo tests.
 REPO = Path(__file__).resolve().parents[1]
 
+# Commands run in-process write their traces to $AGGBOX_LOG_FILE (default ./aggbox.log):
+# keep the test session's out of the work tree.
+os.environ.setdefault("AGGBOX_LOG_FILE", os.path.join(
+    os.environ.get("TMPDIR", "/tmp"), f"aggbox-tests-{os.getpid()}.log"))
+
 
 @pytest.fixture(scope="session")
 def spark_session() -> Iterator[Any]:

@@ -55,7 +55,7 @@ from bson import Timestamp
 from pymongo import MongoClient
 from pymongo.errors import OperationFailure, PyMongoError
 
-from aggbox.servers import _process, maven
+from aggbox.servers import _process, maven, persistent
 from aggbox.servers.errors import ServerError
 
 __all__ = [
@@ -443,7 +443,9 @@ def shared_local_mongodb() -> LocalMongo:
 
 
 def mongodb_uri() -> str:
-    """``AGGBOX_MONGODB_URI`` if set, else the URI of :func:`shared_local_mongodb`.
+    """The MongoDB of a command given no URI: ``AGGBOX_MONGODB_URI`` if set, else the server
+    of ``aggbox local start`` if it runs (:mod:`aggbox.servers.persistent`), else the URI of
+    :func:`shared_local_mongodb`, a throw-away server (announced on stderr).
 
     The embedded default: the first call may start a local server (seconds; the very first
     run on a machine also downloads jars).
@@ -451,4 +453,9 @@ def mongodb_uri() -> str:
     uri = os.environ.get("AGGBOX_MONGODB_URI", "").strip()
     if uri:
         return uri
+    local = persistent.running_local_server()
+    if local is not None:
+        return local.uri
+    if _shared is None or not _shared.is_running:
+        persistent.warn_throwaway_server()
     return shared_local_mongodb().uri

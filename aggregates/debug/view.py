@@ -32,7 +32,7 @@ from aggregates.document import (
     Snapshot,
     snapshot_from_document,
 )
-from aggregates.fieldnames import unescape_key
+from aggregates.keys import hw_label
 from aggregates.parking import ParkedStore
 from aggregates.settings import AggboxSettings
 
@@ -123,8 +123,9 @@ class AggregateView:
 
     @property
     def high_water(self) -> dict[str, int]:
-        """Highest applied sequence per source, keyed ``"<source type>/<source id>"``."""
-        return {unescape_key(str(k)): int(v) for k, v in (self._doc.get(F_HW) or {}).items()}
+        """Highest applied sequence per source, keyed ``"<source type>/<source id>"``
+        (:func:`aggregates.keys.hw_label`: a ``/`` inside the type or id shows as ``%2F``)."""
+        return {hw_label(str(k)): int(v) for k, v in (self._doc.get(F_HW) or {}).items()}
 
     @property
     def seq(self) -> int:

@@ -394,8 +394,13 @@ def test_parked_list_and_release(cli: Run, db: Any, domain: types.ModuleType) ->
     assert rc == 0 and "Blocked aggregates: 1" in text and "card reader on fire" in text
     assert "j2" not in text
     listed = json.loads(cli("parked", "list", "--json", "--type", "Tab")[1])
-    assert sorted(p["message_id"] for p in listed) == ["j2", "k3", "k4"]
-    assert json.loads(cli("parked", "list", "--json", "--reason", "sequence_gap")[1]) == []
+    assert sorted(p["message_id"] for p in listed["parked"]) == ["j2", "k3", "k4"]
+    assert listed["blocked"] == []  # blocked aggregates are looked up with --aggregates only
+    assert json.loads(cli("parked", "list", "--json", "--reason", "sequence_gap")[1]) == {
+        "parked": [], "blocked": []}
+    listed = json.loads(cli("parked", "list", "--json", "--aggregates", DOMAIN)[1])
+    assert sorted(listed) == ["blocked", "parked"] and len(listed["parked"]) == 3
+    assert sorted(b["aggregate_id"] for b in listed["blocked"]) == ["t1", "t2"]
 
     # Without --aggregates: the block is cleared (+1 on _v), the messages keep waiting.
     v1 = db.tabs.find_one({"_id": "t1"})[F_VERSION]
