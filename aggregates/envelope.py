@@ -6,17 +6,26 @@ One schema, declared here once (``ENVELOPE_FIELDS``) and shared with the Spark p
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
 from aggregates.errors import EnvelopeError
-from aggregates.fieldnames import check_field_names
+from aggregates.fieldnames import MAX_DEPTH, check_field_names
 
 MAX_ID_LENGTH: Final = 512
 MAX_SEQ: Final = 2**63 - 1
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 512 * 1024
+#: ``occurred_at`` as epoch milliseconds: 0001-01-01T00:00:00Z … 9999-12-31T23:59:59.999Z
+#: (what a datetime and a BSON date both hold; epoch seconds or nanoseconds are outside).
+MIN_EPOCH_MILLIS: Final = -62_135_596_800_000
+MAX_EPOCH_MILLIS: Final = 253_402_300_799_999
+#: Deepest nesting of a whole input record: the envelope object (level 1), the payload
+#: (level 2) and ``fieldnames.MAX_DEPTH`` levels under it. Deeper records are rejected by a
+#: scan of the raw text before any (recursive) JSON parse.
+MAX_RECORD_DEPTH: Final = MAX_DEPTH + 2
 
 #: The envelope schema, field → (python type name, required). The Spark pipeline derives
 #: its input schema from this table so both sides agree.
@@ -93,6 +102,12 @@ class Message:
             isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
         ):
             raise EnvelopeError("headers", "must be an object of string → string")
+        for k, v in headers.items():
+            if k[:1] == "$" or "\x00" in k:  # BSON cannot store these field names
+                raise EnvelopeError("headers", f"key {k!r} must not start with '$' or "
+                                    "contain NUL")
+            _check_text(k, "headers", f"key {k!r} ")
+            _check_text(v, "headers", f"value of {k!r} ")
         return cls(
             message_id=_req_str(raw, "message_id"),
             type=_req_str(raw, "type"),
@@ -144,7 +159,20 @@ def _req_str(raw: Mapping[str, Any], name: str) -> str:
         raise EnvelopeError(name, f"longer than {MAX_ID_LENGTH} characters")
     if "\x00" in value:
         raise EnvelopeError(name, "must not contain NUL characters")
+    _check_text(value, name)
     return value
+
+
+def _check_text(value: str, name: str, what: str = "") -> None:
+    """Every string of an envelope must be storable (valid UTF-8): JSON escapes can spell a
+    lone surrogate (``"\\ud800"``), which MongoDB's driver cannot encode."""
+    if value.isascii():
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise EnvelopeError(name, f"{what}is not valid Unicode: lone surrogate "
+                            f"{value[exc.start]!r} at character {exc.start}") from None
 
 
 def _opt_str(raw: Mapping[str, Any], name: str) -> str | None:
@@ -189,6 +217,12 @@ def parse_time(value: Any, field_name: str) -> datetime | None:
         except ValueError:
             raise EnvelopeError(field_name, f"not an ISO-8601 time: {value!r}") from None
     elif isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        if not MIN_EPOCH_MILLIS <= value <= MAX_EPOCH_MILLIS:
+            raise EnvelopeError(
+                field_name,
+                f"epoch milliseconds out of range: got {value!r}; accepted "
+                f"{MIN_EPOCH_MILLIS} to {MAX_EPOCH_MILLIS} (years 1 to 9999; epoch seconds, "
+                "microseconds or nanoseconds are not accepted)")
         try:
             dt = datetime.fromtimestamp(value / 1000.0, tz=UTC)
         except (OverflowError, ValueError, OSError) as exc:
@@ -211,3 +245,26 @@ def _payload_size(payload: dict[str, Any]) -> int:
         return len(bson.encode(payload))
     except Exception as exc:  # non-encodable values (e.g. huge ints)
         raise EnvelopeError("payload", f"cannot be stored in MongoDB: {exc}") from None
+
+
+_STRING: Final = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKET: Final = re.compile(r"[^\[\]{}]+")
+
+
+def json_depth(text: str, limit: int = MAX_RECORD_DEPTH) -> int:
+    """How deeply ``text`` (JSON) nests arrays and objects, counting brackets outside
+    strings; without recursion, so it is safe before ``json.loads``. Cheap when ``text`` has
+    at most ``limit`` opening brackets (the depth cannot exceed that: returns the count)."""
+    opening = text.count("[") + text.count("{")
+    if opening <= limit:
+        return opening
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    depth = deepest = 0
+    for ch in brackets:
+        if ch in "[{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+        else:
+            depth -= 1
+    return deepest

@@ -7,7 +7,7 @@ and parking rules are the same in tests and in production.
 from __future__ import annotations
 
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -273,6 +273,13 @@ class _Folder:
         except _EmitError as exc:
             self._dead(msg, from_parked, oc.INVALID_EMIT, str(exc))
             return
+        if len(entries) > self.atype.max_outbox:  # parking would never help
+            self._dead(msg, from_parked, oc.EMITS_EXCEED_OUTBOX_LIMIT,
+                       f"the handler emitted {len(entries)} messages in one step, more than "
+                       f"the outbox holds (limit {self.atype.max_outbox}, max_outbox): it can "
+                       "never fit, however far the dispatcher drains the outbox; emit fewer "
+                       "messages per message or raise max_outbox")
+            return
         if len(self.snap.outbox_ids) + len(entries) > self.atype.max_outbox:
             self._park(msg, from_parked, oc.OUTBOX_FULL,
                        f"handling would put {len(self.snap.outbox_ids) + len(entries)} entries "
@@ -292,9 +299,7 @@ class _Folder:
                            f"state cannot be stored in MongoDB: {exc}")
                 return
             if size + added > self.max_bytes:
-                self._park(msg, from_parked, oc.DOCUMENT_TOO_LARGE,
-                           f"the document would exceed its size budget of {self.max_bytes} "
-                           "bytes; it shrinks as the dispatcher drains the outbox")
+                self._too_large(msg, from_parked, state_doc, added)
                 return
             self.added_bytes += added
         self.snap.state = state_doc
@@ -316,6 +321,35 @@ class _Folder:
         self._out(msg, "applied", from_parked, emitted=tuple(e["id"] for e in entries))
         if key is not None and self.waiting:
             self.retry_parked([], first=False, source=key)
+
+    def _too_large(self, msg: Message, from_parked: bool, state_doc: dict[str, Any],
+                   added: int) -> None:
+        """The step would push the document over its size budget: dead-letter it if no
+        draining of the outbox can make room (its new state alone, or with its own outbox
+        entries, is over the budget), else park it until the outbox shrinks."""
+        state_bytes = len(bson.encode(state_doc))
+        budget = self.max_bytes
+        if state_bytes > budget:
+            self._dead(msg, from_parked, oc.STATE_TOO_LARGE,
+                       f"the handler's new state alone is {state_bytes} bytes (BSON), over the "
+                       f"document's size budget of {budget} bytes (max_document_bytes): it can "
+                       "never be stored, however far the dispatcher drains the outbox")
+        elif state_bytes + added > budget:
+            self._dead(msg, from_parked, oc.EMITS_TOO_LARGE,
+                       f"the new state ({state_bytes} bytes) and the {added} bytes this message "
+                       f"adds (its own outbox entries and inbox entry) exceed the document's "
+                       f"size budget of {budget} bytes (max_document_bytes): it can never be "
+                       "stored, however far the dispatcher drains the outbox")
+        elif self.snap.outbox_ids:
+            self._park(msg, from_parked, oc.DOCUMENT_TOO_LARGE,
+                       f"the document would exceed its size budget of {budget} bytes; "
+                       f"{len(self.snap.outbox_ids)} outbox entries wait: it shrinks as the "
+                       "dispatcher drains the outbox")
+        else:
+            self._park(msg, from_parked, oc.DOCUMENT_TOO_LARGE,
+                       f"the document would exceed its size budget of {budget} bytes and has "
+                       "no outbox entries to drain (its inbox and state fill it): raise "
+                       "max_document_bytes or shrink the inbox window, then release it")
 
     def retry_parked(self, candidates: list[Parked], *, first: bool,
                      source: str | None = None) -> None:
@@ -376,6 +410,9 @@ class _Folder:
                 raise _EmitError("Emit.type must be a non-empty string")
             if not isinstance(e.payload, dict):
                 raise _EmitError(f"Emit({e.type!r}).payload must be a dict")
+            problem = _emit_problem(e)
+            if problem is not None:
+                raise _EmitError(f"Emit({e.type!r}) #{i}: {problem}")
             try:
                 check_field_names(e.payload, f"emit[{i}].payload")
             except InvalidFieldName as exc:
@@ -402,6 +439,38 @@ class _Folder:
 
 class _EmitError(AggboxError):
     pass
+
+
+def _text(value: Any) -> bool:
+    """A non-empty string MongoDB can store (no lone surrogates)."""
+    if not isinstance(value, str) or not value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _emit_problem(e: Emit) -> str | None:
+    """What is wrong with an :class:`Emit`'s addressing and headers (type and payload are
+    checked by the caller), or None."""
+    to = e.to
+    if to is not None and not (isinstance(to, tuple | list) and len(to) == 2
+                               and _text(to[0]) and _text(to[1])):
+        return f"to must be (aggregate_type, aggregate_id), two non-empty strings; got {to!r}"
+    for name in ("topic", "key"):
+        value = getattr(e, name)
+        if value is not None and not _text(value):
+            return f"{name} must be None or a non-empty string; got {value!r}"
+    headers = e.headers
+    if not isinstance(headers, Mapping):
+        return f"headers must be a mapping of str → str; got {type(headers).__name__}"
+    for k, v in headers.items():
+        if not (_text(k) and k[:1] != "$" and "\x00" not in k and isinstance(v, str)
+                and (v == "" or _text(v))):
+            return f"headers must be a mapping of str → str; got {k!r}: {v!r}"
+    return None
 
 
 class _NeedStrict(Exception):

@@ -23,6 +23,13 @@ OUTBOX_FULL: Final = "outbox_full"
 DOCUMENT_TOO_LARGE: Final = "document_size_budget"
 AGGREGATE_BLOCKED: Final = "aggregate_blocked"
 VERSION_CONFLICT: Final = "version_conflict_retries_exhausted"
+# Hostile input (docs/design.md "The pipeline"): never retried, never parked.
+INVALID_ENCODING: Final = "invalid_encoding"  # a record that is not valid UTF-8
+PAYLOAD_TOO_DEEP: Final = "payload_too_deep"  # nested deeper than envelope.MAX_RECORD_DEPTH
+# One handler step that can never fit, however far the dispatcher drains the outbox.
+EMITS_EXCEED_OUTBOX_LIMIT: Final = "emits_exceed_outbox_limit"
+STATE_TOO_LARGE: Final = "state_too_large"
+EMITS_TOO_LARGE: Final = "emits_exceed_document_budget"
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,11 @@ Per Python worker process (workers are reused across tasks) there is one cached
 ``MongoClient`` per URI and one cached :class:`Registry` per module name. Exceptions
 from the writer (e.g. :class:`aggregates.errors.RetryableError` from a handler, a MongoDB
 outage) fail the task; Spark retries it, and everything the failed attempt wrote is then
-recognised as duplicate.
+recognised as duplicate. A single record never fails the task, whatever its bytes: invalid
+UTF-8 (Arrow's strings are not checked) becomes an ``invalid_encoding`` dead letter with the
+byte offset, records nested deeper than :data:`~aggregates.envelope.MAX_RECORD_DEPTH` are
+rejected before ``json.loads``, and any other error while reading one row is that row's dead
+letter.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any
 from aggregates import outcomes as oc
 from aggregates.aggregate import Registry
 from aggregates.deadletters import DeadLetterStore
-from aggregates.envelope import Message
+from aggregates.envelope import MAX_RECORD_DEPTH, Message, json_depth
 from aggregates.errors import EnvelopeError
 from aggregates.fold import DeadLetter
 from aggregates.ids import raw_message_id
@@ -37,7 +41,13 @@ from aggregates.outcomes import Outcome
 from aggregates.settings import AggboxSettings
 from aggregates.writer import StoreWriter, utc_now
 from spark.schema import OUTCOME_COLUMNS, outcome_row
-from spark.validate import INVALID_JSON, PAYLOAD_TOO_LARGE
+from spark.validate import (
+    INVALID_ENCODING,
+    INVALID_JSON,
+    LONE_SURROGATE_DETAIL,
+    PAYLOAD_TOO_DEEP,
+    PAYLOAD_TOO_LARGE,
+)
 
 __all__ = ["WriterTask", "get_client", "get_registry", "write_partition"]
 
@@ -90,7 +100,42 @@ def _envelope_reason(exc: EnvelopeError) -> str:
     # Message.from_dict reports an oversized payload as field 'payload', "larger than …".
     if exc.field == "payload" and exc.reason.startswith("larger than"):
         return PAYLOAD_TOO_LARGE
+    if exc.field.startswith("payload") and exc.reason.startswith("nested deeper"):
+        return PAYLOAD_TOO_DEEP
     return oc.INVALID_ENVELOPE
+
+
+def _columns(batch: Any) -> tuple[dict[str, list[Any]], dict[int, str]]:
+    """The batch as Python lists, and the rows whose ``_raw`` is not valid UTF-8 (row →
+    detail). Such text is kept with ``\\xNN`` escapes (distinct bytes stay distinct)."""
+    try:
+        return batch.to_pydict(), {}
+    except UnicodeDecodeError:
+        pass  # Spark's strings are bytes; some are not UTF-8: decode column by column
+    import pyarrow as pa
+
+    cols: dict[str, list[Any]] = {}
+    bad: dict[int, str] = {}
+    for name, arr in zip(batch.schema.names, batch.columns, strict=True):
+        if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+            cols[name] = arr.to_pylist()
+            continue
+        binary = pa.large_binary() if pa.types.is_large_string(arr.type) else pa.binary()
+        values: list[Any] = []
+        for i, b in enumerate(arr.cast(binary).to_pylist()):
+            if b is None:
+                values.append(None)
+                continue
+            try:
+                values.append(b.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                values.append(b.decode("utf-8", "backslashreplace"))
+                if name == "_raw":
+                    bad[i] = (f"the record is not valid UTF-8: byte 0x{b[exc.start]:02x} at "
+                              f"byte offset {exc.start} ({exc.reason}); fix the producer's "
+                              "encoding")
+        cols[name] = values
+    return cols, bad
 
 
 class _Partition:
@@ -110,38 +155,49 @@ class _Partition:
 
     # -- one Arrow batch → messages and dead letters --------------------------------------
     def parse(self, batch: Any) -> tuple[list[Message], list[tuple[DeadLetter, Outcome]]]:
-        cols = batch.to_pydict()
+        cols, bad_encoding = _columns(batch)
         messages: list[Message] = []
         dead: list[tuple[DeadLetter, Outcome]] = []
         max_payload = self.settings.max_payload_bytes
-        for raw, reason, detail, mid, atype, aid in zip(
+        for row, (raw, reason, detail, mid, atype, aid) in enumerate(zip(
             cols["_raw"], cols["_reason"], cols["_detail"], cols["_mid"], cols["_atype"],
             cols["_aid"], strict=True,
-        ):
+        )):
             msg: Message | None = None
-            if reason is None or reason in _ROUTING_REASONS:
+            if row in bad_encoding:
+                reason, detail = INVALID_ENCODING, bad_encoding[row]
+            elif (reason is None or reason in _ROUTING_REASONS
+                  or detail == LONE_SURROGATE_DETAIL):  # the field is named here
+                # An invalid record is reported as such even when Spark found its routing
+                # wrong too (Spark's view of a string may differ: a lone surrogate is '?').
+                decoded = None
                 try:
-                    decoded = json.loads(raw)
-                except ValueError as exc:  # JSON the JVM accepted but Python does not
-                    decoded = None
-                    if reason is None:
-                        reason, detail = INVALID_JSON, f"not valid JSON: {exc}"
+                    depth = json_depth(raw)
+                    if depth > MAX_RECORD_DEPTH:  # Spark checks this too: never recurse
+                        reason, detail = PAYLOAD_TOO_DEEP, (
+                            f"the record nests arrays/objects {depth} levels deep; at most "
+                            f"{MAX_RECORD_DEPTH} are accepted: flatten the payload")
+                    else:
+                        decoded = json.loads(raw)
+                except (ValueError, RecursionError) as exc:  # JSON the JVM accepted but
+                    decoded = None                          # Python does not
+                    reason, detail = INVALID_JSON, f"not valid JSON: {exc}"
                 if decoded is not None:
                     try:
                         msg = Message.from_dict(decoded, max_payload_bytes=max_payload)
                     except EnvelopeError as exc:
-                        if reason is None:
-                            reason, detail = _envelope_reason(exc), str(exc)
+                        reason, detail = _envelope_reason(exc), str(exc)
                     except Exception as exc:  # never let one row fail the whole task
-                        if reason is None:
-                            reason = oc.INVALID_ENVELOPE
-                            detail = f"invalid message envelope: {type(exc).__name__}: {exc}"
+                        reason = oc.INVALID_ENVELOPE
+                        detail = f"invalid message envelope: {type(exc).__name__}: {exc}"
                 if reason is None and msg is not None:
                     messages.append(msg)
                     continue
-            letter = DeadLetter(msg, None if msg else raw, str(reason), detail, None,
-                                atype, aid)
+            # The outcome's id (Spark's message id: valid UTF-8 even when the line spells a
+            # lone surrogate), stored with the letter too.
             ident = mid or raw_message_id(raw if raw is not None else "")
+            letter = DeadLetter(msg, None if msg else raw, str(reason), detail, None,
+                                atype, aid, message_id=None if msg else ident)
             dead.append((letter, Outcome(ident, atype or "", aid or "", "dead_lettered",
                                          reason, detail)))
         return messages, dead

@@ -9,7 +9,9 @@ Position columns, the last tie-breaker when an aggregate's messages are ordered
 - Kafka: ``_src`` = topic, ``_o1`` = partition, ``_o2`` = offset.
 
 Blank lines in JSON Lines files are not records (Spark's JSON reader skips them too); every
-other line is one record, valid or not.
+other line is one record, valid or not, whatever its bytes. A byte-order mark (U+FEFF) at the
+start of any line (or Kafka record) is dropped: Hadoop's reader drops one at the start of a
+file, so the same rule holds for concatenated files. A line holding only a BOM is blank.
 """
 
 from __future__ import annotations
@@ -48,14 +50,22 @@ def detect_format(path: str) -> str:
     return "json"
 
 
+def _without_bom(col: str) -> Any:
+    """``col`` without a leading byte-order mark (U+FEFF)."""
+    from pyspark.sql import functions as F
+
+    c = F.col(col)
+    return F.when(c.startswith("\ufeff"), F.expr(f"substr({col}, 2)")).otherwise(c)
+
+
 def _json_lines(spark: Any, paths: Sequence[str]) -> Any:
     from pyspark.sql import functions as F
 
     df = spark.read.text(list(paths))
     return (
-        df.where(F.trim(F.col("value")) != "")
+        df.where(F.trim(_without_bom("value")) != "")
         .select(
-            F.col("value").alias("_raw"),
+            _without_bom("value").alias("_raw"),
             F.col("_metadata.file_path").alias("_src"),
             F.col("_metadata.file_block_start").alias("_o1"),
             F.monotonically_increasing_id().alias("_o2"),
@@ -138,8 +148,8 @@ def read_stream(spark: Any, source: StreamSource) -> Any:
             reader = reader.option("maxOffsetsPerTrigger", str(source.max_offsets_per_trigger))
         for k, v in source.options.items():
             reader = reader.option(k, v)
-        return reader.load().select(
-            F.col("value").cast("string").alias("_raw"),
+        return reader.load().withColumn("value", F.col("value").cast("string")).select(
+            _without_bom("value").alias("_raw"),
             F.col("topic").alias("_src"),
             F.col("partition").cast("long").alias("_o1"),
             F.col("offset").alias("_o2"),
@@ -150,8 +160,8 @@ def read_stream(spark: Any, source: StreamSource) -> Any:
     for k, v in source.options.items():
         reader = reader.option(k, v)
     df = reader.load(source.path)
-    return df.where(F.trim(F.col("value")) != "").select(
-        F.col("value").alias("_raw"),
+    return df.where(F.trim(_without_bom("value")) != "").select(
+        _without_bom("value").alias("_raw"),
         F.col("_metadata.file_path").alias("_src"),
         F.col("_metadata.file_block_start").alias("_o1"),
     )

@@ -8,11 +8,17 @@ what routing and ordering need, before the shuffle:
 reason                     when
 ========================== ==============================================================
 ``invalid_json``           the record is not JSON (or empty)
+``invalid_encoding``       the record is not valid UTF-8 (the executor's detail gives the
+                           byte offset)
+``payload_too_deep``       the record nests arrays/objects deeper than
+                           ``MAX_RECORD_DEPTH`` (found by scanning the raw text: nothing
+                           recursive ever sees such a record)
 ``invalid_envelope``       not a JSON object; ``message_id``, ``type``, ``aggregate_type``,
                            ``aggregate_id`` or ``payload`` missing or mistyped (the detail
                            names the field)
 ``payload_too_large``      the record is far larger than ``max_payload_bytes`` (the exact
-                           BSON size check happens in the executor, same reason code)
+                           BSON size check happens in the executor, same reason code), or
+                           larger than 16 MiB (never parsed)
 ``unknown_aggregate_type`` ``aggregate_type`` is not in the registry
 ``unknown_message_type``   the aggregate type has no handler for ``type``
 ========================== ==============================================================
@@ -20,7 +26,12 @@ reason                     when
 Rows that pass get the full :meth:`aggregates.envelope.Message.from_dict` check in the
 executor (the same code every other entry point uses: unknown fields, ``occurred_at``,
 ``source``, headers, string rules, payload key names, BSON size); a failure there is a dead
-letter with the same reason codes and the same detail texts. Checking everything twice would
+letter with the same reason codes and the same detail texts (e.g. a numeric
+``occurred_at`` outside :data:`~aggregates.envelope.MIN_EPOCH_MILLIS` …
+:data:`~aggregates.envelope.MAX_EPOCH_MILLIS`, a lone surrogate escape in a string field).
+Every Spark expression here is total: it yields NULL, never an error, for any input, and
+recursive ones (parsing, ``schema_of_variant``, ``to_json``) only see records that passed
+the size and depth checks. Checking everything twice would
 cost more than it saves (measured: ~30 variant expressions per row doubled the Spark time of
 the job). Nothing is filtered out here: invalid rows travel on to the executor, which writes
 them to the dead-letter collection and reports their outcome.
@@ -34,9 +45,13 @@ from typing import Any, Final
 
 from aggregates import outcomes as oc
 from aggregates.aggregate import Registry
+from aggregates.envelope import MAX_EPOCH_MILLIS, MAX_RECORD_DEPTH, MIN_EPOCH_MILLIS
 
 __all__ = [
+    "INVALID_ENCODING",
     "INVALID_JSON",
+    "LONE_SURROGATE_DETAIL",
+    "PAYLOAD_TOO_DEEP",
     "PAYLOAD_TOO_LARGE",
     "VALIDATED_COLUMNS",
     "RegistryInfo",
@@ -45,6 +60,13 @@ __all__ = [
 
 INVALID_JSON: Final = "invalid_json"
 PAYLOAD_TOO_LARGE: Final = "payload_too_large"
+INVALID_ENCODING: Final = oc.INVALID_ENCODING
+PAYLOAD_TOO_DEEP: Final = oc.PAYLOAD_TOO_DEEP
+#: Detail of records Spark does not parse because a JSON escape spells a lone surrogate (the
+#: VARIANT builder turns it into '?', and two keys that differ only there make it raise); the
+#: executor replaces it with Message.from_dict's detail naming the field.
+LONE_SURROGATE_DETAIL: Final = ("invalid message envelope: a string holds a lone surrogate "
+                                "escape (\\ud800-\\udfff without its pair)")
 
 #: Columns :func:`validate` returns.
 VALIDATED_COLUMNS: Final = ("_raw", "_reason", "_detail", "_mid", "_atype", "_aid", "_stype",
@@ -54,6 +76,30 @@ VALIDATED_COLUMNS: Final = ("_raw", "_reason", "_detail", "_mid", "_atype", "_ai
 #: and BSON sizes differ; the executor checks the payload's BSON size exactly).
 _SIZE_SLACK_FACTOR: Final = 2
 _SIZE_SLACK_BYTES: Final = 64 * 1024
+#: Records larger than this are never parsed: Spark's VARIANT holds at most 16 MiB, and
+#: MongoDB could not store such a message anyway.
+_MAX_RECORD_BYTES: Final = 16 * 1024 * 1024
+
+#: SQL: whether ``_raw`` has a JSON escape of a lone surrogate (escaped backslashes removed
+#: first); only searched when ``_raw`` has a ``\u`` escape at all.
+_LONE_SURROGATE: Final = (
+    r"""instr(_raw, '\\u') > 0 AND replace(_raw, '\\\\', '') RLIKE """
+    r"""'\\\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\\\u[dD][c-fC-F][0-9a-fA-F]{2})"""
+    r"""|(?<!\\\\u[dD][89abAB][0-9a-fA-F]{2})\\\\u[dD][c-fC-F][0-9a-fA-F]{2}'"""
+)
+
+#: SQL: the nesting depth of ``_raw`` counted on brackets outside strings, without recursion
+#: (escaped backslashes and quotes removed, then strings, then everything but brackets; a
+#: fold over the brackets left). Only computed when ``_raw`` has more opening brackets than
+#: the limit (else the count bounds the depth).
+_DEPTH_SCAN: Final = (
+    r"""aggregate(split(regexp_replace(regexp_replace(replace(replace(_raw, '\\\\', ''), """
+    r"""'\\"', ''), '"[^"]*"', ''), '[^\\[\\]{}]', ''), ''), """
+    "named_struct('d', 0, 'm', 0), (acc, c) -> named_struct("
+    "'d', acc.d + CASE WHEN c IN ('[', '{') THEN 1 WHEN c = '' THEN 0 ELSE -1 END, "
+    "'m', greatest(acc.m, acc.d + CASE WHEN c IN ('[', '{') THEN 1 ELSE 0 END)), "
+    "acc -> acc.m)"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,9 +165,26 @@ class _Checks:
 
 
 def _projections(info: RegistryInfo, max_payload_bytes: int
-                 ) -> tuple[list[str], list[str], _Checks]:
-    first = ["_raw", "_src", "_o1", "_o2", "try_parse_json(_raw) AS _v"]
-    second = ["*", "substr(ltrim(_raw), 1, 1) = '{' AS _is_object"]
+                 ) -> tuple[list[list[str]], _Checks]:
+    """The projections to apply in turn (each may use the previous one's columns) and the
+    checks."""
+    size_limit = _MAX_RECORD_BYTES
+    if max_payload_bytes:
+        size_limit = min(size_limit, max_payload_bytes * _SIZE_SLACK_FACTOR + _SIZE_SLACK_BYTES)
+    # Encoding, size and depth are decided on the raw text; only records that pass are
+    # parsed (a deep record would overflow the recursive VARIANT code, one over 16 MiB its
+    # limit). Too large records under 16 MiB are parsed for their ids (outcome rows).
+    pre = ["_raw", "_src", "_o1", "_o2", "octet_length(_raw) AS _size",
+           "coalesce(NOT is_valid_utf8(_raw), false) AS _bad_utf8",
+           f"coalesce({_LONE_SURROGATE}, false) AS _surrogate"]
+    first = ["*",
+             f"CASE WHEN _bad_utf8 OR _size > {_MAX_RECORD_BYTES} THEN 0 "
+             f"WHEN length(_raw) - length(translate(_raw, '[{{', '')) <= {MAX_RECORD_DEPTH} "
+             f"THEN 0 ELSE {_DEPTH_SCAN} END AS _depth"]
+    parse = ["*", "CASE WHEN NOT _bad_utf8 AND NOT _surrogate AND "
+                   f"_size <= {_MAX_RECORD_BYTES} AND _depth <= {MAX_RECORD_DEPTH} "
+                   "THEN try_parse_json(_raw) END AS _v"]
+    second = ["*", "substr(trim(LEADING ' \\t\\r\\n' FROM _raw), 1, 1) = '{' AS _is_object"]
     for name in ("message_id", "type", "aggregate_type", "aggregate_id"):
         second.append(f"schema_of_variant(variant_get(_v, '$.{name}')) AS _t_{name}")
         second.append(f"try_variant_get(_v, '$.{name}', 'string') AS _s_{name}")
@@ -135,17 +198,23 @@ def _projections(info: RegistryInfo, max_payload_bytes: int
     ]
     c = _Checks()
     c.add("_raw IS NULL", INVALID_JSON, "'empty record (no value)'")
+    c.add("_bad_utf8", INVALID_ENCODING,
+          "'the record is not valid UTF-8; fix the producer\\'s encoding'")
+    limit_text = (f"payloads are limited to {max_payload_bytes} bytes (BSON): split the "
+                  "message or raise max_payload_bytes" if max_payload_bytes else
+                  f"records are limited to {_MAX_RECORD_BYTES} bytes: split the message")
+    c.add(f"_size > {size_limit}", PAYLOAD_TOO_LARGE,
+          f"concat('the record is ', _size, ' bytes; {limit_text}')")
+    c.add(f"_depth > {MAX_RECORD_DEPTH}", PAYLOAD_TOO_DEEP,
+          f"concat('the record nests arrays/objects ', _depth, ' levels deep; at most "
+          f"{MAX_RECORD_DEPTH} are accepted (the envelope, the payload and "
+          f"{MAX_RECORD_DEPTH - 2} levels in it): flatten the payload')")
+    c.add("_surrogate", oc.INVALID_ENVELOPE, _lit(LONE_SURROGATE_DETAIL))
     c.add("_v IS NULL", INVALID_JSON,
           "'not valid JSON (truncated or malformed record); fix the producer'")
     c.add("NOT _is_object", oc.INVALID_ENVELOPE,
           _bad("<envelope>", "concat('expected a JSON object, got ', "
                              f"{_kind('schema_of_variant(_v)')})"))
-    if max_payload_bytes:
-        limit = max_payload_bytes * _SIZE_SLACK_FACTOR + _SIZE_SLACK_BYTES
-        c.add(f"octet_length(_raw) > {limit}", PAYLOAD_TOO_LARGE,
-              f"concat('the record is ', octet_length(_raw), ' bytes; payloads are limited to "
-              f"{max_payload_bytes} bytes (BSON): split the message or raise "
-              "max_payload_bytes')")
     c.add("_t_payload IS NULL OR _t_payload = 'VOID'", oc.INVALID_ENVELOPE,
           _bad("payload", "'is required'"))
     c.add("_t_payload NOT LIKE 'OBJECT%'", oc.INVALID_ENVELOPE,
@@ -171,7 +240,7 @@ def _projections(info: RegistryInfo, max_payload_bytes: int
           f"concat('[', array_join(transform(array_sort({handled}), x -> concat('\\'', x, "
           f"'\\'')), ', '), ']'), '. Add a handler with @<your AggregateType>.handles(\\'', "
           "_s_type, '\\').')")
-    return first, second, c
+    return [pre, first, parse, second], c
 
 
 def _unknown_aggregate_detail(names: list[str]) -> str:
@@ -185,8 +254,10 @@ def validate(df: Any, info: RegistryInfo, *, max_payload_bytes: int) -> Any:
     """Add ``_reason``/``_detail`` (NULL for valid rows), the routing columns ``_mid``,
     ``_atype``, ``_aid`` and the ordering columns ``_stype``, ``_sid``, ``_seq`` (source type,
     id, seq) and ``_ts`` (occurred_at). Returns exactly :data:`VALIDATED_COLUMNS`."""
-    first, second, checks = _projections(info, max_payload_bytes)
-    parsed = df.selectExpr(*first).selectExpr(*second)
+    stages, checks = _projections(info, max_payload_bytes)
+    parsed = df
+    for stage in stages:
+        parsed = parsed.selectExpr(*stage)
     checked = parsed.selectExpr("*", f"{checks.index()} AS _check")
     return checked.selectExpr(
         "_raw",
@@ -200,8 +271,12 @@ def validate(df: Any, info: RegistryInfo, *, max_payload_bytes: int) -> Any:
         "_source_seq AS _seq",
         # occurred_at: epoch milliseconds (a number) or ISO-8601 text; unparsable: NULL here,
         # a dead letter in the executor.
+        # Numbers outside MIN_EPOCH_MILLIS..MAX_EPOCH_MILLIS (epoch ns, 1e300) are NULL here
+        # (CAST would overflow and fail the job) and a dead letter in the executor.
         "CASE WHEN _d_occurred_at IS NOT NULL AND NOT startswith(to_json(variant_get(_v, "
-        "'$.occurred_at')), '\"') THEN timestamp_millis(CAST(_d_occurred_at AS BIGINT)) "
+        "'$.occurred_at')), '\"') THEN CASE WHEN _d_occurred_at BETWEEN "
+        f"{MIN_EPOCH_MILLIS} AND {MAX_EPOCH_MILLIS} THEN "
+        "timestamp_millis(CAST(_d_occurred_at AS BIGINT)) END "
         "ELSE try_cast(_s_occurred_at AS TIMESTAMP) END AS _ts",
         "_src", "_o1", "_o2",
     )

@@ -77,3 +77,47 @@ def test_epoch_millis_and_naive_times_become_utc() -> None:
     assert m.occurred_at is not None and m.occurred_at.isoformat() == "2026-01-01T00:00:00+00:00"
     n = Message.from_dict(raw(occurred_at="2026-01-01T00:00:00"))
     assert n.occurred_at == m.occurred_at
+
+
+@pytest.mark.parametrize(
+    ("over", "field", "reason"),
+    [
+        ({"aggregate_id": "a\ud800"}, "aggregate_id", "lone surrogate"),
+        ({"message_id": "\udfff"}, "message_id", "lone surrogate"),
+        ({"type": "T\ud83d"}, "type", "lone surrogate"),
+        ({"correlation_id": "c\ud800"}, "correlation_id", "lone surrogate"),
+        ({"source": {"type": "U", "id": "u\ud800", "seq": 1}}, "source.id", "lone surrogate"),
+        ({"headers": {"h": "\ud800"}}, "headers", "value of 'h' is not valid Unicode"),
+        ({"headers": {"\ud800": "v"}}, "headers", "is not valid Unicode"),
+        ({"headers": {"a\x00": "v"}}, "headers", "NUL"),
+        ({"headers": {"$set": "v"}}, "headers", "'$'"),
+        ({"payload": {"s": "\ud800"}}, "payload", "cannot be stored"),
+        ({"occurred_at": 1772355600000000000}, "occurred_at", "253402300799999"),
+        ({"occurred_at": -62135596800001}, "occurred_at", "-62135596800000"),
+        ({"occurred_at": 2**70}, "occurred_at", "epoch milliseconds out of range"),
+        ({"payload": {"a": [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[
+            [1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]}},
+         "payload.a", "nested deeper than 64"),
+    ],
+)
+def test_hostile_strings_and_numbers_name_the_field(over: dict[str, Any], field: str,
+                                                    reason: str) -> None:
+    with pytest.raises(EnvelopeError) as info:
+        Message.from_dict(raw(**over))
+    assert info.value.field.startswith(field), info.value
+    assert reason in info.value.reason
+    str(info.value).encode("utf-8")  # the detail itself is storable
+
+
+def test_epoch_millis_at_the_ends_of_the_range_are_accepted() -> None:
+    assert Message.from_dict(raw(occurred_at=253402300799999)).occurred_at is not None
+    assert Message.from_dict(raw(occurred_at=-62135596800000)).occurred_at is not None
+
+
+def test_json_depth_counts_brackets_outside_strings_without_recursion() -> None:
+    from aggregates.envelope import MAX_RECORD_DEPTH, json_depth
+
+    assert json_depth('{"a": [1, {"b": 2}]}') <= MAX_RECORD_DEPTH
+    assert json_depth("[" * 100_000) == 100_000
+    assert json_depth('{"s": "' + "[{" * 500 + '", "t": "\\\\", "u": "\\"[["}') == 1
+    assert json_depth('{"a": ' * 70 + "1" + "}" * 70) == 70

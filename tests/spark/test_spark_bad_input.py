@@ -9,6 +9,10 @@ from typing import Any
 
 import pytest
 
+from aggregates import AggregateType, Emit, Message, Registry
+from aggregates.settings import AggboxSettings
+from spark.pipeline import Pipeline
+from spark.settings import SparkSettings
 from tests.spark.conftest import PipelineFactory
 from tests.spark.helpers import assert_matches_oracle, at, make_records, write_jsonl
 
@@ -123,3 +127,217 @@ def test_a_second_run_counts_the_same_dead_letters_again(pipeline: PipelineFacto
     # Dead letters are idempotent: same documents, attempts counted.
     assert db.aggbox_dead_letters.count_documents({}) == len(BAD) + len(RAW_BAD)
     assert {d["attempts"] for d in db.aggbox_dead_letters.find()} == {2}
+
+
+# -- hostile input: one record never fails the job --------------------------------------------
+
+
+def _run_with_good(pipeline: PipelineFactory, tmp_path: Path, bad: list[bytes | str],
+                   **settings: Any) -> tuple[Any, list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run good records plus ``bad`` lines; returns the result, the outcome rows of the bad
+    lines (those not from the good records) and the good records."""
+    good = make_records(seed=5, accounts=4, ledgers=1, dup_rate=0)
+    write_jsonl(tmp_path / "a-good.jsonl", good)
+    with (tmp_path / "b-bad.jsonl").open("wb") as fh:
+        for line in bad:
+            fh.write((line.encode() if isinstance(line, str) else line) + b"\n")
+    result = pipeline(**settings).run_batch([str(tmp_path)])
+    result.raise_for_accounting()
+    rows = [r.asDict() for r in result.outcomes.collect()]
+    good_ids = {g["message_id"] for g in good}
+    assert {r["message_id"]: r["outcome"] for r in rows if r["message_id"] in good_ids} \
+        == dict.fromkeys(good_ids, "applied")
+    bad_rows = [r for r in rows if r["message_id"] not in good_ids]
+    assert result.input_count == len(good) + len(bad)
+    assert len(bad_rows) == len(bad)
+    return result, bad_rows, good
+
+
+@pytest.mark.parametrize("value", [1772355600000000000, 1e20, 1e300, 2**70, -1e20,
+                                   253402300800000])
+def test_numeric_occurred_at_outside_the_millisecond_range(
+        pipeline: PipelineFactory, db: Any, tmp_path: Path, value: Any) -> None:
+    line = json.dumps(env("far-time", occurred_at=value))
+    _, rows, _ = _run_with_good(pipeline, tmp_path, [line])
+    assert rows[0]["outcome"] == "dead_lettered"
+    assert rows[0]["reason"] == "invalid_envelope", rows[0]["detail"]
+    assert "'occurred_at'" in rows[0]["detail"] and "253402300799999" in rows[0]["detail"]
+    assert db.aggbox_dead_letters.count_documents({"reason": "invalid_envelope"}) == 1
+
+
+def test_invalid_utf8_bytes_are_dead_letters(pipeline: PipelineFactory, db: Any,
+                                             tmp_path: Path) -> None:
+    valid = json.dumps(env("utf8-in-string", aggregate_id="acc-utf8")).encode()
+    bad = [
+        valid.replace(b"acc-utf8", b"acc-\xff-utf8"),        # inside a string of valid JSON
+        valid.replace(b'"utf8-in-string"', b'"ok\xc3"'),    # truncated sequence in the id
+        b"\xfe\xff\x00garbage \x80\x81",                       # not JSON at all
+        b"\xed\xa0\x80",                                       # an encoded surrogate
+    ]
+    _, rows, _ = _run_with_good(pipeline, tmp_path, bad)
+    assert [r["reason"] for r in rows] == ["invalid_encoding"] * len(bad)
+    assert all("byte offset" in r["detail"] for r in rows), [r["detail"] for r in rows]
+    offsets = {r["detail"].split("byte offset ")[1].split(" ")[0] for r in rows}
+    assert str(valid.index(b"acc-utf8") + 4) in offsets
+    letters = list(db.aggbox_dead_letters.find())
+    assert len(letters) == len(bad) and {d["reason"] for d in letters} == {"invalid_encoding"}
+    assert any("\\xff" in d["raw"] for d in letters)
+
+
+SURROGATE_FIELDS = {
+    "aggregate_id": lambda e: e.update(aggregate_id="acc-\ud800"),
+    "message_id": lambda e: e.update(message_id="mid-\udfff"),
+    "type": lambda e: e.update(type="Deposited\ud83d"),
+    "aggregate_type": lambda e: e.update(aggregate_type="Account\ud800"),
+    "source.id": lambda e: e.update(source={"type": "Feed", "id": "f\ud800", "seq": 1}),
+    "source.type": lambda e: e.update(source={"type": "F\udc00", "id": "f", "seq": 1}),
+    "correlation_id": lambda e: e.update(correlation_id="\ud800"),
+    "causation_id": lambda e: e.update(causation_id="c\ud800c"),
+    "headers": lambda e: e.update(headers={"h": "\ud800"}),
+    "payload": lambda e: e.update(payload={"amount": 1, "note": "\ud800"}),
+}
+
+
+def test_lone_surrogates_in_any_string_field(pipeline: PipelineFactory, db: Any,
+                                             tmp_path: Path) -> None:
+    lines = []
+    for i, change in enumerate(SURROGATE_FIELDS.values()):
+        e = env(f"surrogate-{i}", aggregate_id=f"acc-s{i}")
+        change(e)
+        lines.append(json.dumps(e))  # ensure_ascii: the surrogate is a \ud800 escape
+    _, rows, _ = _run_with_good(pipeline, tmp_path, lines)
+    by_field = {}
+    for r in rows:
+        assert r["outcome"] == "dead_lettered" and r["reason"] == "invalid_envelope", r
+        by_field[r["detail"].split("field '")[1].split("'")[0]] = r["detail"]
+    assert set(by_field) >= set(SURROGATE_FIELDS) - {"headers", "payload"}
+    assert any(f.startswith("headers") for f in by_field)
+    assert any(f.startswith("payload") for f in by_field)
+    assert db.aggbox_dead_letters.count_documents({}) == len(lines)
+
+
+def test_deeply_nested_records_are_dead_letters(pipeline: PipelineFactory, db: Any,
+                                                tmp_path: Path) -> None:
+    def nest(n: int) -> str:  # as text: json.dumps itself recurses
+        return "[" * n + "1" + "]" * n
+
+    def with_field(mid: str, name: str, value: str) -> str:
+        return json.dumps(env(mid, **{name: "VALUE"})).replace('"VALUE"', value)
+
+    lines = [with_field(f"deep-{n}", "payload", f'{{"a": {nest(n)}}}') for n in (100, 990, 2000)]
+    lines += [
+        with_field("deep-source", "source", nest(500)),
+        with_field("deep-headers", "headers", f'{{"h": {nest(300)}}}'),
+        with_field("deep-object", "payload", '{"a": ' * 1000 + "1" + "}" * 1000),
+        '{"message_id": "deep-truncated", "payload": ' + "[" * 5000,
+        "[" * 3000 + "]" * 3000,
+        json.dumps(env("deep-in-string", payload={"amount": 1, "s": "[{" * 900})),  # applies
+    ]
+    _, rows, _ = _run_with_good(pipeline, tmp_path, lines)
+    by_id = {r["message_id"]: r for r in rows}
+    assert by_id.pop("deep-in-string")["outcome"] == "applied"
+    assert [r["reason"] for r in by_id.values()] == ["payload_too_deep"] * (len(lines) - 1)
+    assert all("levels deep; at most 66" in r["detail"] for r in by_id.values())
+    assert db.aggbox_dead_letters.count_documents({"reason": "payload_too_deep"}) \
+        == len(lines) - 1
+
+
+def test_a_twenty_megabyte_record_is_payload_too_large(pipeline: PipelineFactory,
+                                                       tmp_path: Path) -> None:
+    line = json.dumps(env("twenty-mb", payload={"blob": "z" * (20 * 1024 * 1024)}))
+    _, rows, _ = _run_with_good(pipeline, tmp_path, [line])
+    assert rows[0]["reason"] == "payload_too_large", rows[0]["detail"]
+    assert "payloads are limited to" in rows[0]["detail"]
+
+
+def test_a_byte_order_mark_at_the_start_of_any_line_is_ignored(
+        pipeline: PipelineFactory, db: Any, tmp_path: Path) -> None:
+    bom = "\ufeff"
+    lines = [bom + json.dumps(env(f"bom-{i}", aggregate_id="acc-bom")) for i in range(3)]
+    lines.insert(1, json.dumps(env("no-bom", aggregate_id="acc-bom")))
+    lines.append(bom)  # a line holding only a BOM is blank: not a record
+    path = tmp_path / "bom.jsonl"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = pipeline().run_batch([str(path)])
+    assert result.input_count == 4
+    assert result.counts["applied"] == 4, outcome_rows_of(result)
+
+
+def outcome_rows_of(result: Any) -> list[dict[str, Any]]:
+    return [r.asDict() for r in result.outcomes.collect()]
+
+
+# -- handler output that can never be stored: dead-lettered at the handler's step ------------
+# This module doubles as the aggregates module of these tests (executors import it by name).
+
+emitters: AggregateType[dict[str, Any]] = AggregateType("Emitter", state=dict,
+                                                        collection="emitters", max_outbox=5)
+registry = Registry([emitters])
+_BAD_EMIT: dict[str, Any] = {
+    "to-one": {"to": ("Bad",)},
+    "headers-str": {"headers": "abc"},
+    "headers-int": {"headers": {"h": 1}},
+}
+
+
+@emitters.handles("Emit")
+def _emit(state: dict[str, Any], msg: Message) -> Any:
+    p = msg.payload
+    new = {**state, "n": state.get("n", 0) + 1}
+    if "blob" in p:
+        new["blob"] = "x" * int(p["blob"])
+    if "bad" in p:
+        return new, [Emit("E", {}, **_BAD_EMIT[p["bad"]])]
+    return new, [Emit("E", {"i": i}) for i in range(int(p.get("count", 0)))]
+
+
+def _emitter_pipeline(spark_session: Any, db: Any, mongo_uri: str) -> Pipeline:
+    settings = AggboxSettings.load(mongodb_uri=mongo_uri, database=db.name,
+                                   max_document_bytes=64 * 1024)
+    return Pipeline(spark_session, aggregates="tests.spark.test_spark_bad_input",
+                    settings=settings, spark_settings=SparkSettings.load(shuffle_partitions=3),
+                    mongodb_uri=mongo_uri)
+
+
+def _emitter_run(spark_session: Any, db: Any, mongo_uri: str, tmp_path: Path,
+                 payloads: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    lines = [{"message_id": mid, "type": "Emit", "aggregate_type": "Emitter",
+              "aggregate_id": "e1", "payload": p, "occurred_at": at(i)}
+             for i, (mid, p) in enumerate(payloads.items())]
+    write_jsonl(tmp_path / "emits.jsonl", lines)
+    result = _emitter_pipeline(spark_session, db, mongo_uri).run_batch([str(tmp_path)])
+    result.raise_for_accounting()
+    assert result.input_count == len(lines)
+    return {r["message_id"]: r for r in (x.asDict() for x in result.outcomes.collect())}
+
+
+def test_a_malformed_emit_is_an_invalid_emit_dead_letter(spark_session: Any, db: Any,
+                                                         mongo_uri: str, tmp_path: Path) -> None:
+    payloads: dict[str, dict[str, Any]] = {"first": {"count": 1}}
+    payloads.update({f"bad-{k}": {"bad": k} for k in _BAD_EMIT})
+    payloads["last"] = {"count": 1}
+    rows = _emitter_run(spark_session, db, mongo_uri, tmp_path, payloads)
+    assert rows["first"]["outcome"] == rows["last"]["outcome"] == "applied"
+    for k in _BAD_EMIT:
+        assert (rows[f"bad-{k}"]["outcome"], rows[f"bad-{k}"]["reason"]) \
+            == ("dead_lettered", "invalid_emit"), rows[f"bad-{k}"]
+    doc = db.emitters.find_one({"_id": "e1"})
+    assert doc["state"]["n"] == 2 and len(doc["outbox"]) == 2
+    assert db.aggbox_dead_letters.count_documents({"reason": "invalid_emit"}) == len(_BAD_EMIT)
+
+
+def test_steps_that_can_never_fit_are_dead_letters_not_parked(
+        spark_session: Any, db: Any, mongo_uri: str, tmp_path: Path) -> None:
+    rows = _emitter_run(spark_session, db, mongo_uri, tmp_path, {
+        "first": {"count": 1},
+        "too-many": {"count": 6},
+        "huge-state": {"blob": 70 * 1024},
+        "last": {"count": 1},
+    })
+    assert rows["first"]["outcome"] == rows["last"]["outcome"] == "applied"
+    assert (rows["too-many"]["outcome"], rows["too-many"]["reason"]) \
+        == ("dead_lettered", "emits_exceed_outbox_limit")
+    assert (rows["huge-state"]["outcome"], rows["huge-state"]["reason"]) \
+        == ("dead_lettered", "state_too_large")
+    assert all("never" in rows[m]["detail"] for m in ("too-many", "huge-state"))
+    assert db.aggbox_parked.count_documents({}) == 0
