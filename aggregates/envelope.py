@@ -17,6 +17,11 @@ from aggregates.fieldnames import MAX_DEPTH, check_field_names
 
 MAX_ID_LENGTH: Final = 512
 MAX_SEQ: Final = 2**63 - 1
+#: Header the dispatcher sets on published records: ``event`` for an untargeted emit (a
+#: fact the emitting aggregate published, not input for it), ``input`` for an addressed one.
+KIND_HEADER: Final = "aggbox-kind"
+KIND_EVENT: Final = "event"
+KIND_INPUT: Final = "input"
 DEFAULT_MAX_PAYLOAD_BYTES: Final = 512 * 1024
 #: ``occurred_at`` as epoch milliseconds: 0001-01-01T00:00:00Z … 9999-12-31T23:59:59.999Z
 #: (what a datetime and a BSON date both hold; epoch seconds or nanoseconds are outside).

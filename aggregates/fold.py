@@ -25,7 +25,7 @@ from aggregates.dedup import (
     source_key,
 )
 from aggregates.document import Snapshot
-from aggregates.envelope import Message
+from aggregates.envelope import KIND_EVENT, KIND_HEADER, Message
 from aggregates.errors import (
     AggboxError,
     HandlerError,
@@ -209,6 +209,13 @@ class _Folder:
 
     # -- the step ---------------------------------------------------------------------
     def step(self, msg: Message, *, from_parked: bool) -> None:
+        if msg.headers.get(KIND_HEADER) == KIND_EVENT:
+            # An event this aggregate published (an untargeted emit fed back by a pipeline
+            # that reads the dispatcher's output): not input; its effect is already here.
+            self._out(msg, "duplicate", from_parked, oc.AGGBOX_EVENT,
+                      f"an event {msg.aggregate_type}/{msg.aggregate_id} published (header "
+                      f"{KIND_HEADER}: {KIND_EVENT}); events are not input to aggregates")
+            return
         phash = payload_hash(msg.payload)
         decision: Decision = self.atype.dedup.decide(self.snap.dedup, msg, phash, self.now)
         if decision.verdict == "duplicate":  # applied before: a duplicate, blocked or not

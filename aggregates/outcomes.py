@@ -23,6 +23,9 @@ OUTBOX_FULL: Final = "outbox_full"
 DOCUMENT_TOO_LARGE: Final = "document_size_budget"
 AGGREGATE_BLOCKED: Final = "aggregate_blocked"
 VERSION_CONFLICT: Final = "version_conflict_retries_exhausted"
+#: A ``duplicate`` whose record is an event the aggregate itself published (an untargeted
+#: emit fed back as input): its effect is already in the aggregate.
+AGGBOX_EVENT: Final = "aggbox_event"
 # Hostile input (docs/design.md "The pipeline"): never retried, never parked.
 INVALID_ENCODING: Final = "invalid_encoding"  # a record that is not valid UTF-8
 PAYLOAD_TOO_DEEP: Final = "payload_too_deep"  # nested deeper than envelope.MAX_RECORD_DEPTH

@@ -19,8 +19,8 @@ Two kinds of record, told apart by the header ``aggbox-kind`` (:data:`H_KIND`):
   aggregate published, not input for it. The envelope's own ``headers`` carry
   ``aggbox-kind: event`` as well, so a JSON Lines reader sees it too. Consumers that feed
   records back into aggbox must skip (or route elsewhere) records with ``aggbox-kind:
-  event``; otherwise the emitting aggregate is handed its own event, and without a handler
-  for that type it is dead-lettered (``unknown_message_type``).
+  event``; aggbox's own writer (pipeline, harness) reports such a record as ``duplicate``
+  with reason ``aggbox_event`` and never hands it to a handler.
 
 Broker headers carry the ids without parsing the value: :data:`HEADER_NAMES`.
 """
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from aggregates.envelope import MAX_ID_LENGTH, Message
+from aggregates.envelope import KIND_EVENT, KIND_HEADER, KIND_INPUT, MAX_ID_LENGTH, Message
 from aggregates.errors import AggboxError, EnvelopeError
 
 __all__ = [
@@ -62,9 +62,7 @@ H_AGGREGATE_TYPE: Final = "aggregate_type"
 H_AGGREGATE_ID: Final = "aggregate_id"
 #: ``input`` (addressed to the aggregate the envelope names) or ``event`` (not addressed:
 #: the emitting aggregate's event, not input for it); also in an event's envelope headers.
-H_KIND: Final = "aggbox-kind"
-KIND_INPUT: Final = "input"
-KIND_EVENT: Final = "event"
+H_KIND: Final = KIND_HEADER
 
 #: Headers set on every record (the entry's own headers are added unless they clash).
 HEADER_NAMES: Final = (

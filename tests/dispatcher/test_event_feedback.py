@@ -1,0 +1,40 @@
+"""An untargeted emit is published as an *event* of its emitter (``aggbox-kind: event``);
+fed back into aggbox, it is reported ``duplicate`` (reason ``aggbox_event``), never handed
+to a handler and never dead-lettered — while an addressed emit is input for its target."""
+
+from __future__ import annotations
+
+import mongomock
+
+from aggregates import AggboxSettings, Message, StoreWriter
+from aggregates import outcomes as oc
+from aggregates.testing import AggregateHarness, message
+from dispatcher.record import build_record
+from tests.aggregates.domain import counters, registry
+
+
+def _published(entry: dict[str, object]) -> Message:
+    rec = build_record(entry, collection="counters", document_id="a1", source_type="Counter",
+                       topic_template="{aggregate_type}")
+    return Message.from_dict(rec.envelope)
+
+
+def test_published_events_fed_back_are_duplicates_not_dead_letters() -> None:
+    h = AggregateHarness(counters, aggregate_id="a1")
+    # n=9: one untargeted "Added" event and one "Ninefold" addressed to Counter/sink.
+    step = h.when(message("Add", {"n": 9}, to=counters, id="a1"))
+    assert step.emitted_types == ["Added", "Ninefold"]
+    event, addressed = (_published(e) for e in h.dispatch())
+    assert event.headers.get("aggbox-kind") == "event" and event.aggregate_id == "a1"
+    assert addressed.aggregate_id == "sink"
+
+    again = h.when(event)
+    assert (again.outcome, again.reason) == ("duplicate", oc.AGGBOX_EVENT)
+    db = mongomock.MongoClient(tz_aware=True)["events"]
+    w = StoreWriter(db, registry, settings=AggboxSettings())
+    out = w.process([event, addressed])
+    assert [(o.outcome, o.reason) for o in out] == [
+        ("duplicate", oc.AGGBOX_EVENT), ("dead_lettered", oc.UNKNOWN_MESSAGE_TYPE)]
+    # The addressed one is real input (its target has no "Ninefold" handler here: a dead
+    # letter that names the type); the event is nobody's input and leaves no dead letter.
+    assert [d["message_id"] for d in db.aggbox_dead_letters.find()] == [addressed.message_id]
