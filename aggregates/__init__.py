@@ -4,7 +4,17 @@ debugging helpers (:mod:`aggregates.debug`).
 
 It imports neither ``spark`` nor ``dispatcher``."""
 
-from aggregates.aggregate import AggregateType, Emit, Handled, Registry
+from aggregates.aggregate import (
+    AggregateRef,
+    AggregateType,
+    Emit,
+    Handled,
+    Handler,
+    InvalidPayload,
+    MessageHandler,
+    Registry,
+)
+from aggregates.codec import StateCodec, StateCodecError
 from aggregates.deadletters import DeadLetterStore
 from aggregates.debug import (
     AggregateView,
@@ -37,6 +47,7 @@ from aggregates.writer import StoreWriter
 __all__ = [
     "AggboxError",
     "AggboxSettings",
+    "AggregateRef",
     "AggregateType",
     "AggregateView",
     "ConfigurationError",
@@ -44,11 +55,14 @@ __all__ = [
     "Emit",
     "EnvelopeError",
     "Handled",
+    "Handler",
     "HandlerError",
     "HighWater",
     "Inbox",
     "InvalidFieldName",
+    "InvalidPayload",
     "Message",
+    "MessageHandler",
     "NoDedup",
     "Outcome",
     "OutcomeCounts",
@@ -56,6 +70,8 @@ __all__ = [
     "Registry",
     "RetryableError",
     "Source",
+    "StateCodec",
+    "StateCodecError",
     "StoreError",
     "StoreWriter",
     "UnknownAggregateType",

@@ -7,114 +7,263 @@
 
     customers = AggregateType("Customer", state=Customer, collection="customers")
 
-    @customers.handles("OrderCreated")
-    def reserve(state: Customer, msg: Message) -> Handled[Customer]:
-        amount = msg.payload["amount"]
-        if state.reserved + amount > state.credit_limit:
-            return state, [Emit("CreditLimitExceeded", {...}, to=("Order", order_id))]
-        return replace(state, reserved=state.reserved + amount), [Emit("CreditReserved", {...})]
+    @dataclass(frozen=True)
+    class OrderCreated:                 # a payload class: a dataclass or a pydantic model
+        order_id: str
+        amount: int
 
-A handler is ``(state, message) -> state`` or ``-> (state, [Emit, ...])``; it must be
-deterministic and side-effect free (docs/design.md "Invariants", 5) and must not mutate
-the state it receives.
+    @customers.handles(OrderCreated)    # message type "OrderCreated" (or type="...")
+    def reserve(state: Customer, payload: OrderCreated, msg: Message) -> Handled[Customer]:
+        reply = CreditReserved(order_id=payload.order_id, amount=payload.amount)
+        if state.reserved + payload.amount > state.credit_limit:
+            return state, [Emit(CreditLimitExceeded(...), to=orders.ref(payload.order_id))]
+        return replace(state, reserved=state.reserved + payload.amount), [Emit(reply)]
+
+    @customers.handles("CustomerRegistered")    # untyped: the payload is msg.payload, a dict
+    def register(state: Customer, msg: Message) -> Customer: ...
+
+A *typed* handler (registered with a payload class) is ``(state, payload, message)``: the
+message's payload is validated into that class before the handler runs (a payload that does
+not validate is dead-lettered ``invalid_payload``). An *untyped* handler (registered with
+message type names) is ``(state, message)``. Either returns ``state`` or
+``(state, [Emit, ...])``; it must be deterministic and side-effect free (docs/design.md
+"Invariants", 5) and must not mutate the state it receives.
 """
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
+import functools
+import inspect
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Generic, Literal, TypeAlias, TypeVar, Union, cast
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    Literal,
+    NamedTuple,
+    TypeAlias,
+    TypeVar,
+    Union,
+    overload,
+)
 
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from aggregates.codec import StateCodec, UnknownStateFields
 from aggregates.dedup import DedupStrategy, Inbox
 from aggregates.envelope import Message
-from aggregates.errors import ConfigurationError, UnknownAggregateType, UnknownMessageType
+from aggregates.errors import (
+    AggboxError,
+    ConfigurationError,
+    UnknownAggregateType,
+    UnknownMessageType,
+)
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 S = TypeVar("S")
+#: A message payload class: a pydantic model or a dataclass.
+P = TypeVar("P", bound="BaseModel | DataclassInstance")
+
+#: A payload object: an instance of a pydantic model or of a dataclass.
+PayloadObject: TypeAlias = "BaseModel | DataclassInstance"
 
 OnHandlerError = Literal["skip", "park"]
 
 
-@dataclass(frozen=True, slots=True)
+class AggregateRef(NamedTuple):
+    """The address of one aggregate, ``orders.ref("o-1")``: what ``Emit(..., to=...)`` takes.
+    It is an ``(aggregate_type, aggregate_id)`` tuple, so ``to=orders.ref("o-1")`` and
+    ``to=("Order", "o-1")`` address the same aggregate and give the same outbox entry."""
+
+    aggregate_type: str
+    aggregate_id: str
+
+
+_NO_PAYLOAD: Any = object()
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class Emit:
     """A message a handler wants published (it becomes an outbox entry).
 
-    ``to=(aggregate_type, aggregate_id)`` addresses it to another aggregate, so the published
-    record is itself a valid input envelope. ``topic`` defaults to the aggregate type's topic
-    (or the dispatcher's template), ``key`` to the emitting aggregate's id."""
+    Two forms: ``Emit(OrderCreated(order_id=..., amount=...))`` with a payload object (an
+    instance of a pydantic model or a dataclass; the message type is its class name unless
+    ``type="..."`` is given), or ``Emit("OrderCreated", {"order_id": ..., ...})`` with a type
+    name and a dict. A payload object is dumped to a JSON-safe dict for the outbox
+    (``TypeAdapter(cls).dump_python(obj, mode="json")``) when the fold stores the entry; a
+    payload that cannot be dumped dead-letters the message ``invalid_emit``.
+
+    ``to=orders.ref(order_id)`` (an :class:`AggregateRef`) or ``to=("Order", order_id)``
+    addresses it to another aggregate, so the published record is itself a valid input
+    envelope. ``topic`` defaults to the aggregate type's topic (or the dispatcher's
+    template), ``key`` to the emitting aggregate's id."""
 
     type: str
-    payload: Mapping[str, Any]
-    to: tuple[str, str] | None = None
-    topic: str | None = None
-    key: str | None = None
-    headers: Mapping[str, str] = field(default_factory=dict)
+    #: a dict, or the payload object as given (dumped by the fold)
+    payload: Mapping[str, Any] | PayloadObject
+    to: tuple[str, str] | None
+    topic: str | None
+    key: str | None
+    headers: Mapping[str, str]
+
+    @overload
+    def __init__(self, type: str, payload: Mapping[str, Any], *,
+                 to: AggregateRef | tuple[str, str] | None = None, topic: str | None = None,
+                 key: str | None = None, headers: Mapping[str, str] | None = None) -> None: ...
+
+    @overload
+    def __init__(self, payload: PayloadObject, /, *, type: str | None = None,
+                 to: AggregateRef | tuple[str, str] | None = None, topic: str | None = None,
+                 key: str | None = None, headers: Mapping[str, str] | None = None) -> None: ...
+
+    def __init__(self, *args: Any, type: Any = None, payload: Any = _NO_PAYLOAD,
+                 to: Any = None, topic: Any = None, key: Any = None,
+                 headers: Any = None) -> None:
+        # Never raises for bad values (only for a wrong call): the fold checks what a handler
+        # emitted and dead-letters the message ``invalid_emit`` with a reason.
+        if len(args) > 2 or (len(args) == 2 and (type is not None
+                                                  or payload is not _NO_PAYLOAD)):
+            raise TypeError("use Emit(payload_object, type=...) or Emit(type_name, payload)")
+        if len(args) == 2:
+            type, payload = args
+        elif len(args) == 1 and payload is not _NO_PAYLOAD:  # Emit("T", payload={...})
+            if type is not None:
+                raise TypeError("Emit(): the message type is given twice")
+            type = args[0]
+        elif len(args) == 1:
+            if isinstance(args[0], str):
+                raise TypeError(f"Emit({args[0]!r}) needs a payload")
+            payload = args[0]
+            if type is None and not isinstance(payload, Mapping):
+                type = builtins.type(payload).__name__
+        elif payload is _NO_PAYLOAD or type is None:
+            raise TypeError("Emit() needs a payload (and a type name for a dict payload)")
+        object.__setattr__(self, "type", "" if type is None else type)
+        object.__setattr__(self, "payload", payload)
+        object.__setattr__(self, "to", to)
+        object.__setattr__(self, "topic", topic)
+        object.__setattr__(self, "key", key)
+        object.__setattr__(self, "headers", {} if headers is None else headers)
 
 
+#: What a handler returns: the new state, or the new state and the messages it emits.
 Handled: TypeAlias = Union[S, tuple[S, Sequence[Emit]]]  # noqa: UP007
-Handler: TypeAlias = Callable[[S, Message], Any]
+#: A typed handler, registered with ``@atype.handles(PayloadClass)``.
+Handler: TypeAlias = Callable[[S, P, Message], Handled[S]]
+#: An untyped handler, registered with ``@atype.handles("TypeName", ...)``; also how every
+#: registered handler is called (:meth:`AggregateType.handler_for`).
+MessageHandler: TypeAlias = Callable[[S, Message], Handled[S]]
 
 
-class StateCodec(Generic[S]):
-    """Converts between the handler's state object and the stored ``state`` sub-document."""
+class InvalidPayload(AggboxError):
+    """A message's payload does not validate into its typed handler's payload class
+    (dead-lettered ``invalid_payload``). The text is one line naming the field paths."""
 
-    def __init__(self, state: type[S] | Callable[[], S]) -> None:
-        self._factory = state
-        self._is_dataclass = isinstance(state, type) and dataclasses.is_dataclass(state)
-        self._is_pydantic = isinstance(state, type) and hasattr(state, "model_validate")
-        if self._is_dataclass:
-            self._fields = [f.name for f in dataclasses.fields(state)]  # type: ignore[arg-type]
 
-    def initial(self) -> S:
-        return self._factory()
+def is_payload_class(cls: object) -> bool:
+    """A pydantic model class or a dataclass (what typed handlers and emits take)."""
+    return isinstance(cls, builtins.type) and (
+        issubclass(cls, BaseModel) or dataclasses.is_dataclass(cls))
 
-    def load(self, doc: Mapping[str, Any] | None) -> S:
-        if doc is None:
-            return self.initial()
-        if self._is_dataclass:
-            factory: Any = self._factory
-            return cast(S, factory(**{k: doc[k] for k in self._fields if k in doc}))
-        if self._is_pydantic:
-            model: Any = self._factory
-            return model.model_validate(dict(doc))  # type: ignore[no-any-return]
-        base: Any = self.initial()
-        if isinstance(base, dict):
-            base.update(doc)
-            return cast(S, base)
+
+_ADAPTERS: dict[builtins.type[Any], TypeAdapter[Any]] = {}
+
+
+def payload_adapter(cls: builtins.type[Any]) -> TypeAdapter[Any]:
+    """The pydantic ``TypeAdapter`` of a payload class, built once per class."""
+    adapter = _ADAPTERS.get(cls)
+    if adapter is None:
+        adapter = _ADAPTERS[cls] = TypeAdapter(cls)
+    return adapter
+
+
+def dump_payload(obj: object) -> dict[str, Any]:
+    """A payload object as the JSON-safe dict the outbox stores. Raises ``TypeError`` for an
+    object that is not a pydantic model or dataclass instance, or pydantic's errors."""
+    cls = builtins.type(obj)
+    if not is_payload_class(cls):
+        raise TypeError(f"payload must be a dict, a pydantic model or a dataclass instance; "
+                        f"got {cls.__name__}")
+    out = payload_adapter(cls).dump_python(obj, mode="json")
+    if not isinstance(out, dict):
+        raise TypeError(f"{cls.__name__} dumps to {builtins.type(out).__name__}, not a dict")
+    return out
+
+
+def _describe(exc: ValidationError, cls: builtins.type[Any], limit: int = 3) -> str:
+    """pydantic's errors as one line: ``PlaceOrder: amount: Input should be ...``."""
+    parts = []
+    errors = exc.errors(include_url=False)
+    for err in errors[:limit]:
+        path = ".".join(str(p) for p in err["loc"]) or "(payload)"
+        text = f"{path}: {err['msg']}"
+        if err["type"] != "missing":
+            text += f" (got {err['input']!r:.60})"
+        parts.append(text)
+    if len(errors) > limit:
+        parts.append(f"and {len(errors) - limit} more")
+    return " ".join(f"{cls.__name__}: {'; '.join(parts)}".split())
+
+
+class TypedHandler(Generic[S, P]):
+    """A handler registered with a payload class. Called like an untyped handler,
+    ``(state, msg)``: :meth:`parse` validates ``msg.payload`` into the payload class (with a
+    ``TypeAdapter`` built once, at registration) and the function gets
+    ``(state, payload, msg)``. The fold calls :meth:`parse` and :attr:`fn` separately, so an
+    invalid payload is dead-lettered ``invalid_payload``, not ``handler_error``."""
+
+    def __init__(self, fn: Handler[S, P], payload_type: builtins.type[P],
+                 message_type: str) -> None:
+        self.fn = fn
+        self.payload_type = payload_type
+        self.message_type = message_type
+        try:
+            self._adapter: TypeAdapter[P] = TypeAdapter(payload_type)
+            if not self._adapter.pydantic_complete:  # names an annotation cannot resolve
+                self._adapter.rebuild(raise_errors=True)
+            if not self._adapter.pydantic_complete:
+                raise TypeError("not fully defined")
+        except Exception as exc:
+            raise ConfigurationError(
+                f"payload class {payload_type.__name__} of message type {message_type!r}: "
+                f"pydantic cannot validate it ({builtins.type(exc).__name__}: "
+                f"{' '.join(str(exc).split())}); define the class and the types its fields "
+                "use at module level"
+            ) from exc
+        functools.update_wrapper(self, fn)  # name, annotations, __wrapped__
+
+    def parse(self, msg: Message) -> P:
+        """``msg.payload`` validated into the payload class, or :class:`InvalidPayload`."""
+        try:
+            return self._adapter.validate_python(msg.payload)
+        except ValidationError as exc:
+            raise InvalidPayload(_describe(exc, self.payload_type)) from None
+
+    def __call__(self, state: S, msg: Message) -> Handled[S]:
+        return self.fn(state, self.parse(msg), msg)
+
+    def __repr__(self) -> str:
+        return f"<typed handler {self.fn.__qualname__}({self.payload_type.__name__})>"
+
+
+def _check_arity(fn: Callable[..., Any], n: int, what: str) -> None:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to check
+        return
+    try:
+        sig.bind(*range(n))
+    except TypeError:
         raise ConfigurationError(
-            f"state type {self._factory!r} is neither a dataclass, a pydantic model nor dict; "
-            "use one of those"
-        )
-
-    def dump(self, state: S) -> dict[str, Any]:
-        if isinstance(self._factory, type) and not isinstance(state, self._factory):
-            from aggregates.errors import HandlerError
-
-            raise HandlerError(f"handler returned state of type {type(state).__name__}, "
-                               f"expected {self._factory.__name__}")
-        if self._is_dataclass:
-            return {k: _plain(getattr(state, k)) for k in self._fields}
-        if self._is_pydantic:
-            return state.model_dump(mode="python")  # type: ignore[attr-defined,no-any-return]
-        if isinstance(state, Mapping):
-            return {k: _plain(v) for k, v in state.items()}
-        raise ConfigurationError(f"handler returned state of type {type(state).__name__}")
-
-
-_SCALARS = frozenset({str, int, float, bool, type(None)})
-
-
-def _plain(value: Any) -> Any:
-    if type(value) in _SCALARS:  # the common case, checked first (hot path)
-        return value
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    if isinstance(value, tuple):
-        return [_plain(v) for v in value]
-    if isinstance(value, frozenset | set):
-        return sorted(value)
-    return value
+            f"handler {getattr(fn, '__qualname__', fn)!r} must take {what}; it is "
+            f"{getattr(fn, '__name__', 'handler')}{sig}"
+        ) from None
 
 
 class AggregateType(Generic[S]):
@@ -130,7 +279,13 @@ class AggregateType(Generic[S]):
         on_handler_error: OnHandlerError = "skip",
         topic: str | None = None,
         max_outbox: int = 1000,
+        unknown_state_fields: UnknownStateFields = "keep",
     ) -> None:
+        """``state`` is checked here: a state type the codec cannot store is refused with a
+        :class:`ConfigurationError` naming the field (aggregates/codec.py). Stored state
+        fields the type does not know are carried into the next write
+        (``unknown_state_fields="keep"``) or dead-letter the message ``invalid_state``
+        (``"refuse"``)."""
         if not name or "/" in name or "." in name or name.startswith("$"):
             raise ConfigurationError(
                 f"aggregate type name {name!r} must be non-empty without '/', '.' or a "
@@ -149,31 +304,75 @@ class AggregateType(Generic[S]):
         self.on_handler_error: OnHandlerError = on_handler_error
         self.topic = topic
         self.max_outbox = max_outbox
-        self.codec: StateCodec[S] = StateCodec(state)
-        self._handlers: dict[str, Handler[S]] = {}
+        self.codec: StateCodec[S] = StateCodec(state, name=name,
+                                               unknown_state_fields=unknown_state_fields)
+        self._handlers: dict[str, MessageHandler[S]] = {}
 
-    def handles(self, *message_types: str) -> Callable[[Handler[S]], Handler[S]]:
-        """Decorator registering a handler for one or more message types."""
-        if not message_types:
-            raise ConfigurationError("handles() needs at least one message type")
+    @overload
+    def handles(self, message_type: str, /, *message_types: str
+                ) -> Callable[[MessageHandler[S]], MessageHandler[S]]: ...
 
-        def register(fn: Handler[S]) -> Handler[S]:
-            for mtype in message_types:
+    @overload
+    def handles(self, payload: builtins.type[P], /, *, type: str | None = None
+                ) -> Callable[[Handler[S, P]], Handler[S, P]]: ...
+
+    def handles(self, *args: Any, type: str | None = None) -> Any:
+        """Decorator registering a handler.
+
+        ``@atype.handles(PlaceOrder)`` (a pydantic model or dataclass; the message type is
+        the class name, or ``type="..."``): a typed handler ``(state, payload, msg)``, the
+        payload validated into ``PlaceOrder`` first. ``@atype.handles("PlaceOrder", ...)``
+        (one or more type names): an untyped handler ``(state, msg)``, the payload a dict."""
+        if not args:
+            raise ConfigurationError("handles() needs a payload class or message type names")
+        typed = not isinstance(args[0], str)
+        if typed:
+            cls = args[0]
+            if len(args) > 1 or not is_payload_class(cls):
+                raise ConfigurationError(
+                    f"handles({', '.join(map(repr, args))}): pass one payload class (a pydantic "
+                    "model or a dataclass) or message type names (strings)")
+            names = [cls.__name__ if type is None else type]
+        else:
+            if type is not None or not all(isinstance(a, str) for a in args):
+                raise ConfigurationError(
+                    f"handles({', '.join(map(repr, args))}): message type names are strings; "
+                    "type= goes with a payload class")
+            names = list(args)
+        for mtype in names:
+            if not isinstance(mtype, str) or not mtype:
+                raise ConfigurationError(f"{self.name}: message type {mtype!r} must be a "
+                                         "non-empty string")
+
+        def register(fn: Any) -> Any:
+            if typed:
+                _check_arity(fn, 3, "(state, payload, msg) (it is registered with a payload "
+                                    "class)")
+            else:
+                _check_arity(fn, 2, "(state, msg) (register it with a payload class to get "
+                                    "(state, payload, msg))")
+            for mtype in names:
                 if mtype in self._handlers:
                     raise ConfigurationError(
                         f"{self.name}: message type {mtype!r} already has a handler "
-                        f"({self._handlers[mtype].__name__})"
+                        f"({getattr(self._handlers[mtype], '__name__', '?')})"
                     )
-                self._handlers[mtype] = fn
+                self._handlers[mtype] = TypedHandler(fn, cls, mtype) if typed else fn
             return fn
 
         return register
+
+    def ref(self, aggregate_id: str) -> AggregateRef:
+        """The address of this type's aggregate ``aggregate_id``, for ``Emit(..., to=...)``."""
+        return AggregateRef(self.name, aggregate_id)
 
     @property
     def message_types(self) -> list[str]:
         return sorted(self._handlers)
 
-    def handler_for(self, message_type: str) -> Handler[S]:
+    def handler_for(self, message_type: str) -> MessageHandler[S]:
+        """The handler of ``message_type``, called ``(state, msg)``: a typed handler comes as
+        its :class:`TypedHandler` (which validates the payload, then calls the function)."""
         try:
             return self._handlers[message_type]
         except KeyError:

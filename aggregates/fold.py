@@ -15,7 +15,7 @@ from typing import Any
 import bson
 
 from aggregates import outcomes as oc
-from aggregates.aggregate import AggregateType, Emit
+from aggregates.aggregate import AggregateType, Emit, InvalidPayload, TypedHandler, dump_payload
 from aggregates.dedup import (
     DUPLICATE_DIFFERENT_PAYLOAD,
     SEQUENCE_GAP,
@@ -164,7 +164,13 @@ class _Folder:
         self._floor0 = snap.dedup.archive_floor
         self._undated0 = snap.dedup.archive_undated
         self._state0_bytes = len(bson.encode(snap.state)) if snap.state else 0
-        self.state_obj: Any = atype.codec.load(snap.state)
+        #: Set when the stored state cannot be loaded (it does not fit the state type): every
+        #: message of this aggregate is then dead-lettered, the batch goes on.
+        self.load_error: str | None = None
+        try:
+            self.state_obj: Any = atype.codec.load(snap.state)
+        except AggboxError as exc:
+            self.state_obj, self.load_error = None, str(exc)
         self.changes = Changes()
         self.outcomes: list[Outcome] = []
         self.dead: list[DeadLetter] = []
@@ -209,6 +215,12 @@ class _Folder:
 
     # -- the step ---------------------------------------------------------------------
     def step(self, msg: Message, *, from_parked: bool) -> None:
+        if self.load_error is not None:
+            self._dead(msg, from_parked, oc.INVALID_STATE,
+                       f"the stored state of {self.atype.name}/{msg.aggregate_id} cannot be "
+                       f"loaded: {self.load_error}; fix the document or the state type, then "
+                       "replay the dead letters")
+            return
         if msg.headers.get(KIND_HEADER) == KIND_EVENT:
             # An event this aggregate published (an untargeted emit fed back by a pipeline
             # that reads the dispatcher's output): not input; its effect is already here.
@@ -246,8 +258,18 @@ class _Folder:
         except UnknownMessageType as exc:
             self._dead(msg, from_parked, oc.UNKNOWN_MESSAGE_TYPE, str(exc))
             return
+        if isinstance(handler, TypedHandler):
+            # A typed handler: the payload is validated into its class before it runs.
+            try:
+                payload = handler.parse(msg)
+            except InvalidPayload as exc:
+                self._dead(msg, from_parked, oc.INVALID_PAYLOAD, str(exc))
+                return
         try:
-            result = handler(self.state_obj, msg)
+            if isinstance(handler, TypedHandler):
+                result = handler.fn(self.state_obj, payload, msg)
+            else:
+                result = handler(self.state_obj, msg)
         except RetryableError:
             raise
         except Exception as exc:  # a handler bug: dead-letter, keep going (or block)
@@ -414,14 +436,23 @@ class _Folder:
             if not isinstance(e, Emit):
                 raise _EmitError(f"handler emitted {type(e).__name__}, expected Emit")
             if not isinstance(e.type, str) or not e.type:
-                raise _EmitError("Emit.type must be a non-empty string")
-            if not isinstance(e.payload, dict):
-                raise _EmitError(f"Emit({e.type!r}).payload must be a dict")
+                raise _EmitError(f"Emit #{i}: the type must be a non-empty string (a dict "
+                                 f"payload needs a type name); got {e.type!r}")
+            if isinstance(e.payload, dict):
+                payload = e.payload
+            else:  # a payload object (pydantic model, dataclass), dumped JSON-safe
+                try:
+                    payload = dump_payload(e.payload)
+                except Exception as exc:
+                    raise _EmitError(
+                        f"Emit({e.type!r}) #{i}: the payload must be a dict, a pydantic model "
+                        f"or a dataclass instance that dumps to JSON; "
+                        f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
             problem = _emit_problem(e)
             if problem is not None:
                 raise _EmitError(f"Emit({e.type!r}) #{i}: {problem}")
             try:
-                check_field_names(e.payload, f"emit[{i}].payload")
+                check_field_names(payload, f"emit[{i}].payload")
             except InvalidFieldName as exc:
                 raise _EmitError(str(exc)) from None
             seq = self.snap.seq + i + 1
@@ -431,14 +462,14 @@ class _Folder:
                 "type": e.type,
                 "topic": e.topic or self.atype.topic,
                 "key": e.key or self.snap.aggregate_id,
-                "payload": dict(e.payload),
+                "payload": dict(payload),
                 "headers": dict(e.headers),
                 "causation_id": msg.message_id,
                 "correlation_id": msg.correlation_id or msg.message_id,
                 "source": {"type": self.atype.name, "id": self.snap.aggregate_id, "seq": seq},
                 "created_at": self.now,
             }
-            if e.to is not None:
+            if e.to is not None:  # an AggregateRef is a (type, id) tuple too
                 entry["target"] = {"type": e.to[0], "id": e.to[1]}
             out.append(entry)
         return out

@@ -15,6 +15,8 @@ OUTCOME_KINDS: Final[tuple[OutcomeKind, ...]] = ("applied", "duplicate", "dead_l
 HANDLER_ERROR: Final = "handler_error"
 INVALID_STATE: Final = "invalid_state"
 INVALID_EMIT: Final = "invalid_emit"
+#: A typed handler's payload does not validate into its payload class.
+INVALID_PAYLOAD: Final = "invalid_payload"
 INVALID_RESULT: Final = "invalid_handler_result"
 UNKNOWN_MESSAGE_TYPE: Final = "unknown_message_type"
 UNKNOWN_AGGREGATE_TYPE: Final = "unknown_aggregate_type"

@@ -12,11 +12,13 @@ dedup, outbox and parking rules as the real writer (both use :func:`aggregates.f
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 from aggregates.aggregate import AggregateType
 from aggregates.document import Snapshot
@@ -76,7 +78,12 @@ class Step:
 
 class AggregateHarness(Generic[S]):
     """One aggregate in memory. ``check_determinism`` runs every handling twice and fails
-    if the two runs differ or if the handler mutated the state it was given."""
+    if the two runs differ or if the handler mutated the state it was given.
+
+    Every state a handler returns is also put through the store's round trip: loading its
+    stored form must give an equal state, and storing that again the same document —
+    otherwise :class:`HandlerError` names the aggregate type and the first differing field,
+    so a state the codec cannot carry fails in unit tests rather than in production."""
 
     def __init__(self, atype: AggregateType[S], *, aggregate_id: str = "test-1",
                  check_determinism: bool = True, now: datetime | None = None) -> None:
@@ -88,6 +95,11 @@ class AggregateHarness(Generic[S]):
         self.parked: list[Parked] = []
         self.dead_letters: list[DeadLetter] = []
         self.history: list[Outcome] = []
+        # The type as the fold sees it, with a codec that records each (state, document)
+        # it dumps, for the round-trip check.
+        self._dumped: list[tuple[Any, dict[str, Any]]] = []
+        self._fold_type = copy.copy(atype)
+        self._fold_type.codec = cast(Any, _RecordingCodec(atype, self._dumped))
 
     @property
     def state(self) -> S:
@@ -114,7 +126,9 @@ class AggregateHarness(Generic[S]):
         # The harness remembers every id that left the inbox (its in-memory inbox archive
         # never expires), so the archive is always fully known here.
         self.snapshot.dedup.looked_up({})
-        res = fold(self.atype, self.snapshot, [msg], now=self.now, parked=self.parked)
+        self._dumped.clear()
+        res = fold(self._fold_type, self.snapshot, [msg], now=self.now, parked=self.parked)
+        dumped = list(self._dumped)
         if self.check_determinism:
             self._check_no_mutation(msg)
             again = fold(self.atype, self.snapshot, [msg], now=self.now, parked=self.parked)
@@ -122,6 +136,8 @@ class AggregateHarness(Generic[S]):
                     or again.changes.outbox != res.changes.outbox):
                 raise HandlerError(f"handler for {msg.type!r} is not deterministic: two runs "
                                    "on the same input gave different results")
+        for state, doc in dumped:
+            self._check_round_trip(state, doc)
         if not res.changes.empty:
             res.snapshot.version += 1
         self.snapshot = res.snapshot
@@ -134,6 +150,27 @@ class AggregateHarness(Generic[S]):
         mine = [o for o in res.outcomes if not o.from_parked]
         o = mine[-1]
         return Step(o.outcome, o.reason, o.detail, list(res.changes.outbox), self.state)
+
+    def _check_round_trip(self, state: Any, doc: dict[str, Any]) -> None:
+        """``load(dump(state)) == state`` and ``dump(load(dump(state))) == dump(state)``."""
+        codec = self.atype.codec
+        name = self.atype.name
+        try:
+            back = codec.load(doc)
+        except Exception as exc:
+            raise HandlerError(f"{name}: the stored state cannot be loaded back "
+                               f"({type(exc).__name__}: {exc})") from exc
+        if back != state:
+            where = _first_difference(state, back, "state")
+            raise HandlerError(
+                f"{name}: the state does not survive the store's round trip: {where}. Use "
+                "field types the codec stores (docs/concepts.md \"State types\") and an "
+                "__eq__ that compares the stored fields")
+        again = codec.dump(back)
+        if again != doc:
+            where = _first_difference(doc, again, "state")
+            raise HandlerError(f"{name}: the stored state changes when loaded and stored "
+                               f"again: {where}")
 
     def _check_no_mutation(self, msg: Message) -> None:
         if msg.type not in self.atype.message_types:
@@ -153,6 +190,50 @@ class AggregateHarness(Generic[S]):
         out, self.outbox = self.outbox, []
         self.snapshot.outbox_ids = []
         return out
+
+
+class _RecordingCodec:
+    """The aggregate type's codec, recording what the fold dumps."""
+
+    def __init__(self, atype: AggregateType[Any], seen: list[tuple[Any, dict[str, Any]]]):
+        self._atype = atype
+        self._seen = seen
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._atype.codec, name)
+
+    def dump(self, state: Any) -> dict[str, Any]:
+        doc = self._atype.codec.dump(state)
+        self._seen.append((state, doc))
+        return doc
+
+
+def _first_difference(a: Any, b: Any, path: str) -> str:
+    """Where ``a`` (before) and ``b`` (after the round trip) first differ, as text."""
+    if type(a) is not type(b):
+        return (f"{path}: {type(a).__name__} {a!r:.80} before, {type(b).__name__} {b!r:.80} "
+                "after")
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        for f in dataclasses.fields(a):
+            x, y = getattr(a, f.name), getattr(b, f.name)
+            if x != y or type(x) is not type(y):
+                return _first_difference(x, y, f"{path}.{f.name}")
+    elif hasattr(a, "model_fields") and hasattr(a, "model_dump"):
+        for k in type(a).model_fields:
+            x, y = getattr(a, k), getattr(b, k)
+            if x != y or type(x) is not type(y):
+                return _first_difference(x, y, f"{path}.{k}")
+    elif isinstance(a, Mapping):
+        for k in sorted(set(a) | set(b), key=str):
+            if k not in a or k not in b:
+                return f"{path}.{k}: {'missing after' if k in a else 'only after'}"
+            if a[k] != b[k] or type(a[k]) is not type(b[k]):
+                return _first_difference(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, list | tuple) and len(a) == len(b):
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            if x != y or type(x) is not type(y):
+                return _first_difference(x, y, f"{path}[{i}]")
+    return f"{path}: {a!r:.80} before, {b!r:.80} after"
 
 
 def _freeze(value: Any) -> Any:
