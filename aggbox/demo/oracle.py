@@ -16,7 +16,10 @@ Independent of the code it checks: a bug there must not be made twice, here too.
 - *Handlers and classification*: its own map aggregate type → message type → the domain's
   handler function (:func:`domain_of`), read once from the registrations; unknown aggregate
   and message types are decided by that map. Handlers get an :class:`Envelope` (they read
-  attributes: ``payload``, ``aggregate_id``, …).
+  attributes: ``payload``, ``aggregate_id``, …). A typed handler is registered as the
+  library's ``TypedHandler``, called the same way: it validates ``payload`` into the
+  domain's payload class and calls the domain's function; its emitted payload objects are
+  turned into dicts by the oracle itself (:func:`_plain_payload`).
 - *State*: the domain's own state dataclass (from the handlers' annotations), created with
   its defaults and turned into the stored form with :func:`dataclasses.asdict` plus what BSON
   changes (:func:`bson_plain`) — not the library's ``StateCodec``.
@@ -361,12 +364,25 @@ def _emitted(dtype: DomainType, aggregate_id: str, cause: Envelope, index: int,
         type=e.type,
         aggregate_type=to_type,
         aggregate_id=to_id,
-        payload=dict(e.payload),
+        payload=_plain_payload(e.payload),
         source=EnvelopeSource(dtype.name, aggregate_id, seq),
         correlation_id=cause.correlation_id or cause.message_id,
         causation_id=cause.message_id,
         headers=dict(e.headers),
     )
+
+
+def _plain_payload(payload: Any) -> dict[str, Any]:
+    """An emitted payload as the outbox must hold it: a dict as is; a typed payload object
+    (the domain's dataclass or pydantic model) as its fields — the oracle's own conversion,
+    not the library's (aggregates.aggregate.dump_payload)."""
+    if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
+        plain: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(payload)))
+        return plain
+    if hasattr(payload, "model_dump"):
+        dumped: dict[str, Any] = payload.model_dump(mode="json")
+        return dumped
+    return dict(payload)
 
 
 @dataclass(slots=True)

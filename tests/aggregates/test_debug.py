@@ -235,10 +235,11 @@ def test_blocked_aggregate_is_visible(mdb: Any) -> None:
 
 # -- replay ------------------------------------------------------------------------------------
 def test_replay_shows_each_step_and_writes_nothing(mdb: Any) -> None:
+    reserved = {"order_id": "o-9", "customer_id": "c-1", "amount": 30}  # a typed payload
     msgs = [place("p1", "o-9", 30, 1),
-            message("CreditReserved", {}, to=orders, id="o-9", message_id="r1",
+            message("CreditReserved", reserved, to=orders, id="o-9", message_id="r1",
                     source=("Customer", "c-1", 1)),
-            message("CreditReserved", {}, to=orders, id="o-9", message_id="r1",
+            message("CreditReserved", reserved, to=orders, id="o-9", message_id="r1",
                     source=("Customer", "c-1", 1))]
     df = replay(orders, msgs, now=NOW)
     assert list(df.columns) == list(REPLAY_COLUMNS)
@@ -313,8 +314,8 @@ def test_replay_accepts_envelope_dicts_and_documents(mdb: Any) -> None:
     writer(mdb, orders_registry).process([place("p1", "o-1", 10, 1)])
     doc = mdb.orders.find_one({"_id": "o-1"})
     raw = {"message_id": "r9", "type": "CreditLimitExceeded", "aggregate_type": "Order",
-           "aggregate_id": "o-1", "payload": {}, "source": {"type": "Customer", "id": "c",
-                                                            "seq": 1}}
+           "aggregate_id": "o-1", "source": {"type": "Customer", "id": "c", "seq": 1},
+           "payload": {"order_id": "o-1", "customer_id": "c", "amount": 10}}
     run = replay_steps(orders, [raw], start=doc, now=NOW)
     assert run.steps[0].outcome == "applied" and run.state.status == "rejected"
     assert run.steps[0].version == doc[F_VERSION] + 1

@@ -19,7 +19,10 @@ def _kinds(cell: Any) -> list[tuple[str, ...]]:
     kinds: list[tuple[str, ...]] = []
     for out in cell.get("outputs", []):
         if out.output_type == "stream":
-            kinds.append(("stream", out.name))
+            # The kernel may split one print's text into several stream messages (timing):
+            # consecutive outputs of the same stream count as one.
+            if not kinds or kinds[-1] != ("stream", out.name):
+                kinds.append(("stream", out.name))
         else:
             kinds.append((out.output_type, *sorted(out.get("data", {}))))
     return kinds

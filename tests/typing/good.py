@@ -1,0 +1,70 @@
+"""Typed handlers, emits and references that must pass ``mypy --strict``
+(tests/typing/test_mypy.py). Also importable: it defines a working domain."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from pydantic import BaseModel
+
+from aggregates import AggregateRef, AggregateType, Emit, Handled, Handler, Message, MessageHandler
+
+
+@dataclass(frozen=True)
+class Order:
+    amount: int = 0
+    status: str = "new"
+
+
+@dataclass(frozen=True)
+class Customer:
+    reserved: int = 0
+
+
+@dataclass(frozen=True)
+class PlaceOrder:
+    customer_id: str
+    amount: int
+
+
+class OrderCreated(BaseModel):
+    order_id: str
+    amount: int
+
+
+orders = AggregateType("Order", state=Order)
+customers = AggregateType("Customer", state=Customer)
+
+
+@orders.handles(PlaceOrder)
+def place(state: Order, cmd: PlaceOrder, msg: Message) -> Handled[Order]:
+    created = OrderCreated(order_id=msg.aggregate_id, amount=cmd.amount)
+    to: AggregateRef = customers.ref(cmd.customer_id)
+    return replace(state, amount=cmd.amount, status="pending"), [Emit(created, to=to)]
+
+
+@orders.handles(PlaceOrder, type="place-order-v2")
+def place_v2(state: Order, cmd: PlaceOrder, msg: Message) -> Order:
+    return replace(state, amount=cmd.amount)
+
+
+@customers.handles(OrderCreated)
+def reserve(state: Customer, created: OrderCreated, msg: Message) -> Handled[Customer]:
+    reply = {"order_id": created.order_id, "amount": created.amount}
+    emits = [Emit("CreditReserved", reply, to=("Order", created.order_id)),
+             Emit(created, type="Seen", to=orders.ref(created.order_id), key="k",
+                  headers={"h": "v"})]
+    return replace(state, reserved=state.reserved + created.amount), emits
+
+
+@orders.handles("Approve", "Approved")  # untyped: (state, msg)
+def approve(state: Order, msg: Message) -> Order:
+    return replace(state, status=str(msg.payload.get("status", "approved")))
+
+
+typed: Handler[Order, PlaceOrder] = place
+untyped: MessageHandler[Order] = approve
+called: Handled[Order] = orders.handler_for("PlaceOrder")(Order(), Message.from_dict({
+    "message_id": "m-1", "type": "PlaceOrder", "aggregate_type": "Order", "aggregate_id": "o-1",
+    "payload": {"customer_id": "c-1", "amount": 3}, "occurred_at": "2026-01-01T00:00:00Z"}))
+ref: tuple[str, str] = orders.ref("o-1")
