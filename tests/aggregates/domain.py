@@ -160,3 +160,21 @@ def outcomes_add_up(inputs: Sequence[Message], outcomes: Sequence[Any]) -> bool:
     return len(mine) == len(inputs) and all(
         o.outcome in ("applied", "duplicate", "dead_lettered", "parked") for o in mine
     )
+
+
+class Crash(Exception):
+    """A task dies (injected by a test hook); its batch is then redelivered whole."""
+
+
+def process_redelivered(w: Any, batch: Sequence[Message], *, attempts: int = 12) -> list[Any]:
+    """``w.process(batch)``, redelivering the whole batch after each :class:`Crash`, as a
+    broker does for an unacknowledged batch. Fails the test after ``attempts`` crashes."""
+    import pytest
+
+    for _attempt in range(attempts):
+        try:
+            out: list[Any] = w.process(batch)
+            return out
+        except Crash:
+            continue
+    pytest.fail(f"crashed {attempts} times in a row")

@@ -29,15 +29,13 @@ from aggregates import AggboxSettings, Inbox, Message, Registry, StoreWriter
 from aggregates.dedup import BEYOND_DEDUP_HORIZON
 from aggregates.ordering import delivery_order
 from aggregates.testing import AggregateHarness
-from tests.aggregates.domain import make_counter, msg, oracle, stored
+from tests.aggregates.domain import Crash, make_counter, msg, oracle, process_redelivered, stored
 
 HORIZON = timedelta(days=7)
 #: The writers' clock: the real one (the servers' TTL monitors use it), fixed per module.
 NOW = datetime.now(UTC).replace(microsecond=0)
 
 
-class Crash(Exception):
-    """A task dies between the archive/read and the document write."""
 
 
 def counters_with(window: int) -> Registry:
@@ -154,14 +152,7 @@ def run_writers(db: Any, sc: dict[str, Any], *, pipeline_depth: int = 2) -> None
     w.before_write = interfere
     for batch in sc["batches"]:
         current[:] = batch
-        for _attempt in range(10):
-            try:
-                out = w.process(batch)
-                break
-            except Crash:
-                continue  # the batch is redelivered as a whole
-        else:
-            pytest.fail("crashed ten times in a row")
+        out = process_redelivered(w, batch)
         assert len([o for o in out if not o.from_parked]) == len(batch)
         note(out)
     check(sc, applied, refused, recorded_ids(db), stored(db))

@@ -15,11 +15,7 @@ from hypothesis import strategies as st
 from pymongo import MongoClient
 
 from aggregates import AggboxSettings, Message, StoreWriter
-from tests.aggregates.domain import msg, oracle, registry, stored
-
-
-class Crash(Exception):
-    """A task dies between the read and the write."""
+from tests.aggregates.domain import Crash, msg, oracle, process_redelivered, registry, stored
 
 
 @st.composite
@@ -70,14 +66,7 @@ def run_scenario(db: Any, sc: dict[str, Any]) -> None:
     w.before_write = interfere
     for batch in sc["batches"]:
         current[:] = batch
-        for _attempt in range(10):
-            try:
-                out = w.process(batch)
-                break
-            except Crash:
-                continue  # the batch is redelivered as a whole
-        else:
-            pytest.fail("crashed ten times in a row")
+        out = process_redelivered(w, batch)
         assert len([o for o in out if not o.from_parked]) == len(batch)
         assert {o.outcome for o in out} <= {"applied", "duplicate"}
     assert stored(db) == oracle(sc["deliveries"])
