@@ -34,9 +34,12 @@ from aggregates.errors import (
     HandlerError,
     InvalidFieldName,
     RetryableError,
+    StateMigrationError,
     StoreError,
     UnknownAggregateType,
     UnknownMessageType,
+    UnknownSchemaVersion,
+    UpcastFailed,
 )
 from aggregates.ids import emitted_message_id
 from aggregates.outcomes import Outcome, OutcomeCounts
@@ -72,10 +75,13 @@ __all__ = [
     "Source",
     "StateCodec",
     "StateCodecError",
+    "StateMigrationError",
     "StoreError",
     "StoreWriter",
     "UnknownAggregateType",
     "UnknownMessageType",
+    "UnknownSchemaVersion",
+    "UpcastFailed",
     "dead_letters",
     "emitted_message_id",
     "load_aggregate",

@@ -33,6 +33,7 @@ message type names) is ``(state, message)``. Either returns ``state`` or
 from __future__ import annotations
 
 import builtins
+import copy
 import dataclasses
 import functools
 import inspect
@@ -59,9 +60,13 @@ from aggregates.envelope import Message
 from aggregates.errors import (
     AggboxError,
     ConfigurationError,
+    StateMigrationError,
     UnknownAggregateType,
     UnknownMessageType,
+    UnknownSchemaVersion,
+    UpcastFailed,
 )
+from aggregates.fieldnames import check_field_names
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -102,7 +107,10 @@ class Emit:
     ``to=orders.ref(order_id)`` (an :class:`AggregateRef`) or ``to=("Order", order_id)``
     addresses it to another aggregate, so the published record is itself a valid input
     envelope. ``topic`` defaults to the aggregate type's topic (or the dispatcher's
-    template), ``key`` to the emitting aggregate's id."""
+    template), ``key`` to the emitting aggregate's id. ``schema_version`` is the payload's
+    schema version, written into the published envelope (default: none, i.e. 1): set it
+    when the receiving type upcasts older versions of this message
+    (docs/evolving-schemas.md)."""
 
     type: str
     #: a dict, or the payload object as given (dumped by the fold)
@@ -111,20 +119,23 @@ class Emit:
     topic: str | None
     key: str | None
     headers: Mapping[str, str]
+    schema_version: int | None
 
     @overload
     def __init__(self, type: str, payload: Mapping[str, Any], *,
                  to: AggregateRef | tuple[str, str] | None = None, topic: str | None = None,
-                 key: str | None = None, headers: Mapping[str, str] | None = None) -> None: ...
+                 key: str | None = None, headers: Mapping[str, str] | None = None,
+                 schema_version: int | None = None) -> None: ...
 
     @overload
     def __init__(self, payload: PayloadObject, /, *, type: str | None = None,
                  to: AggregateRef | tuple[str, str] | None = None, topic: str | None = None,
-                 key: str | None = None, headers: Mapping[str, str] | None = None) -> None: ...
+                 key: str | None = None, headers: Mapping[str, str] | None = None,
+                 schema_version: int | None = None) -> None: ...
 
     def __init__(self, *args: Any, type: Any = None, payload: Any = _NO_PAYLOAD,
                  to: Any = None, topic: Any = None, key: Any = None,
-                 headers: Any = None) -> None:
+                 headers: Any = None, schema_version: Any = None) -> None:
         # Never raises for bad values (only for a wrong call): the fold checks what a handler
         # emitted and dead-letters the message ``invalid_emit`` with a reason.
         if len(args) > 2 or (len(args) == 2 and (type is not None
@@ -150,6 +161,7 @@ class Emit:
         object.__setattr__(self, "topic", topic)
         object.__setattr__(self, "key", key)
         object.__setattr__(self, "headers", {} if headers is None else headers)
+        object.__setattr__(self, "schema_version", schema_version)
 
 
 #: What a handler returns: the new state, or the new state and the messages it emits.
@@ -159,6 +171,10 @@ Handler: TypeAlias = Callable[[S, P, Message], Handled[S]]
 #: An untyped handler, registered with ``@atype.handles("TypeName", ...)``; also how every
 #: registered handler is called (:meth:`AggregateType.handler_for`).
 MessageHandler: TypeAlias = Callable[[S, Message], Handled[S]]
+#: An upcaster: a message type's payload at version N → its payload at version N + 1.
+Upcaster: TypeAlias = Callable[[dict[str, Any]], dict[str, Any]]
+#: A state migration: the stored ``state`` document at version N → at version N + 1.
+StateMigration: TypeAlias = Callable[[dict[str, Any]], dict[str, Any]]
 
 
 class InvalidPayload(AggboxError):
@@ -280,12 +296,17 @@ class AggregateType(Generic[S]):
         topic: str | None = None,
         max_outbox: int = 1000,
         unknown_state_fields: UnknownStateFields = "keep",
+        state_version: int = 1,
     ) -> None:
         """``state`` is checked here: a state type the codec cannot store is refused with a
         :class:`ConfigurationError` naming the field (aggregates/codec.py). Stored state
         fields the type does not know are carried into the next write
         (``unknown_state_fields="keep"``) or dead-letter the message ``invalid_state``
-        (``"refuse"``)."""
+        (``"refuse"``).
+
+        ``state_version`` is the version of the ``state`` shape this definition writes (the
+        document's ``_sv``); older stored states are brought up to it by the
+        :meth:`state_migration` chain when loaded (docs/evolving-schemas.md)."""
         if not name or "/" in name or "." in name or name.startswith("$"):
             raise ConfigurationError(
                 f"aggregate type name {name!r} must be non-empty without '/', '.' or a "
@@ -298,6 +319,10 @@ class AggregateType(Generic[S]):
             )
         if max_outbox < 1:
             raise ConfigurationError("max_outbox must be ≥ 1")
+        if (not isinstance(state_version, int) or isinstance(state_version, bool)
+                or state_version < 1):
+            raise ConfigurationError(f"{name}: state_version={state_version!r} must be an "
+                                     "integer ≥ 1")
         self.name = name
         self.collection = collection or name.lower() + "s"
         self.dedup: DedupStrategy = dedup if dedup is not None else Inbox()
@@ -307,6 +332,11 @@ class AggregateType(Generic[S]):
         self.codec: StateCodec[S] = StateCodec(state, name=name,
                                                unknown_state_fields=unknown_state_fields)
         self._handlers: dict[str, MessageHandler[S]] = {}
+        self.state_version = state_version
+        #: message type → upcasters, index i turning version i + 1 into i + 2
+        self._upcasters: dict[str, list[Upcaster]] = {}
+        #: index i turns stored state version i + 1 into i + 2
+        self._migrations: list[StateMigration] = []
 
     @overload
     def handles(self, message_type: str, /, *message_types: str
@@ -361,6 +391,147 @@ class AggregateType(Generic[S]):
             return fn
 
         return register
+
+    # -- evolving schemas (docs/evolving-schemas.md) ------------------------------------
+    def upcaster(self, message_type: str | builtins.type[Any], *, from_version: int
+                 ) -> Callable[[Upcaster], Upcaster]:
+        """Decorator registering ``fn(payload: dict) -> dict``, turning ``message_type``'s
+        payload at ``from_version`` into its payload at ``from_version + 1``. Register a
+        type's upcasters in order (``from_version=1``, then 2, …); the last one's target is
+        the type's current version (:meth:`message_version`). An upcaster must be pure and
+        deterministic: it gets a copy of the payload and may change it."""
+        mtype = message_type if isinstance(message_type, str) else getattr(
+            message_type, "__name__", "")
+        if not isinstance(mtype, str) or not mtype:
+            raise ConfigurationError(f"{self.name}: upcaster({message_type!r}): pass a message "
+                                     "type name or a payload class")
+        expected = self.message_version(mtype)
+        if (not isinstance(from_version, int) or isinstance(from_version, bool)
+                or from_version != expected):
+            raise ConfigurationError(
+                f"{self.name}: upcaster for {mtype!r} from_version={from_version!r}: "
+                f"expected from_version={expected} (register upcasters in order, one per "
+                "version step)")
+
+        def register(fn: Upcaster) -> Upcaster:
+            _check_arity(fn, 1, "(payload) and return the upgraded payload dict")
+            chain = self._upcasters.setdefault(mtype, [])
+            if len(chain) + 1 != from_version:
+                raise ConfigurationError(f"{self.name}: upcaster for {mtype!r} from version "
+                                         f"{from_version} registered twice")
+            chain.append(fn)
+            return fn
+
+        return register
+
+    def message_version(self, message_type: str) -> int:
+        """The latest schema version of ``message_type``: 1 plus its upcasters."""
+        return len(self._upcasters.get(message_type, ())) + 1
+
+    def upcast(self, msg: Message) -> Message:
+        """``msg`` with its payload brought to :meth:`message_version` of its type (``msg``
+        itself when it is current). Raises :class:`UnknownSchemaVersion` for a version newer
+        than the latest, :class:`UpcastFailed` when an upcaster raises or returns
+        something that is not a payload dict."""
+        latest = self.message_version(msg.type)
+        version = msg.schema_version
+        if version == latest:
+            return msg
+        if version > latest:
+            raise UnknownSchemaVersion(
+                f"{msg.type} schema_version {version} is newer than the latest this "
+                f"definition of {self.name} knows ({latest}); deploy the definitions with its "
+                "upcaster (readers first), then replay the dead letters")
+        payload: Any = copy.deepcopy(msg.payload)
+        for i, fn in enumerate(self._upcasters[msg.type][version - 1:], start=version):
+            try:
+                payload = fn(payload)
+            except Exception as exc:
+                raise UpcastFailed(
+                    f"upcaster {getattr(fn, '__qualname__', fn)} of {msg.type} from version "
+                    f"{i} to {i + 1} raised {builtins.type(exc).__name__}: "
+                    f"{' '.join(str(exc).split())}") from exc
+            if not isinstance(payload, dict):
+                raise UpcastFailed(
+                    f"upcaster {getattr(fn, '__qualname__', fn)} of {msg.type} from version "
+                    f"{i} to {i + 1} returned {builtins.type(payload).__name__}, not a dict")
+        try:
+            check_field_names(payload, "payload", envelope=True)
+        except AggboxError as exc:
+            raise UpcastFailed(f"the upcast payload of {msg.type}: {exc}") from None
+        return dataclasses.replace(msg, payload=payload, schema_version=latest)
+
+    def state_migration(self, *, from_version: int
+                        ) -> Callable[[StateMigration], StateMigration]:
+        """Decorator registering ``fn(doc: dict) -> dict``, turning a stored ``state``
+        document at ``from_version`` into one at ``from_version + 1`` (plain BSON values, as
+        stored; before the codec loads it). Register them in order, from 1 up to
+        ``state_version - 1``. A migration must be pure and deterministic: it gets a copy."""
+        expected = len(self._migrations) + 1
+        if (not isinstance(from_version, int) or isinstance(from_version, bool)
+                or from_version != expected):
+            raise ConfigurationError(
+                f"{self.name}: state_migration(from_version={from_version!r}): expected "
+                f"from_version={expected} (register migrations in order, one per version step)")
+        if from_version >= self.state_version:
+            raise ConfigurationError(
+                f"{self.name}: state_migration(from_version={from_version}) goes beyond "
+                f"state_version={self.state_version}; raise state_version")
+
+        def register(fn: StateMigration) -> StateMigration:
+            _check_arity(fn, 1, "(state_document) and return the migrated document")
+            if len(self._migrations) + 1 != from_version:
+                raise ConfigurationError(f"{self.name}: state migration from version "
+                                         f"{from_version} registered twice")
+            self._migrations.append(fn)
+            return fn
+
+        return register
+
+    def migrate_state(self, doc: Mapping[str, Any] | None, stored_version: int
+                      ) -> Mapping[str, Any] | None:
+        """The stored ``state`` document ``doc`` (written at ``stored_version``) brought to
+        :attr:`state_version` (``doc`` itself when current; ``None`` and an empty document
+        are never migrated: there is nothing to convert). Raises
+        :class:`StateMigrationError`."""
+        if (not isinstance(stored_version, int) or isinstance(stored_version, bool)
+                or stored_version < 1):
+            raise StateMigrationError(f"{self.name}: the stored state version (_sv) "
+                                      f"{stored_version!r} is not an integer ≥ 1")
+        if stored_version > self.state_version:
+            raise StateMigrationError(
+                f"{self.name}: the stored state was written by a newer version (_sv "
+                f"{stored_version}, this definition has state_version {self.state_version}); "
+                "deploy the newer definitions")
+        if stored_version == self.state_version or not doc:
+            return doc
+        if len(self._migrations) < self.state_version - 1:
+            raise StateMigrationError(
+                f"{self.name}: no state migration from version {len(self._migrations) + 1} "
+                f"(state_version is {self.state_version}); register one with "
+                f"@{self.name.lower()}.state_migration(from_version="
+                f"{len(self._migrations) + 1})")
+        out: Any = copy.deepcopy(dict(doc))
+        for i in range(stored_version, self.state_version):
+            fn = self._migrations[i - 1]
+            try:
+                out = fn(out)
+            except Exception as exc:
+                raise StateMigrationError(
+                    f"{self.name}: state migration {getattr(fn, '__qualname__', fn)} from "
+                    f"version {i} to {i + 1} raised {builtins.type(exc).__name__}: "
+                    f"{' '.join(str(exc).split())}") from exc
+            if not isinstance(out, dict):
+                raise StateMigrationError(
+                    f"{self.name}: state migration {getattr(fn, '__qualname__', fn)} from "
+                    f"version {i} to {i + 1} returned {builtins.type(out).__name__}, not a dict")
+        return dict(out)
+
+    def load_state(self, doc: Mapping[str, Any] | None, stored_version: int = 1) -> S:
+        """The state object of a stored ``state`` document written at ``stored_version``
+        (the document's ``_sv``): migrated (:meth:`migrate_state`), then loaded by the codec.
+        Raises :class:`StateMigrationError` or the codec's ``StateCodecError``."""
+        return self.codec.load(self.migrate_state(doc, stored_version))
 
     def ref(self, aggregate_id: str) -> AggregateRef:
         """The address of this type's aggregate ``aggregate_id``, for ``Emit(..., to=...)``."""

@@ -15,6 +15,8 @@ from aggregates.keys import read_hw
 F_ID: Final = "_id"
 F_VERSION: Final = "_v"
 F_STATE: Final = "state"
+#: The schema version of ``state`` (absent: 1); see docs/evolving-schemas.md.
+F_STATE_VERSION: Final = "_sv"
 F_INBOX: Final = "inbox"
 #: Newest occurred_at ever moved to the inbox archive / an undated id was moved there.
 F_ARCHIVE_FLOOR: Final = "inbox_archive_floor"
@@ -42,6 +44,8 @@ class Snapshot:
     outbox_ids: list[str] = field(default_factory=list)
     blocked: dict[str, Any] | None = None
     size_bytes: int = 0
+    #: ``_sv``: the version of the ``state`` shape as stored (1 when the field is absent).
+    state_version: int = 1
 
     @property
     def exists(self) -> bool:
@@ -83,4 +87,7 @@ def snapshot_from_document(doc: Mapping[str, Any] | None, aggregate_id: str) -> 
         outbox_ids=[str(e.get("id")) for e in outbox],
         blocked=doc.get(F_BLOCKED),
         size_bytes=len(bson.encode(dict(doc))),
+        # Kept as stored (checked when the fold loads the state: a bad value is an
+        # invalid_state, not a crash here).
+        state_version=doc.get(F_STATE_VERSION, 1),
     )

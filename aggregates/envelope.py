@@ -17,6 +17,8 @@ from aggregates.fieldnames import MAX_DEPTH, check_field_names
 
 MAX_ID_LENGTH: Final = 512
 MAX_SEQ: Final = 2**63 - 1
+#: Largest ``schema_version`` an envelope may carry (a 32-bit int, Spark's ``IntegerType``).
+MAX_SCHEMA_VERSION: Final = 2**31 - 1
 #: Header the dispatcher sets on published records: ``event`` for an untargeted emit (a
 #: fact the emitting aggregate published, not input for it), ``input`` for an addressed one.
 KIND_HEADER: Final = "aggbox-kind"
@@ -45,6 +47,7 @@ ENVELOPE_FIELDS: Final[dict[str, tuple[str, bool]]] = {
     "correlation_id": ("string", False),
     "causation_id": ("string", False),
     "headers": ("map<string,string>", False),
+    "schema_version": ("int", False),
 }
 
 
@@ -74,6 +77,9 @@ class Message:
     correlation_id: str | None = None
     causation_id: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    #: The payload's schema version (docs/evolving-schemas.md): 1 when the envelope has none.
+    #: The fold upcasts older payloads to the handler's version before the handler runs.
+    schema_version: int = 1
 
     @property
     def aggregate_key(self) -> tuple[str, str]:
@@ -124,6 +130,7 @@ class Message:
             correlation_id=_opt_str(raw, "correlation_id"),
             causation_id=_opt_str(raw, "causation_id"),
             headers=dict(headers),
+            schema_version=_schema_version(raw.get("schema_version")),
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -145,6 +152,8 @@ class Message:
             out["causation_id"] = self.causation_id
         if self.headers:
             out["headers"] = dict(self.headers)
+        if self.schema_version != 1:
+            out["schema_version"] = self.schema_version
         return out
 
 
@@ -182,6 +191,18 @@ def _check_text(value: str, name: str, what: str = "") -> None:
 
 def _opt_str(raw: Mapping[str, Any], name: str) -> str | None:
     return None if raw.get(name) is None else _req_str(raw, name)
+
+
+def _schema_version(value: Any) -> int:
+    if value is None:
+        return 1
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if (not isinstance(value, int) or isinstance(value, bool)
+            or not 1 <= value <= MAX_SCHEMA_VERSION):
+        raise EnvelopeError("schema_version", f"must be an integer ≥ 1 and ≤ 2^31-1, "
+                            f"got {value!r}")
+    return value
 
 
 def _source(value: Any) -> Source | None:

@@ -76,3 +76,19 @@ class RetryableError(AggboxError):
 
 class StoreError(AggboxError):
     """The store returned something the writer cannot interpret."""
+
+
+class UnknownSchemaVersion(AggboxError):
+    """A message carries a ``schema_version`` newer than the latest its aggregate type knows
+    (dead-lettered ``unknown_schema_version``): deploy the new definitions first."""
+
+
+class UpcastFailed(AggboxError):
+    """An upcaster raised, or returned something that is not a payload dict (dead-lettered
+    ``upcast_failed``)."""
+
+
+class StateMigrationError(AggboxError):
+    """A stored state cannot be brought to the current state version: it was written by a
+    newer version, a migration is missing, or a migration raised (the aggregate's messages
+    are dead-lettered ``invalid_state``)."""

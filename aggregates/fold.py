@@ -25,13 +25,15 @@ from aggregates.dedup import (
     source_key,
 )
 from aggregates.document import Snapshot
-from aggregates.envelope import KIND_EVENT, KIND_HEADER, Message
+from aggregates.envelope import KIND_EVENT, KIND_HEADER, MAX_SCHEMA_VERSION, Message
 from aggregates.errors import (
     AggboxError,
     HandlerError,
     InvalidFieldName,
     RetryableError,
     UnknownMessageType,
+    UnknownSchemaVersion,
+    UpcastFailed,
 )
 from aggregates.fieldnames import check_field_names
 from aggregates.ids import emitted_message_id, payload_hash
@@ -160,15 +162,19 @@ class _Folder:
             outbox_ids=list(snap.outbox_ids),
             blocked=snap.blocked,
             size_bytes=snap.size_bytes,
+            state_version=snap.state_version,
         )
         self._floor0 = snap.dedup.archive_floor
         self._undated0 = snap.dedup.archive_undated
         self._state0_bytes = len(bson.encode(snap.state)) if snap.state else 0
-        #: Set when the stored state cannot be loaded (it does not fit the state type): every
-        #: message of this aggregate is then dead-lettered, the batch goes on.
+        #: Set when the stored state cannot be loaded (it does not fit the state type, was
+        #: written by a newer state version, or a state migration failed): every message of
+        #: this aggregate is then dead-lettered, the batch goes on.
         self.load_error: str | None = None
         try:
-            self.state_obj: Any = atype.codec.load(snap.state)
+            # An older stored state (_sv) is migrated in memory first; the next write
+            # stores the new shape and _sv (docs/evolving-schemas.md).
+            self.state_obj: Any = atype.load_state(snap.state, snap.state_version)
         except AggboxError as exc:
             self.state_obj, self.load_error = None, str(exc)
         self.changes = Changes()
@@ -258,18 +264,30 @@ class _Folder:
         except UnknownMessageType as exc:
             self._dead(msg, from_parked, oc.UNKNOWN_MESSAGE_TYPE, str(exc))
             return
+        # An older payload is upcast to the handler's version first (dedup above and the
+        # records below use the message as delivered, so a redelivery stays a duplicate).
+        try:
+            hmsg = self.atype.upcast(msg)
+        except UnknownSchemaVersion as exc:
+            self._dead(msg, from_parked, oc.UNKNOWN_SCHEMA_VERSION, str(exc))
+            return
+        except UpcastFailed as exc:
+            self._dead(msg, from_parked, oc.UPCAST_FAILED, str(exc),
+                       "".join(traceback.format_exception(exc.__cause__, limit=20))
+                       if exc.__cause__ is not None else None)
+            return
         if isinstance(handler, TypedHandler):
             # A typed handler: the payload is validated into its class before it runs.
             try:
-                payload = handler.parse(msg)
+                payload = handler.parse(hmsg)
             except InvalidPayload as exc:
                 self._dead(msg, from_parked, oc.INVALID_PAYLOAD, str(exc))
                 return
         try:
             if isinstance(handler, TypedHandler):
-                result = handler.fn(self.state_obj, payload, msg)
+                result = handler.fn(self.state_obj, payload, hmsg)
             else:
-                result = handler(self.state_obj, msg)
+                result = handler(self.state_obj, hmsg)
         except RetryableError:
             raise
         except Exception as exc:  # a handler bug: dead-letter, keep going (or block)
@@ -332,6 +350,7 @@ class _Folder:
                 return
             self.added_bytes += added
         self.snap.state = state_doc
+        self.snap.state_version = self.atype.state_version
         self.changes.state = state_doc
         # Commit the step in memory.
         self.applied = True
@@ -471,6 +490,8 @@ class _Folder:
             }
             if e.to is not None:  # an AggregateRef is a (type, id) tuple too
                 entry["target"] = {"type": e.to[0], "id": e.to[1]}
+            if e.schema_version is not None and e.schema_version != 1:
+                entry["schema_version"] = e.schema_version
             out.append(entry)
         return out
 
@@ -501,6 +522,10 @@ def _emit_problem(e: Emit) -> str | None:
         value = getattr(e, name)
         if value is not None and not _text(value):
             return f"{name} must be None or a non-empty string; got {value!r}"
+    sv = e.schema_version
+    if sv is not None and (not isinstance(sv, int) or isinstance(sv, bool)
+                           or not 1 <= sv <= MAX_SCHEMA_VERSION):
+        return f"schema_version must be None or an integer ≥ 1 and ≤ 2^31-1; got {sv!r}"
     headers = e.headers
     if not isinstance(headers, Mapping):
         return f"headers must be a mapping of str → str; got {type(headers).__name__}"

@@ -17,6 +17,10 @@ INVALID_STATE: Final = "invalid_state"
 INVALID_EMIT: Final = "invalid_emit"
 #: A typed handler's payload does not validate into its payload class.
 INVALID_PAYLOAD: Final = "invalid_payload"
+#: A message's ``schema_version`` is newer than the latest its aggregate type knows.
+UNKNOWN_SCHEMA_VERSION: Final = "unknown_schema_version"
+#: An upcaster (docs/evolving-schemas.md) raised or returned something not a payload dict.
+UPCAST_FAILED: Final = "upcast_failed"
 INVALID_RESULT: Final = "invalid_handler_result"
 UNKNOWN_MESSAGE_TYPE: Final = "unknown_message_type"
 UNKNOWN_AGGREGATE_TYPE: Final = "unknown_aggregate_type"

@@ -43,6 +43,7 @@ from aggregates.document import (
     F_OUTBOX,
     F_SEQ,
     F_STATE,
+    F_STATE_VERSION,
     F_TYPE,
     F_VERSION,
     Snapshot,
@@ -71,6 +72,8 @@ def build_update(atype: AggregateType[Any], snap: Snapshot, ch: Changes) -> Upda
     set_: dict[str, Any] = {}
     if ch.state is not None:
         set_[F_STATE] = ch.state
+        # The state is always written in the current shape (migrated on load if older).
+        set_[F_STATE_VERSION] = atype.state_version
     if ch.seq is not None:
         set_[F_SEQ] = ch.seq
     if ch.archive_floor is not None:

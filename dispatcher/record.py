@@ -8,7 +8,7 @@ particular — reads it with ``Message.from_dict``:
 - ``aggregate_type``/``aggregate_id`` = the entry's ``target`` when it is addressed to
   another aggregate, else the emitting aggregate;
 - ``occurred_at`` = ``created_at``; ``source``, ``causation_id``, ``correlation_id``,
-  ``headers`` as stored.
+  ``headers`` and ``schema_version`` (``Emit(..., schema_version=N)``) as stored.
 
 Two kinds of record, told apart by the header ``aggbox-kind`` (:data:`H_KIND`):
 
@@ -195,6 +195,12 @@ def _fast_envelope(entry: Mapping[str, Any], entry_id: str, agg_type: str, agg_i
                 isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
             return None
         env["headers"] = dict(headers)
+    sv = entry.get("schema_version")
+    if sv is not None:
+        if not (isinstance(sv, int) and not isinstance(sv, bool) and 1 <= sv < 2**31):
+            return None
+        if sv != 1:
+            env["schema_version"] = sv
     return env
 
 
@@ -211,6 +217,7 @@ def _slow_envelope(entry: Mapping[str, Any], entry_id: str, agg_type: str, agg_i
         "correlation_id": _str_or_none(entry.get("correlation_id")),
         "causation_id": _str_or_none(entry.get("causation_id")),
         "headers": entry.get("headers") or {},
+        "schema_version": entry.get("schema_version"),
     }
     try:
         return Message.from_dict(raw, max_payload_bytes=0).to_dict()

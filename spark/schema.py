@@ -48,6 +48,7 @@ _TYPES: Final[dict[str, DataType]] = {
     "string": StringType(),
     "object": StringType(),  # JSON text: one column for every payload shape
     "timestamp": TimestampType(),
+    "int": IntegerType(),
     "source": SOURCE_SCHEMA,
     "map<string,string>": MapType(StringType(), StringType(), False),
 }

@@ -71,7 +71,7 @@ class ReplayRun:
     @property
     def state(self) -> Any:
         """The final domain state object."""
-        return self.atype.codec.load(self.snapshot.state)
+        return self.atype.load_state(self.snapshot.state, self.snapshot.state_version)
 
     def to_frame(self) -> pd.DataFrame:
         """The steps as a pandas DataFrame (columns :data:`REPLAY_COLUMNS`)."""

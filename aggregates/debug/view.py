@@ -28,6 +28,7 @@ from aggregates.document import (
     F_OUTBOX,
     F_SEQ,
     F_STATE,
+    F_STATE_VERSION,
     F_VERSION,
     Snapshot,
     snapshot_from_document,
@@ -89,7 +90,8 @@ class AggregateView:
     def state(self) -> Any:
         """The domain state object, loaded with the aggregate type's codec (the initial
         state when the aggregate does not exist yet)."""
-        return self.atype.codec.load(self._doc.get(F_STATE))
+        return self.atype.load_state(self._doc.get(F_STATE),
+                                     self._doc.get(F_STATE_VERSION, 1))
 
     @property
     def inbox(self) -> list[InboxEntry]:

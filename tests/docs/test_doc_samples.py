@@ -35,7 +35,8 @@ from tests.docs.notebook import read_notebook
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: Pages that must exist (README links them).
-REQUIRED = ("concepts.md", "configuration.md", "debugging.md", "operations.md")
+REQUIRED = ("concepts.md", "configuration.md", "debugging.md", "evolving-schemas.md",
+            "operations.md")
 
 
 def _ids(paths: list[Path]) -> list[str]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -68,3 +69,12 @@ called: Handled[Order] = orders.handler_for("PlaceOrder")(Order(), Message.from_
     "message_id": "m-1", "type": "PlaceOrder", "aggregate_type": "Order", "aggregate_id": "o-1",
     "payload": {"customer_id": "c-1", "amount": 3}, "occurred_at": "2026-01-01T00:00:00Z"}))
 ref: tuple[str, str] = orders.ref("o-1")
+
+
+@orders.upcaster("Approve", from_version=1)  # evolving schemas: payload dict → dict
+def approve_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    return {**payload, "status": payload.get("status", "approved")}
+
+
+version: int = orders.message_version("Approve")
+emit_v2 = Emit("Approve", {"status": "ok"}, to=orders.ref("o-1"), schema_version=2)
