@@ -104,6 +104,7 @@ class Envelope:
     correlation_id: str | None = None
     causation_id: str | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    schema_version: int = 1
 
     @property
     def aggregate_key(self) -> Key:
@@ -141,6 +142,12 @@ def _time(value: Any) -> datetime:
     raise _Invalid("must be an ISO-8601 string or epoch milliseconds")
 
 
+def _positive_int(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise _Invalid("must be an integer ≥ 1")
+    return value
+
+
 def _source(value: Any) -> EnvelopeSource:
     src = _object(value)
     seq = src.get("seq")
@@ -167,6 +174,7 @@ _KINDS: Final[dict[str, Callable[[Any], Any]]] = {
     "timestamp": _time,
     "source": _source,
     "map<string,string>": _headers,
+    "int": _positive_int,  # schema_version (docs/evolving-schemas.md)
 }
 
 
