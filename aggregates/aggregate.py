@@ -49,6 +49,7 @@ from typing import (
     TypeAlias,
     TypeVar,
     Union,
+    cast,
     overload,
 )
 
@@ -442,19 +443,9 @@ class AggregateType(Generic[S]):
                 f"{msg.type} schema_version {version} is newer than the latest this "
                 f"definition of {self.name} knows ({latest}); deploy the definitions with its "
                 "upcaster (readers first), then replay the dead letters")
-        payload: Any = copy.deepcopy(msg.payload)
-        for i, fn in enumerate(self._upcasters[msg.type][version - 1:], start=version):
-            try:
-                payload = fn(payload)
-            except Exception as exc:
-                raise UpcastFailed(
-                    f"upcaster {getattr(fn, '__qualname__', fn)} of {msg.type} from version "
-                    f"{i} to {i + 1} raised {builtins.type(exc).__name__}: "
-                    f"{' '.join(str(exc).split())}") from exc
-            if not isinstance(payload, dict):
-                raise UpcastFailed(
-                    f"upcaster {getattr(fn, '__qualname__', fn)} of {msg.type} from version "
-                    f"{i} to {i + 1} returned {builtins.type(payload).__name__}, not a dict")
+        payload = _run_chain(self._upcasters[msg.type][version - 1:], msg.payload,
+                             start=version, what=f"upcaster {{}} of {msg.type}",
+                             error=UpcastFailed)
         try:
             check_field_names(payload, "payload", envelope=True)
         except AggboxError as exc:
@@ -511,21 +502,9 @@ class AggregateType(Generic[S]):
                 f"(state_version is {self.state_version}); register one with "
                 f"@{self.name.lower()}.state_migration(from_version="
                 f"{len(self._migrations) + 1})")
-        out: Any = copy.deepcopy(dict(doc))
-        for i in range(stored_version, self.state_version):
-            fn = self._migrations[i - 1]
-            try:
-                out = fn(out)
-            except Exception as exc:
-                raise StateMigrationError(
-                    f"{self.name}: state migration {getattr(fn, '__qualname__', fn)} from "
-                    f"version {i} to {i + 1} raised {builtins.type(exc).__name__}: "
-                    f"{' '.join(str(exc).split())}") from exc
-            if not isinstance(out, dict):
-                raise StateMigrationError(
-                    f"{self.name}: state migration {getattr(fn, '__qualname__', fn)} from "
-                    f"version {i} to {i + 1} returned {builtins.type(out).__name__}, not a dict")
-        return dict(out)
+        return _run_chain(self._migrations[stored_version - 1:self.state_version - 1],
+                          dict(doc), start=stored_version,
+                          what=f"{self.name}: state migration {{}}", error=StateMigrationError)
 
     def load_state(self, doc: Mapping[str, Any] | None, stored_version: int = 1) -> S:
         """The state object of a stored ``state`` document written at ``stored_version``
@@ -618,3 +597,22 @@ class Registry:
         if not reg:
             raise ConfigurationError(f"module {module.__name__!r} defines no AggregateType")
         return reg
+
+
+def _run_chain(fns: Sequence[Callable[[Any], Any]], value: Mapping[str, Any], *, start: int,
+               what: str, error: builtins.type[AggboxError]) -> dict[str, Any]:
+    """Apply version steps ``fns`` (the first takes version ``start``) to a deep copy of
+    ``value``; each must return a dict. ``what`` names a step (``{}`` → the function)."""
+    out: Any = copy.deepcopy(dict(value))
+    for i, fn in enumerate(fns, start=start):
+        name = what.format(getattr(fn, "__qualname__", fn))
+        try:
+            out = fn(out)
+        except Exception as exc:
+            raise error(f"{name} from version {i} to {i + 1} raised "
+                        f"{builtins.type(exc).__name__}: {' '.join(str(exc).split())}"
+                        ) from exc
+        if not isinstance(out, dict):
+            raise error(f"{name} from version {i} to {i + 1} returned "
+                        f"{builtins.type(out).__name__}, not a dict")
+    return cast(dict[str, Any], out)

@@ -143,10 +143,7 @@ def needs_archive(rec: DedupRecord, msg: Message) -> bool:
     could have been archived before ``rec`` was read (its ``occurred_at`` is not after the
     newest archived one, or it is undated and an undated entry was archived). Messages
     newer than everything ever archived are new without asking."""
-    if msg.occurred_at is None:
-        if not rec.archive_undated:
-            return False
-    elif rec.archive_floor is None or msg.occurred_at > rec.archive_floor:
+    if not _could_be_archived(msg.occurred_at, rec.archive_floor, rec.archive_undated):
         return False
     found, _ = rec.inbox_hash(msg.message_id)
     return not found
@@ -233,24 +230,24 @@ class Inbox(DedupStrategy):
                 )
             return DUPLICATE
         t = msg.occurred_at
-        if _could_be_archived(t, rec.lookup_floor, rec.lookup_undated) or (
-                not rec.archive_known and needs_archive(rec, msg)):
-            if not rec.archive_known:
+        if not rec.archive_known:
+            if needs_archive(rec, msg):
                 raise ArchiveNotConsulted(
                     f"message {msg.message_id!r} needs the inbox archive and it was not looked "
                     "up; use StoreWriter, AggregateHarness or replay(), which do")
-            # Not in the archive. It is new, unless it is older than the horizon: then its
-            # archive entry may have expired.
-            if t is not None and t < now - self.horizon:
-                return Decision(
-                    "dead_letter", BEYOND_DEDUP_HORIZON,
-                    f"occurred_at {t.isoformat()} is more than the dedup horizon "
-                    f"({_span(self.horizon)}) before now and the message is in neither the "
-                    "inbox nor the inbox archive: it may have been applied before and "
-                    "forgotten. If it was, dismiss it (aggbox deadletters dismiss --reason "
-                    "beyond_dedup_horizon); if it is new, resend it with a current "
-                    "occurred_at, or raise Inbox(horizon=...)",
-                )
+        elif (_could_be_archived(t, rec.lookup_floor, rec.lookup_undated)
+              and t is not None and t < now - self.horizon):
+            # Could have been archived, is not there, and is older than the horizon: its
+            # archive entry may have expired, so it cannot be proven new.
+            return Decision(
+                "dead_letter", BEYOND_DEDUP_HORIZON,
+                f"occurred_at {t.isoformat()} is more than the dedup horizon "
+                f"({_span(self.horizon)}) before now and the message is in neither the "
+                "inbox nor the inbox archive: it may have been applied before and "
+                "forgotten. If it was, dismiss it (aggbox deadletters dismiss --reason "
+                "beyond_dedup_horizon); if it is new, resend it with a current "
+                "occurred_at, or raise Inbox(horizon=...)",
+            )
         if (t is None and rec.legacy_undated) or (
                 t is not None and rec.legacy_floor is not None and t <= rec.legacy_floor):
             return Decision(
