@@ -37,6 +37,7 @@ import copy
 import dataclasses
 import functools
 import inspect
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
@@ -55,7 +56,7 @@ from typing import (
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from aggregates.codec import StateCodec, UnknownStateFields
+from aggregates.codec import StateCodec, UnknownStateFields, scalar_dataclass_fields
 from aggregates.dedup import DedupStrategy, Inbox
 from aggregates.envelope import Message
 from aggregates.errors import (
@@ -200,14 +201,43 @@ def payload_adapter(cls: builtins.type[Any]) -> TypeAdapter[Any]:
     return adapter
 
 
+_SCALAR_FIELDS: dict[builtins.type[Any], tuple[tuple[str, tuple[type, ...]], ...] | None] = {}
+
+
 def dump_payload(obj: object) -> dict[str, Any]:
     """A payload object as the JSON-safe dict the outbox stores. Raises ``TypeError`` for an
     object that is not a pydantic model or dataclass instance, or pydantic's errors."""
+    return dump_payload_checked(obj)[0]
+
+
+def dump_payload_checked(obj: object) -> tuple[dict[str, Any], bool]:
+    """:func:`dump_payload`, and whether the dict's keys are known to be valid MongoDB field
+    names without looking (a dataclass of scalar fields read directly: its keys are Python
+    identifiers; the hot path of typed emits)."""
+    cls = builtins.type(obj)
+    try:
+        fast = _SCALAR_FIELDS[cls]
+    except KeyError:
+        fast = _SCALAR_FIELDS[cls] = scalar_dataclass_fields(cls)
+    if fast is not None:
+        out: dict[str, Any] = {}
+        for name, allowed in fast:
+            v = getattr(obj, name)
+            if builtins.type(v) not in allowed or (builtins.type(v) is float
+                                                  and not math.isfinite(v)):
+                break
+            out[name] = v
+        else:
+            return out, True
+    return _dump_payload_slow(obj), False
+
+
+def _dump_payload_slow(obj: object) -> dict[str, Any]:
     cls = builtins.type(obj)
     if not is_payload_class(cls):
         raise TypeError(f"payload must be a dict, a pydantic model or a dataclass instance; "
                         f"got {cls.__name__}")
-    out = payload_adapter(cls).dump_python(obj, mode="json")
+    out = payload_adapter(cls).dump_python(obj, mode="json", warnings="error")
     if not isinstance(out, dict):
         raise TypeError(f"{cls.__name__} dumps to {builtins.type(out).__name__}, not a dict")
     return out
@@ -425,6 +455,12 @@ class AggregateType(Generic[S]):
 
         return register
 
+    @property
+    def upcasts(self) -> bool:
+        """Whether any upcaster is registered (the fold skips :meth:`upcast` otherwise for
+        messages at schema version 1)."""
+        return bool(self._upcasters)
+
     def message_version(self, message_type: str) -> int:
         """The latest schema version of ``message_type``: 1 plus its upcasters."""
         return len(self._upcasters.get(message_type, ())) + 1
@@ -510,6 +546,8 @@ class AggregateType(Generic[S]):
         """The state object of a stored ``state`` document written at ``stored_version``
         (the document's ``_sv``): migrated (:meth:`migrate_state`), then loaded by the codec.
         Raises :class:`StateMigrationError` or the codec's ``StateCodecError``."""
+        if type(stored_version) is int and stored_version == self.state_version:  # current
+            return self.codec.load(doc)
         return self.codec.load(self.migrate_state(doc, stored_version))
 
     def ref(self, aggregate_id: str) -> AggregateRef:

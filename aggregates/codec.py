@@ -65,6 +65,7 @@ from pydantic.errors import PydanticSchemaGenerationError, PydanticUserError
 from typing_extensions import is_typeddict
 
 from aggregates.errors import AggboxError, ConfigurationError, HandlerError
+from aggregates.fieldnames import check_field_names
 
 S = TypeVar("S")
 
@@ -201,6 +202,13 @@ class StateCodec(Generic[S]):
 
     def dump(self, state: S) -> dict[str, Any]:
         """The ``state`` document to store (plain BSON: what ``bson.encode`` accepts)."""
+        return self.dump_checked(state, check=False)
+
+    def dump_checked(self, state: S, *, check: bool = True) -> dict[str, Any]:
+        """:meth:`dump`, and with ``check`` every key (at any depth) checked as a MongoDB
+        field name (:func:`aggregates.fieldnames.check_field_names`, raising
+        ``InvalidFieldName``). A scalar-field dataclass dumped by the fast path needs no
+        check: its keys are its field names, Python identifiers."""
         out: dict[str, Any] | None = None
         fast = self._fast
         if fast is not None and type(state) is self.state_type:
@@ -211,11 +219,15 @@ class StateCodec(Generic[S]):
                     out = None
                     break
                 out[name] = v
+        trusted = out is not None
         if out is None:
             out = self._dump_slow(state)
         loaded = self._loaded.get()
         if loaded is not None:
             self._merge_unknown(out, loaded)
+            trusted = False
+        if check and not trusted:
+            check_field_names(out, "state")
         return out
 
     # -- internals -------------------------------------------------------------------------
@@ -508,6 +520,25 @@ def _check_struct(tp: Any, path: str, flags: _Flags, seen: set[Any]) -> None:
         _check(ftype, f"{path}.{name}", flags, seen)
     if top:
         flags.scalar_fields = scalars
+
+
+def scalar_dataclass_fields(tp: Any) -> tuple[tuple[str, tuple[type, ...]], ...] | None:
+    """For a dataclass whose fields are all plain scalars (str, int, float, bool, None and
+    unions of them): each field's name and the exact value types that may be copied as is
+    (a dump that reads the fields gives what pydantic's would, in python and JSON mode
+    alike). ``None`` for anything else."""
+    if not (dataclasses.is_dataclass(tp) and isinstance(tp, type)):
+        return None
+    out = []
+    try:
+        for name, ftype in _fields(tp, tp.__name__):
+            allowed = _scalar_types(ftype)
+            if allowed is None:
+                return None
+            out.append((name, allowed))
+    except ConfigurationError:
+        return None
+    return tuple(out)
 
 
 def _scalar_types(tp: Any) -> tuple[type, ...] | None:

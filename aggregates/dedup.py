@@ -161,6 +161,9 @@ class DedupStrategy(ABC):
     """Base class. Subclasses are small immutable value objects."""
 
     name: str = "abstract"
+    #: Whether :meth:`decide` and :meth:`record` use the payload hash (the fold computes it
+    #: only then; other strategies get ``""``).
+    uses_payload_hash: bool = False
 
     @abstractmethod
     def decide(self, rec: DedupRecord, msg: Message, payload_hash: str, now: datetime
@@ -201,6 +204,7 @@ class Inbox(DedupStrategy):
     argument."""
 
     name = "inbox"
+    uses_payload_hash = True
 
     def __init__(self, *, window: int = 1000, horizon: timedelta = timedelta(days=7),
                  clock_skew: timedelta = timedelta(minutes=5)) -> None:

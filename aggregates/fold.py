@@ -15,7 +15,14 @@ from typing import Any
 import bson
 
 from aggregates import outcomes as oc
-from aggregates.aggregate import AggregateType, Emit, InvalidPayload, TypedHandler, dump_payload
+from aggregates.aggregate import (
+    AggregateRef,
+    AggregateType,
+    Emit,
+    InvalidPayload,
+    TypedHandler,
+    dump_payload_checked,
+)
 from aggregates.dedup import (
     DUPLICATE_DIFFERENT_PAYLOAD,
     SEQUENCE_GAP,
@@ -147,6 +154,7 @@ class _Folder:
         strict: bool = True,
     ) -> None:
         self.atype = atype
+        self._upcasting = atype.upcasts
         self.strict = strict
         self.applied = False
         self.now = now
@@ -234,8 +242,9 @@ class _Folder:
                       f"an event {msg.aggregate_type}/{msg.aggregate_id} published (header "
                       f"{KIND_HEADER}: {KIND_EVENT}); events are not input to aggregates")
             return
-        phash = payload_hash(msg.payload)
-        decision: Decision = self.atype.dedup.decide(self.snap.dedup, msg, phash, self.now)
+        strategy = self.atype.dedup
+        phash = payload_hash(msg.payload) if strategy.uses_payload_hash else ""
+        decision: Decision = strategy.decide(self.snap.dedup, msg, phash, self.now)
         if decision.verdict == "duplicate":  # applied before: a duplicate, blocked or not
             self._out(msg, "duplicate", from_parked)
             return
@@ -267,7 +276,7 @@ class _Folder:
         # An older payload is upcast to the handler's version first (dedup above and the
         # records below use the message as delivered, so a redelivery stays a duplicate).
         try:
-            hmsg = self.atype.upcast(msg)
+            hmsg = self.atype.upcast(msg) if self._upcasting or msg.schema_version != 1 else msg
         except UnknownSchemaVersion as exc:
             self._dead(msg, from_parked, oc.UNKNOWN_SCHEMA_VERSION, str(exc))
             return
@@ -304,8 +313,7 @@ class _Folder:
         # checked once per fold in the fast pass (see fold()).
         try:
             new_state, emits = _normalise(result, msg)
-            state_doc = self.atype.codec.dump(new_state)
-            check_field_names(state_doc, "state")
+            state_doc = self.atype.codec.dump_checked(new_state)
         except InvalidFieldName as exc:
             self._dead(msg, from_parked, oc.INVALID_STATE, str(exc))
             return
@@ -402,6 +410,8 @@ class _Folder:
     def retry_parked(self, candidates: list[Parked], *, first: bool,
                      source: str | None = None) -> None:
         if first:
+            if not candidates:
+                return
             pool = _in_delivery_order(candidates)
         else:
             pool = [p for p in self.waiting if p.reason == SEQUENCE_GAP
@@ -458,22 +468,23 @@ class _Folder:
                 raise _EmitError(f"Emit #{i}: the type must be a non-empty string (a dict "
                                  f"payload needs a type name); got {e.type!r}")
             if isinstance(e.payload, dict):
-                payload = e.payload
+                payload, trusted = e.payload, False
             else:  # a payload object (pydantic model, dataclass), dumped JSON-safe
                 try:
-                    payload = dump_payload(e.payload)
+                    payload, trusted = dump_payload_checked(e.payload)
                 except Exception as exc:
                     raise _EmitError(
                         f"Emit({e.type!r}) #{i}: the payload must be a dict, a pydantic model "
                         f"or a dataclass instance that dumps to JSON; "
                         f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
-            problem = _emit_problem(e)
+            problem = None if _plain(e) else _emit_problem(e)
             if problem is not None:
                 raise _EmitError(f"Emit({e.type!r}) #{i}: {problem}")
-            try:
-                check_field_names(payload, f"emit[{i}].payload")
-            except InvalidFieldName as exc:
-                raise _EmitError(str(exc)) from None
+            if not trusted:
+                try:
+                    check_field_names(payload, f"emit[{i}].payload")
+                except InvalidFieldName as exc:
+                    raise _EmitError(str(exc)) from None
             seq = self.snap.seq + i + 1
             entry: dict[str, Any] = {
                 "id": emitted_message_id(self.atype.name, self.snap.aggregate_id,
@@ -504,11 +515,27 @@ def _text(value: Any) -> bool:
     """A non-empty string MongoDB can store (no lone surrogates)."""
     if not isinstance(value, str) or not value:
         return False
+    if value.isascii():
+        return True
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _plain(e: Emit) -> bool:
+    """An emit with nothing to check beyond type, payload and address (the common case): no
+    topic, key, headers or schema version; its address, if any, is an ``atype.ref(...)``
+    or a tuple of two storable strings."""
+    if e.topic is not None or e.key is not None or e.schema_version is not None or e.headers:
+        return False
+    to = e.to
+    return to is None or (type(to) in _PAIRS and len(to) == 2 and _text(to[0])
+                          and _text(to[1]))
+
+
+_PAIRS = (AggregateRef, tuple)
 
 
 def _emit_problem(e: Emit) -> str | None:

@@ -209,7 +209,10 @@ class _RecordingCodec:
         return getattr(self._atype.codec, name)
 
     def dump(self, state: Any) -> dict[str, Any]:
-        doc = self._atype.codec.dump(state)
+        return self.dump_checked(state, check=False)
+
+    def dump_checked(self, state: Any, *, check: bool = True) -> dict[str, Any]:
+        doc = self._atype.codec.dump_checked(state, check=check)
         self._seen.append((state, doc))
         return doc
 

@@ -5,13 +5,16 @@ the same in the harness, the store writer (mongomock) and replay, since all go t
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
 import mongomock
 import pytest
-from pydantic import BaseModel
+from hypothesis import given
+from hypothesis import strategies as st
+from pydantic import BaseModel, TypeAdapter
 
 from aggregates import (
     AggboxSettings,
@@ -25,7 +28,7 @@ from aggregates import (
     StoreWriter,
 )
 from aggregates import outcomes as oc
-from aggregates.aggregate import TypedHandler
+from aggregates.aggregate import TypedHandler, dump_payload_checked
 from aggregates.debug.replay import replay_steps
 from aggregates.document import Snapshot
 from aggregates.fold import fold
@@ -258,6 +261,44 @@ def test_typed_emit_payload_is_dumped_json_safe() -> None:
 @dataclass(frozen=True)
 class Opaque:
     thing: Any
+
+
+@dataclass(frozen=True)
+class Flat:
+    name: str
+    n: int
+    x: float
+    ok: bool
+    maybe: int | None = None
+
+
+@given(st.builds(Flat, name=st.text(), n=st.integers(), x=st.floats(),
+                 ok=st.booleans(), maybe=st.none() | st.integers()))
+def test_the_fast_payload_dump_is_pydantics(obj: Flat) -> None:
+    # A scalar-field dataclass is dumped by reading its fields (the hot path); what it
+    # gives must be exactly pydantic's JSON-mode dump (non-finite floats included).
+    out, trusted = dump_payload_checked(obj)
+    assert out == TypeAdapter(Flat).dump_python(obj, mode="json")
+    assert trusted == all(v is None or not isinstance(v, float) or math.isfinite(v)
+                          for v in dataclasses.asdict(obj).values())
+
+
+def test_a_scalar_field_holding_a_structure_takes_the_checked_path() -> None:
+    # Dataclasses do not check types: a dict in a str field is dumped by pydantic and its
+    # keys are checked like a dict payload's.
+    h = AggregateHarness(_emitting(Emit(Flat({"$set": 1}, 1, 1.0, True))),  # type: ignore[arg-type]
+                         aggregate_id="s-1")
+    step = h.when(message("Go", {}, to="Shop", id="s-1"))
+    assert (step.outcome, step.reason) == ("dead_lettered", oc.INVALID_EMIT)
+
+
+@pytest.mark.parametrize("to", [("Order", "\ud800"), ("\udfff", "o"), ("Order", ""),
+                                AggregateRef("Order", "\ud800"), ("Order", "o", "x")])
+def test_an_address_that_cannot_be_stored_is_invalid_emit(to: Any) -> None:
+    h = AggregateHarness(_emitting(Emit(Reserved("o", 1), to=to)), aggregate_id="s-1")
+    step = h.when(message("Go", {}, to="Shop", id="s-1"))
+    assert (step.outcome, step.reason) == ("dead_lettered", oc.INVALID_EMIT)
+    assert step.detail is not None and "to must be" in step.detail
 
 
 @pytest.mark.parametrize(("emit", "words"), [
