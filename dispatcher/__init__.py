@@ -9,11 +9,16 @@ anywhere republishes, never loses. See docs/design.md "The dispatcher".
 Modules: :mod:`~dispatcher.settings` (section ``[dispatcher]``), :mod:`~dispatcher.record`
 (entry → envelope + headers/key/topic), :mod:`~dispatcher.publishers` (Kafka, JSON Lines,
 stdout; the interface for more), :mod:`~dispatcher.cycle` (publish → dead-letter → pull),
-:mod:`~dispatcher.inflight`, :mod:`~dispatcher.sweep`, :mod:`~dispatcher.stream`
-(change stream + checkpoints), :mod:`~dispatcher.lease`, :mod:`~dispatcher.worker` (one
-collection's state machine), :mod:`~dispatcher.metrics` (Prometheus + ``/healthz``),
-:mod:`~dispatcher.faults` (crash-test hooks), :mod:`~dispatcher.daemon` (lifecycle, signals),
-:mod:`~dispatcher.cli`.
+:mod:`~dispatcher.inflight`, :mod:`~dispatcher.sweep` (sweeps and their schedule),
+:mod:`~dispatcher.stream` (change stream + checkpoints), :mod:`~dispatcher.streammode`
+(stream mode: restarts, invalidations, checkpoints), :mod:`~dispatcher.lease` and
+:mod:`~dispatcher.leasekeeper` (standby, renewal), :mod:`~dispatcher.retries` (backoff and
+documents to retry), :mod:`~dispatcher.worker` (one collection: what comes next),
+:mod:`~dispatcher.backlog` (backlog gauges), :mod:`~dispatcher.metrics` (Prometheus +
+``/healthz`` over aiohttp), :mod:`~dispatcher.errors` (fatal store errors),
+:mod:`~dispatcher.timing` (injected clock, sleep and jitter), :mod:`~dispatcher.faults`
+(crash-test hooks), :mod:`~dispatcher.daemon` (lifecycle, signals). The command line is
+``aggbox.commands.dispatch``.
 
 Imports here are light (no broker client); publishers load theirs when started.
 """

@@ -26,21 +26,25 @@ from pymongo import UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import PyMongoError
 
+from aggregates.backoff import Backoff
 from aggregates.deadletters import dead_letter_update
 from aggregates.document import F_OUTBOX, F_TYPE
 from aggregates.fold import DeadLetter
+from aggregates.reasons import Reason
+from aggregates.storeerrors import is_fatal
 from dispatcher.faults import Faults
 from dispatcher.inflight import InFlight
 from dispatcher.metrics import Metrics
 from dispatcher.publishers.base import Publisher, PublishResult
 from dispatcher.record import InvalidEntry, OutboundRecord, build_record
+from dispatcher.timing import REAL_TIME, Timing, pause
 
 __all__ = ["INVALID_OUTBOX_ENTRY", "Cycle", "CycleResult"]
 
 log = logging.getLogger("aggbox.dispatcher")
 
 #: Dead-letter reason of an entry that cannot form a valid envelope.
-INVALID_OUTBOX_ENTRY = "invalid_outbox_entry"
+INVALID_OUTBOX_ENTRY = Reason.INVALID_OUTBOX_ENTRY
 
 _PULL_ATTEMPTS = 6
 
@@ -90,7 +94,9 @@ class Cycle:
         faults: Faults,
         lease_held: Callable[[], bool],
         source_type: str | None = None,
-        backoff_s: Callable[[int], float] = lambda n: min(5.0, 0.1 * 2 ** n),
+        backoff_initial_s: float = 0.1,
+        backoff_max_s: float = 5.0,
+        timing: Timing = REAL_TIME,
     ) -> None:
         self.coll = coll
         self.collection = coll.name
@@ -103,7 +109,9 @@ class Cycle:
         self.faults = faults
         self.lease_held = lease_held
         self.source_type = source_type or coll.name
-        self.backoff_s = backoff_s
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.timing = timing
         self._pulling: asyncio.Task[None] | None = None
         c = self.collection
         self._m_published = metrics.published.labels(c)
@@ -192,66 +200,14 @@ class Cycle:
             return result
         records = [r for d in docs for r in d.records if isinstance(r, OutboundRecord)]
         self.faults.hit("before_publish")
-        outcomes: list[PublishResult]
-        if records:
-            try:
-                outcomes = await self.publisher.publish(records)
-                if len(outcomes) != len(records):
-                    raise RuntimeError(f"publisher {self.publisher.name} returned "
-                                       f"{len(outcomes)} results for {len(records)} records")
-            except asyncio.CancelledError:
-                for d in docs:
-                    self.inflight.finish(d.key, (), self._ids(d.records))
-                raise
-            except Exception as exc:  # the whole batch failed: retry it
-                log.warning("publisher %s failed: %s", self.publisher.name, exc,
-                            extra={"collection": self.collection})
-                outcomes = [PublishResult.retryable(f"{type(exc).__name__}: {exc}")] * len(
-                    records)
-        else:
-            outcomes = []
+        outcomes = await self._publish(docs, records)
         by_record = dict(zip((id(r) for r in records), outcomes, strict=True))
         now = datetime.now(UTC)
         letters: list[DeadLetter] = []
         pulls: list[tuple[_Doc, list[str], list[str]]] = []
         for d in docs:
-            done: list[str] = []
-            released: list[str] = []
-            failed = False
-            for r in d.records:
-                rid = r.message_id if isinstance(r, OutboundRecord) else r.entry_id
-                if failed:
-                    released.append(rid)
-                    continue
-                if isinstance(r, InvalidEntry):
-                    letters.append(self._letter_invalid(r, d.key))
-                    self._m_permanent.inc()
-                    self.metrics.dead_lettered.labels(self.collection, INVALID_OUTBOX_ENTRY).inc()
-                    done.append(rid)
-                    continue
-                res = by_record[id(r)]
-                if res.status == "ok":
-                    done.append(rid)
-                    result.published += 1
-                    if r.created_at is not None:
-                        self._m_latency.observe(max(0.0, (now - r.created_at).total_seconds()))
-                elif res.status == "permanent":
-                    letters.append(self._letter_rejected(r, res))
-                    self._m_permanent.inc()
-                    self.metrics.dead_lettered.labels(self.collection,
-                                                      res.reason or "rejected").inc()
-                    log.error("dead-lettered %s (%s/%r → topic %s): %s: %s", rid,
-                              self.collection, d.key, r.topic, res.reason, res.error,
-                              extra={"collection": self.collection, "message_id": rid,
-                                     "reason": res.reason, "alert": True})
-                    done.append(rid)
-                else:
-                    failed = True
-                    released.append(rid)
-                    self._m_retryable.inc()
-                    result.retry_error = result.retry_error or res.error
-            if failed:
-                result.retry.append(d.key)
+            done, released, doc_letters = self._settle(d, by_record, now, result)
+            letters.extend(doc_letters)
             result.stale += len(d.stale)
             pulls.append((d, done, released))
         result.dead_lettered = len(letters)
@@ -265,6 +221,69 @@ class Cycle:
             raise
         self._pulling = asyncio.create_task(self._complete(pulls, result.published))
         return result
+
+    async def _publish(self, docs: list[_Doc], records: list[OutboundRecord]
+                       ) -> list[PublishResult]:
+        """The publisher's outcome per record; an exception fails the whole batch
+        (retryably)."""
+        if not records:
+            return []
+        try:
+            outcomes = await self.publisher.publish(records)
+            if len(outcomes) != len(records):
+                raise RuntimeError(f"publisher {self.publisher.name} returned "
+                                   f"{len(outcomes)} results for {len(records)} records")
+            return outcomes
+        except asyncio.CancelledError:
+            for d in docs:
+                self.inflight.finish(d.key, (), self._ids(d.records))
+            raise
+        except Exception as exc:  # the whole batch failed: retry it
+            log.warning("publisher %s failed: %s", self.publisher.name, exc,
+                        extra={"collection": self.collection})
+            return [PublishResult.retryable(f"{type(exc).__name__}: {exc}")] * len(records)
+
+    def _settle(self, d: _Doc, by_record: dict[int, PublishResult], now: datetime,
+                result: CycleResult) -> tuple[list[str], list[str], list[DeadLetter]]:
+        """One document's outcome: ids to pull (published or dead-lettered), ids released
+        for a retry (from the first retryable failure on), and its dead letters. Counts
+        into ``result``."""
+        done: list[str] = []
+        released: list[str] = []
+        letters: list[DeadLetter] = []
+        for r in d.records:
+            rid = r.message_id if isinstance(r, OutboundRecord) else r.entry_id
+            if released:
+                released.append(rid)
+                continue
+            if isinstance(r, InvalidEntry):
+                letters.append(self._letter_invalid(r, d.key))
+                self._m_permanent.inc()
+                self.metrics.dead_lettered.labels(self.collection, INVALID_OUTBOX_ENTRY).inc()
+                done.append(rid)
+                continue
+            res = by_record[id(r)]
+            if res.status == "ok":
+                done.append(rid)
+                result.published += 1
+                if r.created_at is not None:
+                    self._m_latency.observe(max(0.0, (now - r.created_at).total_seconds()))
+            elif res.status == "permanent":
+                letters.append(self._letter_rejected(r, res))
+                self._m_permanent.inc()
+                self.metrics.dead_lettered.labels(self.collection, res.reason or "rejected").inc()
+                log.error("dead-lettered %s (%s/%r → topic %s): %s: %s", rid,
+                          self.collection, d.key, r.topic, res.reason, res.error,
+                          extra={"collection": self.collection, "message_id": rid,
+                                 "reason": res.reason, "alert": True})
+                done.append(rid)
+            else:
+                released.append(rid)
+                self._m_retryable.inc()
+                result.retry_error = result.retry_error or res.error
+        if released:
+            result.retry.append(d.key)
+        return done, released, letters
 
     def _release(self, pulls: list[tuple[_Doc, list[str], list[str]]]) -> None:
         for d, _done, _released in pulls:  # published but not pulled: sent again later
@@ -295,7 +314,7 @@ class Cycle:
 
     def _letter_rejected(self, r: OutboundRecord, res: PublishResult) -> DeadLetter:
         return DeadLetter(
-            message=r.message, raw=None, reason=res.reason or "rejected_by_broker",
+            message=r.message, raw=None, reason=res.reason or Reason.REJECTED_BY_BROKER,
             detail=f"publisher {self.publisher.name} rejected it for good (topic {r.topic!r}): "
                    f"{res.error}",
             aggregate_type=r.source_type, aggregate_id=str(r.document_id),
@@ -320,17 +339,16 @@ class Cycle:
             return
         ops = [UpdateOne({"_id": key}, {"$pull": {F_OUTBOX: {"id": {"$in": ids}}}})
                for key, ids in pulls]
-        attempt = 0
+        backoff = Backoff(self.backoff_initial_s, self.backoff_max_s, random=self.timing.random)
         while True:
             try:
                 await self.coll.bulk_write(ops, ordered=False)
                 return
             except PyMongoError as exc:
-                attempt += 1
-                if attempt >= _PULL_ATTEMPTS:
+                if is_fatal(exc) or backoff.attempt + 1 >= _PULL_ATTEMPTS:
                     raise
-                delay = self.backoff_s(attempt)
+                delay = backoff.next()
                 log.warning("pull from %s failed (%s); retrying in %.2fs", self.collection, exc,
                             delay, extra={"collection": self.collection})
-                await asyncio.sleep(delay)
+                await pause(self.timing, delay)
 

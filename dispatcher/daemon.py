@@ -13,6 +13,15 @@ abandons in-flight work immediately.
 With ``once=True``, :meth:`run` raises :class:`OnceGaveUp` when a collection makes no
 progress for ``once_timeout_s`` (MongoDB or the broker unreachable): the command line prints
 it as one error line and exits with status 1.
+
+A store error no retry can fix — wrong password, missing privilege, bad URI
+(:mod:`aggregates.storeerrors`) — stops every worker within seconds and :meth:`run` raises
+:class:`~dispatcher.errors.FatalStoreError`: one line for the command line to print (exit
+status 1), the full trace in the ``aggbox.trace`` log (the log file, ``AGGBOX_LOG_FILE``).
+
+The MongoDB URI is the store settings' ``mongodb_uri`` (or a ``client`` passed in): the
+dispatcher never starts a server by itself — the command line resolves "no URI given".
+Fault injection (crash tests) is passed in explicitly (``faults=``); it is inert by default.
 """
 
 from __future__ import annotations
@@ -21,7 +30,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import time
 from typing import Any
 
 from pymongo import AsyncMongoClient
@@ -29,15 +37,17 @@ from pymongo.errors import PyMongoError
 
 from aggregates.errors import AggboxError, ConfigurationError
 from aggregates.settings import AggboxSettings
+from dispatcher.errors import FatalStoreError, check_fatal
 from dispatcher.faults import Faults
 from dispatcher.lease import default_instance_id
 from dispatcher.metrics import Health, Metrics, MetricsServer
 from dispatcher.publishers import Publisher, create_publisher
 from dispatcher.record import check_template
 from dispatcher.settings import DispatcherSettings
+from dispatcher.timing import REAL_TIME, Timing
 from dispatcher.worker import CollectionWorker
 
-__all__ = ["Dispatcher", "OnceGaveUp", "resolve_collections"]
+__all__ = ["Dispatcher", "FatalStoreError", "OnceGaveUp", "resolve_collections"]
 
 log = logging.getLogger("aggbox.dispatcher")
 
@@ -77,13 +87,15 @@ class Dispatcher:
         client: AsyncMongoClient[Any] | None = None,
         faults: Faults | None = None,
         metrics: Metrics | None = None,
+        timing: Timing = REAL_TIME,
     ) -> None:
         self.settings = settings or DispatcherSettings.load()
         self.store = store or AggboxSettings.load()
         check_template(self.settings.topic_template)
         self.collections = resolve_collections(self.settings)
         self.publisher = publisher or create_publisher(self.settings)
-        self.faults = faults if faults is not None else Faults.from_env()
+        self.faults = faults if faults is not None else Faults()
+        self.timing = timing
         self.metrics = metrics or Metrics()
         self.health = Health(stale_after_s=max(60.0, 3 * self.settings.lease_ttl_s,
                                                3 * self.settings.kafka_delivery_timeout_s),
@@ -98,6 +110,7 @@ class Dispatcher:
         self._tasks: list[asyncio.Task[None]] = []
         self._signals = 0
         self._gave_up: str | None = None
+        self._fatal: FatalStoreError | None = None
 
     # -- control ----------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -148,16 +161,18 @@ class Dispatcher:
             return self._client
         uri = self.store.mongodb_uri
         if not uri:
-            from aggbox.servers import mongodb_uri
-
-            # The resolver uses `aggbox local start`'s server when one runs, else says in one
-            # line that it starts a throw-away one.
-            uri = await asyncio.to_thread(mongodb_uri)
+            raise ConfigurationError(
+                "no MongoDB URI: set mongodb_uri (--mongodb-uri, AGGBOX_MONGODB_URI); the "
+                "dispatcher does not start a server by itself")
         options: dict[str, Any] = {}
         if "serverselectiontimeoutms" not in uri.lower():  # the URI's own setting wins
             options["serverSelectionTimeoutMS"] = int(self.server_selection_timeout_s * 1000)
-        self._client = AsyncMongoClient(uri, tz_aware=True, appname="aggbox-dispatcher",
-                                        **options)
+        try:
+            self._client = AsyncMongoClient(uri, tz_aware=True, appname="aggbox-dispatcher",
+                                            **options)
+        except PyMongoError as exc:  # InvalidURI, ConfigurationError: fatal
+            check_fatal(exc, "MongoDB URI")
+            raise
         return self._client
 
     async def _run(self, stop: asyncio.Event, once: bool) -> int:
@@ -182,7 +197,7 @@ class Dispatcher:
                                  dead_letter_collection=self.store.dead_letter_collection,
                                  metrics=self.metrics, health=self.health, faults=self.faults,
                                  stop=stop, owner=self.instance_id, source_type=atype,
-                                 once=once)
+                                 once=once, timing=self.timing)
                 for name, atype in self.collections
             ]
             for w in self.workers:
@@ -206,6 +221,8 @@ class Dispatcher:
         finally:
             await self._close()
         log.info("dispatcher %s stopped", self.instance_id, extra={"instance": self.instance_id})
+        if self._fatal is not None:
+            raise self._fatal
         if self._gave_up is not None:
             raise OnceGaveUp(self._gave_up)
         return rc
@@ -215,7 +232,7 @@ class Dispatcher:
         ``once_timeout_s`` (nothing was pulled that was not published: at-least-once holds)."""
         limit = self.settings.once_timeout_s
         while not stop.is_set():
-            now = time.monotonic()
+            now = self.timing.monotonic()  # the workers' clock (progress_at)
             for w, task in zip(self.workers, self._tasks, strict=True):
                 if task.done() or now - w.progress_at <= limit:
                     continue
@@ -241,7 +258,11 @@ class Dispatcher:
                 if t is stopper or t.cancelled():
                     continue
                 exc = t.exception()
-                if exc is not None:
+                if isinstance(exc, FatalStoreError):  # its trace is in the trace log already
+                    self._fatal = self._fatal or exc
+                    rc = 1
+                    stop.set()
+                elif exc is not None:
                     log.error("%s failed: %s", t.get_name(), exc, exc_info=exc)
                     rc = 1
                     stop.set()

@@ -1,6 +1,9 @@
-"""Fault injection for crash and recovery tests. Inert unless configured.
+"""Fault injection for crash and recovery tests. Inert unless a test passes rules in.
 
-``AGGBOX_DISPATCHER_FAULT`` holds comma-separated rules ``point:action[@n]``: at the n-th
+Production code never reads fault rules from anywhere: a test builds :class:`Faults` and
+passes it to :class:`~dispatcher.daemon.Dispatcher` (``faults=``); a test that runs the
+daemon as a process uses the test-only entry point ``python -m tests.dispatcher.faultrun
+RULES <dispatch options>``. Rules are comma-separated ``point:action[@n]``: at the n-th
 time (default 1st) the dispatcher reaches ``point``, ``action`` happens.
 
 Points (in the order one batch goes through them):
@@ -25,7 +28,7 @@ Actions:
   (collection dropped or renamed on MongoDB), which mongo-java-server never sends: raises
   :class:`InjectedInvalidate`, which the worker turns into that event.
 
-Example: ``AGGBOX_DISPATCHER_FAULT=after_publish:kill@3`` kills the process right after the
+Example: ``Faults.parse("after_publish:kill@3")`` kills the process right after the
 third batch was acknowledged by the broker and before it was pulled.
 """
 
@@ -42,11 +45,10 @@ from pymongo.errors import OperationFailure
 
 from aggregates.errors import ConfigurationError
 
-__all__ = ["FAULT_ENV", "POINTS", "FaultRule", "Faults", "InjectedInvalidate"]
+__all__ = ["POINTS", "FaultRule", "Faults", "InjectedInvalidate"]
 
 log = logging.getLogger("aggbox.dispatcher.faults")
 
-FAULT_ENV: Final = "AGGBOX_DISPATCHER_FAULT"
 POINTS: Final = ("stream_open", "stream_read", "before_publish", "after_publish", "after_pull",
                  "after_checkpoint")
 Action = Literal["kill", "exit", "history_lost", "invalid_token", "no_change_streams",
@@ -89,19 +91,15 @@ class Faults:
             action, _, count = rest.partition("@")
             if point not in POINTS or action not in ACTIONS:
                 raise ConfigurationError(
-                    f"{FAULT_ENV}: bad rule {part!r}; use point:action[@n] with point in "
+                    f"fault rules: bad rule {part!r}; use point:action[@n] with point in "
                     f"{POINTS} and action in {ACTIONS}"
                 )
             try:
                 at = int(count) if count else 1
             except ValueError:
-                raise ConfigurationError(f"{FAULT_ENV}: bad count in {part!r}") from None
+                raise ConfigurationError(f"fault rules: bad count in {part!r}") from None
             rules.append(FaultRule(point, action, at))  # type: ignore[arg-type]
         return cls(rules)
-
-    @classmethod
-    def from_env(cls) -> Faults:
-        return cls.parse(os.environ.get(FAULT_ENV))
 
     def add(self, point: str, action: Action, at: int = 1) -> None:
         """Arm a rule at run time (in-process tests); ``at`` counts from now."""

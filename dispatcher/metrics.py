@@ -1,24 +1,34 @@
 """Prometheus metrics and the ``/healthz`` endpoint.
 
 Every :class:`Metrics` has its own registry (several dispatchers may live in one process,
-e.g. in tests). :class:`MetricsServer` is a tiny asyncio HTTP server:
+e.g. in tests). :class:`MetricsServer` serves them over HTTP with aiohttp:
 
 - ``GET /metrics`` — Prometheus text format;
 - ``GET /healthz`` — 200 when every collection worker made progress recently (active or
   standby) *and* had a successful MongoDB round trip within ``unhealthy_after_s``, else 503;
   the body is JSON with each worker's role, mode, last activity, last server contact and
   last error.
+
+``HEAD`` works on both; anything else is 404 (unknown path) or 405 (other methods), a
+malformed request 400.
+
+Why aiohttp: the dispatcher is an asyncio program, and aiohttp's server runs on the same
+event loop as the workers — no thread, no second server process, no ASGI adapter. It is
+maintained, widely deployed and handles HTTP/1.1 (keep-alive, HEAD, chunked bodies,
+malformed requests, slow clients, header limits) itself. prometheus_client's own exposition
+server is a WSGI app on a thread (``start_http_server``) and serves no ``/healthz``; its ASGI
+app would need an ASGI server (uvicorn) as well as a second app for ``/healthz``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiohttp import web
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -158,41 +168,41 @@ class MetricsServer:
         self.health = health
         self.host = host
         self.port = port
-        self._server: asyncio.Server | None = None
+        self._runner: web.AppRunner | None = None
+
+    def app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)  # GET and HEAD
+        app.router.add_get("/healthz", self._healthz)
+        app.router.add_get("/health", self._healthz)
+        return app
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, self.host, self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
+        """Bind (raises ``OSError`` when the port is taken) and serve."""
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+        except OSError:
+            sock.close()
+            raise
+        self.port = sock.getsockname()[1]
+        runner = web.AppRunner(self.app(), access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.SockSite(runner, sock).start()
+        self._runner = runner
         log.info("metrics on http://%s:%d/metrics, health on /healthz", self.host, self.port)
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-            self._server = None
+        runner, self._runner = self._runner, None
+        if runner is not None:
+            await runner.cleanup()
 
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request = await asyncio.wait_for(reader.readline(), 5.0)
-            while True:  # skip the request headers
-                line = await asyncio.wait_for(reader.readline(), 5.0)
-                if line in (b"\r\n", b"\n", b""):
-                    break
-            parts = request.decode("latin-1").split()
-            path = parts[1].split("?", 1)[0] if len(parts) >= 2 else "/"
-            if path == "/metrics":
-                status, ctype, body = "200 OK", CONTENT_TYPE_LATEST, self.metrics.render()
-            elif path in ("/healthz", "/health"):
-                ok, report = self.health.report()
-                status = "200 OK" if ok else "503 Service Unavailable"
-                ctype, body = "application/json", json.dumps(report).encode()
-            else:
-                status, ctype, body = "404 Not Found", "text/plain", b"try /metrics or /healthz\n"
-            head = (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n"
-                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
-            writer.write(head.encode() + body)
-            await writer.drain()
-        except (TimeoutError, ConnectionError):
-            pass
-        finally:
-            writer.close()
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(),
+                            headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def _healthz(self, request: web.Request) -> web.Response:
+        ok, report = self.health.report()
+        return web.json_response(report, status=200 if ok else 503)

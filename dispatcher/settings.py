@@ -34,7 +34,7 @@ class DispatcherSettings(SectionSettings):
     )
     aggregates: str | None = Field(
         None,
-        description="Python module defining the aggregate types (e.g. examples.orders); "
+        description="Python module defining the aggregate types (e.g. aggbox.examples.orders); "
         "used for the collection list when `collections` is empty.",
     )
     publisher: PublisherKind = Field(

@@ -16,12 +16,11 @@ Contract with the server (it holds for MongoDB and for mongo-java-server):
   ends the stream: the server closes the cursor and nothing more arrives. :meth:`read`
   reports it (``StreamBatch.ended`` with the event's token) and the caller opens a new stream
   ``start_after`` that token. mongo-java-server never sends one (its streams survive a drop);
-  tests inject it with ``AGGBOX_DISPATCHER_FAULT=stream_read:invalidate``.
+  tests inject it with the fault rule ``stream_read:invalidate``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import calendar
 import contextlib
 import time
@@ -36,6 +35,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 
 from aggregates.document import F_OUTBOX
+from dispatcher.timing import REAL_TIME, Timing, pause
 
 __all__ = [
     "CHANGE_STREAMS_UNSUPPORTED",
@@ -124,10 +124,12 @@ class StreamBatch:
 class StreamFollower:
     """An open change stream on one collection, read in paced batches."""
 
-    def __init__(self, coll: AsyncCollection[Any], *, batch_size: int, pacing_s: float) -> None:
+    def __init__(self, coll: AsyncCollection[Any], *, batch_size: int, pacing_s: float,
+                 timing: Timing = REAL_TIME) -> None:
         self.coll = coll
         self.batch_size = batch_size
         self.pacing_s = pacing_s
+        self.timing = timing
         self._stream: AsyncChangeStream[Any] | None = None
         self._rewind: Mapping[str, Any] | None = None  # token to resume from after a failed read
         self._ended: StreamBatch | None = None  # set once the stream is over
@@ -165,9 +167,9 @@ class StreamFollower:
         (never spins)."""
         assert self._stream is not None, "open() first"
         self.reads += 1
-        started = time.monotonic()
+        started = self.timing.monotonic()
         if self._ended is not None:  # nothing more will come (never spin on it either)
-            await asyncio.sleep(self.pacing_s)
+            await pause(self.timing, self.pacing_s)
             return self._ended
         docs: list[Mapping[str, Any]] = []
         newest: Timestamp | None = None
@@ -204,9 +206,7 @@ class StreamFollower:
                                       end_token=end_token or self._stream.resume_token)
             return StreamBatch(docs, n, newest, ended=True, end_token=self._ended.end_token)
         if n == 0:
-            remaining = self.pacing_s - (time.monotonic() - started)
-            if remaining > 0:
-                await asyncio.sleep(remaining)
+            await pause(self.timing, self.pacing_s - (self.timing.monotonic() - started))
         return StreamBatch(docs, n, newest)
 
     def end(self) -> StreamBatch:

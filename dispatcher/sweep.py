@@ -9,6 +9,8 @@ collection holds no cursor open while it publishes.
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,8 +18,12 @@ from pymongo.asynchronous.collection import AsyncCollection
 
 from aggregates.document import F_OUTBOX, F_TYPE
 from dispatcher.cycle import Cycle, CycleResult
+from dispatcher.metrics import Metrics
+from dispatcher.timing import Timing
 
-__all__ = ["PENDING", "SweepResult", "sweep"]
+__all__ = ["PENDING", "SweepResult", "Sweeps", "sweep"]
+
+log = logging.getLogger("aggbox.dispatcher")
 
 #: Documents whose outbox has at least one entry (the writer indexes ``outbox.0``).
 PENDING: dict[str, Any] = {f"{F_OUTBOX}.0": {"$exists": True}}
@@ -60,3 +66,73 @@ async def sweep(coll: AsyncCollection[Any], cycle: Cycle, *, page_size: int,
     finally:
         await cycle.drain()
     return out
+
+
+class Sweeps:
+    """When a worker sweeps, and the log line and totals of each complete sweep.
+
+    A sweep is requested with a reason (``startup``, ``history_lost``, ``invalid_token``,
+    ``invalidated``, ``once``) or falls due every ``interval_s`` in stream mode
+    (``periodic``). A sweep cut short (retryable failure, lost lease, stop) stays requested:
+    the next one starts over and the totals add up until one completes."""
+
+    def __init__(self, coll: AsyncCollection[Any], cycle: Cycle, *, name: str, page_size: int,
+                 interval_s: float, stop: asyncio.Event, metrics: Metrics, timing: Timing
+                 ) -> None:
+        self.coll = coll
+        self.cycle = cycle
+        self.name = name
+        self.page_size = page_size
+        self.interval_s = interval_s
+        self.stop = stop
+        self.metrics = metrics
+        self._monotonic = timing.monotonic
+        self.reason: str | None = None
+        self.next_at = 0.0
+        self.count = 0
+        #: totals of the last complete sweep
+        self.last: CycleResult | None = None
+        #: monotonic times at which complete sweeps ended (tests check the schedule)
+        self.completed_at: list[float] = []
+        self._partial: CycleResult | None = None
+
+    def request(self, reason: str | None) -> None:
+        self.reason = reason
+
+    def due(self, *, periodic: bool) -> bool:
+        if self.reason is None and periodic and self._monotonic() >= self.next_at:
+            self.reason = "periodic"
+        return self.reason is not None
+
+    async def run(self, absorb: Callable[[CycleResult], None],
+                  on_contact: Callable[[], None]) -> bool:
+        """One sweep; ``absorb`` takes its result (it may raise, e.g. lease lost). ``True``
+        when the sweep completed."""
+        reason = self.reason or "periodic"
+        self.metrics.sweeps.labels(self.name, reason).inc()
+        self.count += 1
+        res = await sweep(self.coll, self.cycle, page_size=self.page_size, stop=self.stop)
+        on_contact()
+        if self._partial is None:
+            self._partial = CycleResult()
+        self._partial.add(res.cycle)
+        absorb(res.cycle)
+        if not res.complete:
+            return False  # retried after the backoff (or after the restart when stopping)
+        total, self._partial = self._partial, None
+        self.last = total
+        self.reason = None
+        now = self._monotonic()
+        self.completed_at.append(now)
+        self.next_at = now + self.interval_s
+        self._log(reason, total)
+        return True
+
+    def _log(self, reason: str, total: CycleResult) -> None:
+        level = logging.WARNING if reason in ("history_lost", "invalid_token") else logging.INFO
+        if reason == "periodic" and not total.published and not total.dead_lettered:
+            level = logging.DEBUG
+        log.log(level, "%s: %s sweep done: %d entries published, %d dead-lettered, %d stale",
+                self.name, reason, total.published, total.dead_lettered, total.stale,
+                extra={"collection": self.name, "sweep": reason, "published": total.published,
+                       "dead_lettered": total.dead_lettered})

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
 from aggregates.errors import AggboxError
+from aggregates.reasons import Reason
 from dispatcher.record import OutboundRecord
 
 __all__ = ["PublishResult", "PublishStatus", "Publisher", "PublisherError"]
@@ -62,7 +63,8 @@ class PublishResult:
         return _OK
 
     @classmethod
-    def retryable(cls, error: str, reason: str = "broker_unavailable") -> PublishResult:
+    def retryable(cls, error: str, reason: str = Reason.BROKER_UNAVAILABLE
+                  ) -> PublishResult:
         return cls("retryable", reason, error)
 
     @classmethod

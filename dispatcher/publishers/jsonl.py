@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+from aggregates.reasons import Reason
 from dispatcher.publishers.base import PublisherError, PublishResult
 from dispatcher.record import OutboundRecord
 
@@ -89,7 +90,7 @@ class JsonLinesPublisher:
             await asyncio.to_thread(self._write, [r.value for r in records])
         except OSError as exc:
             err = PublishResult.retryable(f"writing to {self.directory} failed: {exc}",
-                                          reason="io_error")
+                                          reason=Reason.IO_ERROR)
             return [err] * len(records)
         return [PublishResult.ok()] * len(records)
 

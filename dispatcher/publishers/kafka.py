@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
+from aggregates.reasons import Reason
 from dispatcher.publishers.base import PublisherError, PublishResult
 from dispatcher.record import OutboundRecord
 
@@ -95,11 +96,11 @@ def valid_topic_name(topic: str) -> bool:
 def classify(code: int, text: str) -> PublishResult:
     """A librdkafka error → the dispatcher's view of it."""
     if code in _TOO_LARGE:
-        return PublishResult.permanent("message_too_large", text)
+        return PublishResult.permanent(Reason.MESSAGE_TOO_LARGE, text)
     if code in _INVALID_TOPIC:
-        return PublishResult.permanent("invalid_topic", text)
+        return PublishResult.permanent(Reason.INVALID_TOPIC, text)
     if code in _REJECTED:
-        return PublishResult.permanent("rejected_by_broker", text)
+        return PublishResult.permanent(Reason.REJECTED_BY_BROKER, text)
     return PublishResult.retryable(text)
 
 
@@ -222,7 +223,7 @@ class KafkaPublisher:
         for i, r in enumerate(records):
             if not valid_topic_name(r.topic):
                 batch.settle(i, PublishResult.permanent(
-                    "invalid_topic", f"{r.topic!r} is not a valid Kafka topic name "
+                    Reason.INVALID_TOPIC, f"{r.topic!r} is not a valid Kafka topic name "
                     "(1-249 of A-Z a-z 0-9 . _ -)"))
                 continue
             headers = [(k, v.encode()) for k, v in r.headers.items()]

@@ -21,6 +21,7 @@ from aggregates import Message, StoreWriter
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.base import PublishResult
 from dispatcher.record import OutboundRecord
+from dispatcher.timing import Timing
 
 ROOT = Path(__file__).resolve().parents[2]
 _seq = itertools.count(1)
@@ -172,14 +173,43 @@ async def run_while(dispatcher: Dispatcher, body: Callable[[], Awaitable[Any]]) 
 def spawn(args: Sequence[str], *, mongodb_uri: str, database: str, log: Path,
           fault: str | None = None, extra_env: dict[str, str] | None = None
           ) -> subprocess.Popen[bytes]:
-    """``python -m dispatcher ARGS`` against the test database, output into ``log``."""
+    """``python -m aggbox.commands.dispatch ARGS`` against the test database, output into
+    ``log``; with ``fault``, through the test-only entry point that injects those fault
+    rules (:mod:`tests.dispatcher.faultrun`)."""
     env = dict(os.environ)
     env.update({"AGGBOX_MONGODB_URI": mongodb_uri, "AGGBOX_DATABASE": database,
                 "PYTHONUNBUFFERED": "1"})
-    env.pop("AGGBOX_DISPATCHER_FAULT", None)
-    if fault:
-        env["AGGBOX_DISPATCHER_FAULT"] = fault
     env.update(extra_env or {})
     fh = open(log, "ab")  # noqa: SIM115 - the child owns it
-    return subprocess.Popen([sys.executable, "-m", "dispatcher", *args], cwd=ROOT, env=env,
+    entry = ["tests.dispatcher.faultrun", fault] if fault else ["aggbox.commands.dispatch"]
+    command = [sys.executable, "-m", *entry, *args]
+    return subprocess.Popen(command, cwd=ROOT, env=env,
                             stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+
+
+class FakeTime:
+    """Injected time (:class:`dispatcher.timing.Timing`) for deterministic tests: the clock
+    moves only when the dispatcher pauses; each pause is recorded. After ``hold_after``
+    pauses the next one blocks until :meth:`release` — the worker is then parked at a known
+    point, and what it did so far can be asserted exactly."""
+
+    def __init__(self, *, random: float = 0.5, hold_after: int | None = None) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+        self.hold_after = hold_after
+        self.held = asyncio.Event()
+        self._go = asyncio.Event()
+        self.timing = Timing(monotonic=lambda: self.now, sleep=self.sleep,
+                             random=lambda: random)
+
+    async def sleep(self, seconds: float) -> None:
+        if self.hold_after is not None and len(self.sleeps) >= self.hold_after:
+            self.held.set()
+            await self._go.wait()
+        self.sleeps.append(seconds)
+        self.now += seconds
+        await asyncio.sleep(0.001)  # let the rest of the program (and the server) move on
+
+    def release(self) -> None:
+        self.hold_after = None
+        self._go.set()

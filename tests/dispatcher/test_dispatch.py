@@ -5,6 +5,7 @@ letters, leases, metrics, graceful shutdown."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import signal
@@ -19,7 +20,8 @@ import pytest
 from pymongo.database import Database
 
 from aggbox.servers import LocalMongo
-from aggregates import AggboxSettings, DeadLetterStore, StoreWriter
+from aggregates import AggboxSettings, StoreWriter
+from aggregates.ops import DeadLetterStore
 from dispatcher.daemon import Dispatcher
 from dispatcher.faults import Faults
 from dispatcher.publishers.base import PublishResult
@@ -27,6 +29,7 @@ from dispatcher.record import OutboundRecord
 from dispatcher.settings import DispatcherSettings
 from tests.dispatcher.domain import registry
 from tests.dispatcher.helpers import (
+    FakeTime,
     ListPublisher,
     check_delivery,
     emit,
@@ -134,12 +137,14 @@ def test_unusable_saved_token_at_start_recovers_by_sweep(
     pub = ListPublisher()
     first: dict[str, list[str]] = {}
 
+    d1 = Dispatcher(settings(), store=store, publisher=pub)
+
     async def body1() -> None:
-        await asyncio.sleep(0.2)
+        await wait_for(lambda: d1.workers[0].mode == "stream", 10, "the stream to be open")
         first.update(await asyncio.to_thread(emit, writer, docs(4), n=2))
         await wait_for(lambda: pending_entries(ddb) == 0, 30, "drain")
 
-    asyncio.run(run_while(Dispatcher(settings(), store=store, publisher=pub), body1))
+    asyncio.run(run_while(d1, body1))
     checkpoint = ddb.aggbox_dispatcher_checkpoints.find_one({"_id": f"{ddb.name}.emitters"})
     assert checkpoint is not None and checkpoint["token"]
     # While no dispatcher runs: more entries, and the token becomes unusable.
@@ -167,17 +172,23 @@ def test_broker_failure_backs_off_pulls_nothing_then_delivers_in_order(
     pub = ListPublisher(lambda r: PublishResult.retryable("broker down")
                         if broker_down.is_set() else None)
     emitted = emit(writer, docs(6), n=3)
+    # The worker is parked at its 6th pause: 6 attempts, each followed by one backoff pause.
+    clock = FakeTime(random=0.5, hold_after=5)
     d = Dispatcher(settings(backoff_initial_ms=100, backoff_max_ms=400), store=store,
-                   publisher=pub)
+                   publisher=pub, timing=clock.timing)
 
     async def body() -> None:
-        await asyncio.sleep(1.5)
-        assert pending_entries(ddb) == 18  # nothing pulled while the broker refuses
-        # Backoff, not a busy loop: at most a handful of attempts in 1.5 s.
-        assert 1 <= pub.calls <= 10, pub.calls
-        assert d.workers[0].stats.backoffs >= 2
-        broker_down.clear()
+        try:
+            await asyncio.wait_for(clock.held.wait(), 30)
+            assert pending_entries(ddb) == 18  # nothing pulled while the broker refuses
+            # Exponential backoff, (injected) jitter 0.5: ceilings 0.1, 0.2, 0.4, 0.4, ...
+            assert clock.sleeps == pytest.approx([0.05, 0.1, 0.2, 0.2, 0.2])
+            assert pub.calls == 6 and d.workers[0].stats.backoffs == 6  # one per pause
+            broker_down.clear()
+        finally:
+            clock.release()
         await wait_for(lambda: pending_entries(ddb) == 0, 30, "delivery after recovery")
+        assert pub.calls == 7  # the retry after the last pause delivered everything
 
     asyncio.run(run_while(d, body))
     assert check_delivery(pub.delivered(), emitted)["duplicates"] == 0
@@ -254,7 +265,11 @@ def test_only_the_lease_holder_publishes_and_a_lost_lease_stops_publishing(
                                                       "expires_at": _in(3600)}})
             await wait_for(lambda: a.workers[0].mode == "standby", 10, "A gives up")
             held = await asyncio.to_thread(emit, writer, docs(3), n=1)
-            await asyncio.sleep(1.0)
+            # Both asked for the lease (and were refused) twice since: still nobody publishes.
+            checks = a.workers[0].keeper.checks, b.workers[0].keeper.checks
+            await wait_for(lambda: a.workers[0].keeper.checks >= checks[0] + 2
+                           and b.workers[0].keeper.checks >= checks[1] + 2, 10,
+                           "two lease checks each")
             assert pending_entries(ddb) == 3  # nobody publishes without the lease
             assert len(pub_a.records) == 6 and pub_b.records == []
             # The intruder's lease expires: one of A and B takes over and delivers.
@@ -295,8 +310,11 @@ def test_metrics_and_health_endpoints(writer: StoreWriter, ddb: Database[Any],
 
     async def body() -> None:
         await wait_for(lambda: pending_entries(ddb) == 0, 20, "drain")
-        emit(writer, docs(2, prefix="late"), n=1)
-        await asyncio.sleep(0.5)
+        await asyncio.to_thread(emit, writer, docs(2, prefix="late"), n=1)
+        await wait_for(lambda: pending_entries(ddb) == 0, 20, "late entries published")
+        await wait_for(lambda: d.metrics.registry.get_sample_value(
+            "aggbox_dispatcher_published_total", {"collection": "emitters"}) == 8, 20,
+            "the counter")
         status, text = await asyncio.to_thread(get, "/metrics")
         assert status == 200
         assert 'aggbox_dispatcher_published_total{collection="emitters"}' in text
@@ -310,7 +328,6 @@ def test_metrics_and_health_endpoints(writer: StoreWriter, ddb: Database[Any],
         assert report["status"] == "ok"
         assert report["collections"]["emitters"]["role"] == "active"
         assert (await asyncio.to_thread(get, "/nope"))[0] == 404
-        await wait_for(lambda: pending_entries(ddb) == 0, 20, "drain late entries")
 
     asyncio.run(run_while(d, body))
     published = d.metrics.registry.get_sample_value(
@@ -345,11 +362,12 @@ def test_backlog_gauges_measure_pending_entries_and_their_age(
 def test_stop_finishes_the_publish_in_flight_and_pulls_it(
         writer: StoreWriter, ddb: Database[Any], store: AggboxSettings) -> None:
     started = asyncio.Event()
+    release = asyncio.Event()
 
     class Slow(ListPublisher):
         async def publish(self, records: Any) -> list[PublishResult]:
             started.set()
-            await asyncio.sleep(1.0)
+            await release.wait()  # "at the broker" until the test lets it answer
             return await super().publish(records)
 
     emitted = emit(writer, docs(4), n=2)
@@ -360,6 +378,9 @@ def test_stop_finishes_the_publish_in_flight_and_pulls_it(
         task = asyncio.create_task(d.run())
         await asyncio.wait_for(started.wait(), 20)
         d.request_stop()  # what SIGTERM does, while the batch is at the broker
+        await asyncio.sleep(0)
+        assert not task.done()  # waiting for the publish in flight
+        release.set()
         return await task
 
     assert asyncio.run(main()) == 0
@@ -377,6 +398,7 @@ def test_sigterm_stops_the_process_gracefully_with_exit_code_0(
     try:
         wait_sync(lambda: ddb.aggbox_dispatcher_leases.find_one({"owner": "proc-1"}) is not None
                   or proc.poll() is not None, 30, "the dispatcher to take the lease")
+        assert proc.poll() is None, log.read_text()
         emitted = emit(writer, docs(5), n=3)
         wait_sync(lambda: pending_entries(ddb) == 0, 30, "publication")
         proc.send_signal(signal.SIGTERM)
@@ -420,24 +442,35 @@ def test_without_change_streams_auto_mode_falls_back_to_polling(
 
 def test_an_idle_stream_is_paced_and_swept_periodically(
         ddb: Database[Any], store: AggboxSettings) -> None:
+    clock = FakeTime(hold_after=40)  # parked at the 41st pause
     d = Dispatcher(settings(pacing_ms=50, sweep_interval_s=0.3), store=store,
-                   publisher=ListPublisher())
+                   publisher=ListPublisher(), timing=clock.timing)
 
     async def body() -> None:
+        try:
+            await check()
+        finally:
+            clock.release()
+
+    async def check() -> None:
         w = d.workers[0]
-        await wait_for(lambda: w.mode == "stream", 10, "stream mode")
-        before = w.follower.reads
-        await asyncio.sleep(1.0)
-        reads = w.follower.reads - before
-        # ~20 reads at 50 ms; mongo-java-server answers getMore at once, so an unpaced
-        # loop would read thousands of times.
-        assert 1 <= reads <= 40, reads
-        assert w.stats.sweeps >= 3  # start-up + periodic safety sweeps
+        await asyncio.wait_for(clock.held.wait(), 60)
+        # Every empty read pauses for the pacing interval (mongo-java-server answers getMore
+        # at once, so an unpaced loop would spin): 41 reads, 40 pauses of 50 ms so far.
+        assert w.follower.reads == 41
+        assert clock.sleeps == [pytest.approx(0.05)] * 40
+        # A safety sweep each time the clock passed sweep_interval_s since the last one.
+        ends = w.sweeps.completed_at
+        assert ends[0] == 1000.0  # the start-up sweep, before any pause
+        gaps = [b - a for a, b in itertools.pairwise(ends)]
+        assert len(gaps) >= 5 and all(0.3 - 1e-9 <= g <= 0.35 + 1e-9 for g in gaps), gaps
+        assert clock.now - ends[-1] < 0.3 + 1e-9  # none overdue
+        assert w.stats.sweeps == len(ends)
 
     asyncio.run(run_while(d, body))
     assert (d.metrics.registry.get_sample_value(
         "aggbox_dispatcher_sweeps_total", {"collection": "emitters", "reason": "periodic"})
-        or 0) >= 2
+        or 0) >= 5
 
 
 def test_once_to_stdout_with_json_logs(writer: StoreWriter, ddb: Database[Any],
@@ -448,10 +481,9 @@ def test_once_to_stdout_with_json_logs(writer: StoreWriter, ddb: Database[Any],
 
     emitted = emit(writer, docs(3), n=2)
     env = {**os.environ, "AGGBOX_MONGODB_URI": dmongo.uri, "AGGBOX_DATABASE": ddb.name}
-    env.pop("AGGBOX_DISPATCHER_FAULT", None)
     done = subprocess.run(
-        [sys.executable, "-m", "dispatcher", "--log-json", "--collection", "emitters",
-         "--publisher", "stdout", "--once"],
+        [sys.executable, "-m", "aggbox.commands.dispatch", "--log-json", "--collection",
+         "emitters", "--publisher", "stdout", "--once"],
         cwd=Path(__file__).resolve().parents[2], env=env, capture_output=True, timeout=60,
         check=False)
     assert done.returncode == 0, done.stderr.decode()

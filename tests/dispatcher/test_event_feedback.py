@@ -4,11 +4,9 @@ to a handler and never dead-lettered — while an addressed emit is input for it
 
 from __future__ import annotations
 
-import mongomock
-
 from aggregates import AggboxSettings, Message, StoreWriter
-from aggregates import outcomes as oc
-from aggregates.testing import AggregateHarness, message
+from aggregates.reasons import Reason
+from aggregates.testing import AggregateHarness, memory_database, message
 from dispatcher.record import build_record
 from tests.aggregates.domain import counters, registry
 
@@ -29,12 +27,12 @@ def test_published_events_fed_back_are_duplicates_not_dead_letters() -> None:
     assert addressed.aggregate_id == "sink"
 
     again = h.when(event)
-    assert (again.outcome, again.reason) == ("duplicate", oc.AGGBOX_EVENT)
-    db = mongomock.MongoClient(tz_aware=True)["events"]
+    assert (again.outcome, again.reason) == ("duplicate", Reason.AGGBOX_EVENT)
+    db = memory_database("events")
     w = StoreWriter(db, registry, settings=AggboxSettings())
     out = w.process([event, addressed])
     assert [(o.outcome, o.reason) for o in out] == [
-        ("duplicate", oc.AGGBOX_EVENT), ("dead_lettered", oc.UNKNOWN_MESSAGE_TYPE)]
+        ("duplicate", Reason.AGGBOX_EVENT), ("dead_lettered", Reason.UNKNOWN_MESSAGE_TYPE)]
     # The addressed one is real input (its target has no "Ninefold" handler here: a dead
     # letter that names the type); the event is nobody's input and leaves no dead letter.
     assert [d["message_id"] for d in db.aggbox_dead_letters.find()] == [addressed.message_id]

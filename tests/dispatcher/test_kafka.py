@@ -20,7 +20,8 @@ import pytest
 from pymongo.database import Database
 
 from aggbox.servers import LocalKafka, LocalMongo, create_topic
-from aggregates import AggboxSettings, DeadLetterStore, Message, StoreWriter
+from aggregates import AggboxSettings, Message, StoreWriter
+from aggregates.ops import DeadLetterStore
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.kafka import KafkaPublisher
 from dispatcher.record import HEADER_NAMES

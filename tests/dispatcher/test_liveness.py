@@ -69,10 +69,9 @@ def healthz(port: int | None) -> tuple[int, dict[str, Any]]:
 def run_once(*args: str, env: dict[str, str], timeout: float
              ) -> tuple[subprocess.CompletedProcess[bytes], float]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
-    env.pop("AGGBOX_DISPATCHER_FAULT", None)
     started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "dispatcher", "--once", *args], cwd=ROOT,
-                          env=env, capture_output=True, timeout=timeout, check=False)
+    done = subprocess.run([sys.executable, "-m", "aggbox.commands.dispatch", "--once", *args],
+                          cwd=ROOT, env=env, capture_output=True, timeout=timeout, check=False)
     return done, time.monotonic() - started
 
 

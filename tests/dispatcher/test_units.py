@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from pymongo.errors import OperationFailure
 
+from aggbox.commands.dispatch import _OPTIONS, _overrides, register
 from aggregates import ConfigurationError, Message
-from dispatcher.cli import _OPTIONS, _overrides, register
 from dispatcher.faults import Faults
 from dispatcher.inflight import InFlight
 from dispatcher.publishers.jsonl import JsonLinesPublisher
@@ -30,8 +30,9 @@ from dispatcher.record import (
     check_template,
     envelope_json,
 )
+from dispatcher.retries import Retries
 from dispatcher.settings import DispatcherSettings
-from dispatcher.worker import Backoff
+from dispatcher.timing import Timing
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, 123000, tzinfo=UTC)
 
@@ -229,7 +230,7 @@ def test_fault_rules() -> None:
     with pytest.raises(OperationFailure):
         f.hit("stream_read")
     for bad in ("nowhere:kill", "after_pull:explode", "after_pull:kill@x"):
-        with pytest.raises(ConfigurationError, match="AGGBOX_DISPATCHER_FAULT"):
+        with pytest.raises(ConfigurationError, match="fault rules"):
             Faults.parse(bad)
 
 
@@ -244,13 +245,20 @@ def test_settings_validation_and_environment(monkeypatch: pytest.MonkeyPatch) ->
         DispatcherSettings.load(lease_ttl_s=2, lease_renew_s=5)
 
 
-def test_backoff_grows_with_jitter_and_never_spins() -> None:
-    b = Backoff(0.2, 5.0)
-    delays = [b.next() for _ in range(10)]
-    assert all(d >= 0.1 for d in delays)  # never (near) zero
-    assert delays[6] > delays[0] and max(delays) <= 5.0
-    b.reset()
-    assert b.next() <= 0.2
+def test_retries_schedule_the_backoff_on_the_injected_clock() -> None:
+    now = [100.0]
+    r = Retries(initial_s=0.2, max_s=1.0, timing=Timing(monotonic=lambda: now[0],
+                                                           random=lambda: 0.5))
+    assert r.wait_s() == 0
+    assert [r.failed() for _ in range(4)] == [0.1, 0.2, 0.4, 0.5]  # full jitter, capped
+    assert r.wait_s() == 0.5 and r.count == 4
+    now[0] += 0.3
+    assert r.wait_s() == pytest.approx(0.2)
+    r.succeeded()
+    assert r.failed() == 0.1
+    r.keep(["b", "a"])
+    r.keep(["a", "c"])
+    assert r.pending and r.take() == ["b", "a", "c"] and not r.pending
 
 
 def test_cli_help_explains_every_option(capsys: pytest.CaptureFixture[str]) -> None:

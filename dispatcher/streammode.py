@@ -1,0 +1,242 @@
+"""Stream mode of a collection worker: open, follow, restart and checkpoint the change
+stream (docs/design.md "The dispatcher", steps 1, 3 and 4).
+
+The stream is opened *before* the sweep that accompanies it (from the saved resume token,
+else at the server's current time), so nothing written meanwhile is missed. An unusable
+token (codes in :data:`~dispatcher.stream.TOKEN_UNUSABLE`) means a new stream at the current
+time and a full sweep; an ``invalidate`` event a new stream ``start_after`` it and a full
+sweep at once; a read error a reopen from the last token (rewound before the failed read).
+After each published batch with no retry pending, the resume token is saved.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import OperationFailure, PyMongoError
+
+from dispatcher.faults import Faults, InjectedInvalidate
+from dispatcher.metrics import Metrics
+from dispatcher.stream import (
+    CHANGE_STREAMS_UNSUPPORTED,
+    TOKEN_UNUSABLE,
+    Checkpoints,
+    StreamBatch,
+    StreamFollower,
+    latest_documents,
+    server_time,
+)
+from dispatcher.timing import Timing
+
+__all__ = ["StreamMode"]
+
+log = logging.getLogger("aggbox.dispatcher")
+
+_IDLE_CHECKPOINT_S = 1.0
+_REOPEN_ATTEMPTS = 3
+
+
+class StreamMode:
+    """The change stream of one collection, for a worker that holds the lease.
+
+    ``request_sweep(reason)`` asks the worker for a full sweep; ``publish(docs)`` publishes
+    documents (and raises when the lease is lost); ``retry_pending()`` says whether some
+    documents still wait for a retry (then no checkpoint moves past them)."""
+
+    def __init__(self, db: AsyncDatabase[Any], follower: StreamFollower,
+                 checkpoints: Checkpoints, *, name: str, owner: str, faults: Faults,
+                 metrics: Metrics, timing: Timing,
+                 request_sweep: Callable[[str], None],
+                 publish: Callable[[list[Mapping[str, Any]]], Awaitable[None]],
+                 retry_pending: Callable[[], bool],
+                 on_contact: Callable[[], None]) -> None:
+        self.db = db
+        self.follower = follower
+        self.checkpoints = checkpoints
+        self.name = name
+        self.owner = owner
+        self.faults = faults
+        self.metrics = metrics
+        self._monotonic = timing.monotonic
+        self._request_sweep = request_sweep
+        self._publish = publish
+        self._retry_pending = retry_pending
+        self._contact = on_contact
+        self.restarts = 0
+        self.invalidations = 0
+        self._start_after: Mapping[str, Any] | None = None
+        self._last_idle_checkpoint = 0.0
+
+    # -- opening ------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Open from the checkpoint when there is one (else at the current time) and ask for
+        the start-up sweep. Raises ``OperationFailure`` with a code of
+        :data:`CHANGE_STREAMS_UNSUPPORTED` on servers without change streams."""
+        token = await self.checkpoints.load()
+        if token is not None:
+            try:
+                self.faults.hit("stream_open")
+                await self.follower.open(resume_after=token)
+                self._request_sweep("startup")
+                return
+            except OperationFailure as exc:
+                if exc.code in CHANGE_STREAMS_UNSUPPORTED:
+                    raise
+                await self._restart(exc)
+                return
+        await self._open_at_now("startup")
+
+    async def _open_at_now(self, reason: str) -> None:
+        start = await server_time(self.db)
+        self.faults.hit("stream_open")
+        await self.follower.open(start_at=start)
+        self._request_sweep(reason)
+
+    async def _restart(self, exc: OperationFailure) -> None:
+        """The token cannot be used: a new stream from now and a full sweep."""
+        reason = "history_lost" if exc.code == 286 else "invalid_token"
+        self.restarts += 1
+        self.metrics.stream_restarts.labels(self.name, reason).inc()
+        log.warning("%s: change stream cannot resume (%s, code %s); new stream from now and a "
+                    "full sweep", self.name, exc, exc.code,
+                    extra={"collection": self.name, "reason": reason})
+        await self.follower.close()
+        for _ in range(_REOPEN_ATTEMPTS):
+            try:
+                await self._open_at_now(reason)
+                return
+            except OperationFailure as again:
+                if again.code in CHANGE_STREAMS_UNSUPPORTED:
+                    raise
+                log.warning("%s: opening a new stream failed: %s", self.name, again,
+                            extra={"collection": self.name})
+        await self._open_at_now(reason)
+
+    async def _reopen(self) -> None:
+        """After a read error: reopen from the in-memory token (or the saved one). A store
+        error is left to the next step (after the backoff)."""
+        token = self.follower.resume_token
+        try:
+            if token is not None:
+                await self.follower.open(resume_after=token)
+            else:
+                await self.start()
+        except OperationFailure as exc:
+            if exc.code in TOKEN_UNUSABLE:
+                await self._restart(exc)
+        except PyMongoError:
+            pass  # retried after the backoff by the next read
+
+    # -- following ----------------------------------------------------------------------
+    async def step(self) -> bool:
+        """Read one batch and publish it. ``True`` when events arrived (or the stream had
+        to be reopened first)."""
+        if not self.follower.is_open:  # reopening failed (store error): try again
+            if self._start_after is not None:
+                await self._reopen_after_invalidate()
+            else:
+                await self.start()  # from the checkpoint, with a sweep
+            return True
+        batch = await self._read()
+        if batch is None:
+            return True
+        self._observe(batch)
+        if batch.documents:
+            # An insert event carries the document as inserted and a looked-up one may
+            # predate our last pull: entries published already are recognised by the
+            # in-flight set (pulled again, not republished).
+            await self._publish(latest_documents(batch.documents))
+            if not self._retry_pending() and not batch.ended:
+                await self.checkpoint()
+        elif (not self._retry_pending() and not batch.ended
+              and self._monotonic() - self._last_idle_checkpoint > _IDLE_CHECKPOINT_S):
+            self._last_idle_checkpoint = self._monotonic()
+            await self.checkpoint()
+        if batch.ended:
+            await self._invalidated(batch.end_token)
+        return batch.events > 0
+
+    async def _read(self) -> StreamBatch | None:
+        """The next batch; ``None`` after a restart for an unusable token."""
+        try:
+            self.faults.hit("stream_read")
+            return await self.follower.read()
+        except InjectedInvalidate:
+            return self.follower.end()
+        except OperationFailure as exc:
+            if exc.code in TOKEN_UNUSABLE:
+                await self._restart(exc)
+                return None
+            await self._reopen()  # the cursor is dead after a server error
+            raise
+        except PyMongoError:
+            await self._reopen()
+            raise
+
+    def _observe(self, batch: StreamBatch) -> None:
+        if not batch.ended:
+            self._contact()
+        if batch.newest is not None:
+            lag = max(0.0, time.time() - batch.newest.time)
+            self.metrics.stream_lag.labels(self.name).set(lag)
+        elif batch.events == 0:
+            self.metrics.stream_lag.labels(self.name).set(0)
+
+    async def _invalidated(self, token: Mapping[str, Any] | None) -> None:
+        """The stream is over (``invalidate``: the collection was dropped or renamed, or the
+        server closed the cursor): a new stream after it, and a full sweep at once."""
+        self.invalidations += 1
+        self.metrics.stream_invalidations.labels(self.name).inc()
+        log.warning("%s: change stream invalidated (collection dropped or renamed?); new "
+                    "stream after it and a full sweep", self.name,
+                    extra={"collection": self.name, "reason": "invalidated"})
+        await self.follower.close()
+        self._start_after = token
+        self._request_sweep("invalidated")
+        await self._reopen_after_invalidate()
+
+    async def _reopen_after_invalidate(self) -> None:
+        """``start_after`` the invalidate event's token (MongoDB ≥ 4.2; mongo-java-server
+        treats it like ``resume_after``); if the server refuses it, or there is no token, a
+        new stream at the current time — the sweep that follows covers the gap. A store
+        error propagates (backoff); the next step tries again."""
+        token = self._start_after
+        if token is not None:
+            try:
+                self.faults.hit("stream_open")
+                await self.follower.open(start_after=token)
+                self._start_after = None
+                self._contact()
+                return
+            except OperationFailure as exc:
+                if exc.code in CHANGE_STREAMS_UNSUPPORTED:
+                    raise
+                log.warning("%s: cannot start a stream after the invalidate event (%s, code "
+                            "%s); new stream from now", self.name, exc, exc.code,
+                            extra={"collection": self.name})
+        await self._open_at_now("invalidated")
+        self._start_after = None
+        self._contact()
+
+    # -- checkpoints --------------------------------------------------------------------
+    async def checkpoint(self) -> None:
+        if await self.checkpoints.save(self.follower.resume_token, owner=self.owner):
+            self._contact()
+            self.faults.hit("after_checkpoint")
+
+    async def final_checkpoint(self, *, sweep_pending: bool) -> None:
+        """On leaving stream mode: save the token unless a retry or a sweep is pending."""
+        if self._retry_pending() or sweep_pending:
+            return
+        try:
+            await self.checkpoint()
+        except PyMongoError as exc:
+            log.warning("%s: final checkpoint failed: %s", self.name, exc,
+                        extra={"collection": self.name})
+
+    async def close(self) -> None:
+        await self.follower.close()

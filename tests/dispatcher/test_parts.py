@@ -1,0 +1,272 @@
+"""The collection worker's parts, each without the others and without a server: lease
+keeping, sweep schedule, the error model of a worker step — time injected."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from pymongo import AsyncMongoClient
+from pymongo.errors import AutoReconnect, OperationFailure
+
+from dispatcher.errors import FatalStoreError, check_fatal, one_line
+from dispatcher.faults import Faults
+from dispatcher.leasekeeper import LeaseKeeper
+from dispatcher.metrics import Health, Metrics
+from dispatcher.settings import DispatcherSettings
+from dispatcher.sweep import Sweeps
+from dispatcher.worker import CollectionWorker
+from tests.dispatcher.helpers import FakeTime, ListPublisher
+
+AUTH_FAILED = OperationFailure("Authentication failed.", code=18,
+                               details={"ok": 0, "code": 18, "codeName": "AuthenticationFailed"})
+
+
+class ScriptedLease:
+    """Answers ``acquire`` from a script: True/False, or an exception to raise."""
+
+    def __init__(self, *answers: bool | Exception) -> None:
+        self.answers = list(answers)
+        self.holder: str | None = "other"
+        self.forgotten = False
+
+    async def acquire(self) -> bool:
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def forget(self) -> None:
+        self.forgotten = True
+
+
+def keeper(lease: ScriptedLease, clock: FakeTime) -> tuple[LeaseKeeper, list[str]]:
+    errors: list[str] = []
+    k = LeaseKeeper(lease, name="orders", interval_s=0.5, health=Health(),  # type: ignore[arg-type]
+                    stop=asyncio.Event(), timing=clock.timing, on_contact=lambda: None,
+                    on_error=errors.append)
+    return k, errors
+
+
+def test_standby_asks_every_interval_and_survives_transient_errors() -> None:
+    async def main() -> None:
+        clock = FakeTime()
+        k, errors = keeper(ScriptedLease(False, AutoReconnect("reset"), False, True), clock)
+        assert await k.wait() is True
+        assert clock.sleeps == [0.5, 0.5, 0.5]  # one pause after each refusal or error
+        assert k.checks == 3 and errors == ["AutoReconnect: reset"]
+
+    asyncio.run(main())
+
+
+def test_a_wrong_password_while_standby_is_fatal() -> None:
+    async def main() -> None:
+        clock = FakeTime()
+        k, _ = keeper(ScriptedLease(False, AUTH_FAILED), clock)
+        with pytest.raises(FatalStoreError, match=r"orders: lease check: .*code 18.*password"):
+            await k.wait()
+        assert clock.sleeps == [0.5]
+
+    asyncio.run(main())
+
+
+def test_sweeps_fall_due_every_interval_on_the_injected_clock() -> None:
+    clock = FakeTime()
+    s = Sweeps(None, None, name="orders", page_size=10, interval_s=30,  # type: ignore[arg-type]
+               stop=asyncio.Event(), metrics=Metrics(), timing=clock.timing)
+    assert s.due(periodic=False) is False
+    assert s.due(periodic=True) and s.reason == "periodic"  # never swept yet
+    s.request(None)
+    s.next_at = clock.now + 30
+    clock.now += 29.9
+    assert not s.due(periodic=True)
+    clock.now += 0.1
+    assert s.due(periodic=True)
+    s.request("history_lost")
+    assert s.due(periodic=False) and s.reason == "history_lost"
+
+
+def worker(clock: FakeTime) -> CollectionWorker:
+    # A client that never connects: the steps below raise before any I/O.
+    client: AsyncMongoClient[Any] = AsyncMongoClient("mongodb://127.0.0.1:9/?connect=false")
+    settings = DispatcherSettings.load(collections=["orders"], backoff_initial_ms=100,
+                                       backoff_max_ms=1000)
+    health = Health()
+    health.beat("orders")
+    return CollectionWorker(db=client["shop"], collection="orders", settings=settings,
+                            publisher=ListPublisher(), dead_letter_collection="dl",
+                            metrics=Metrics(), health=health, faults=Faults(),
+                            stop=asyncio.Event(), owner="me", timing=clock.timing)
+
+
+def test_a_transient_store_error_in_a_step_backs_off() -> None:
+    async def main() -> None:
+        clock = FakeTime(random=0.5)
+        w = worker(clock)
+
+        async def step() -> bool:
+            raise AutoReconnect("connection reset")
+
+        assert await w._guarded(step) is True
+        assert await w._guarded(step) is True
+        assert w.stats.backoffs == 2 and w.retries.wait_s() == pytest.approx(0.1)
+        assert w.last_error == "AutoReconnect: connection reset"
+
+    asyncio.run(main())
+
+
+def test_a_fatal_store_error_in_a_step_ends_the_worker() -> None:
+    async def main() -> None:
+        w = worker(FakeTime())
+
+        async def step() -> bool:
+            raise OperationFailure("not authorized on shop to execute command { find }",
+                                   code=13)
+
+        with pytest.raises(FatalStoreError, match=r"code 13.*grant") as info:
+            await w._guarded(step)
+        assert isinstance(info.value.__cause__, OperationFailure)
+        assert w.stats.backoffs == 0
+
+    asyncio.run(main())
+
+
+def test_fatal_messages_are_one_line_without_credentials() -> None:
+    from pymongo.errors import InvalidURI
+
+    exc = InvalidURI("bad host in mongodb://alice:hunter2@db:x/\nmore")
+    with pytest.raises(FatalStoreError) as info:
+        check_fatal(exc, "MongoDB URI")
+    text = str(info.value)
+    assert "hunter2" not in text and "\n" not in text and text.startswith("MongoDB URI:")
+    assert one_line("a, full error: {'ok': 0}") == "a"
+
+
+# -- stream mode, with a scripted change stream ---------------------------------------------
+class FakeAdmin:
+    async def command(self, name: str) -> dict[str, Any]:
+        from bson import Timestamp
+
+        return {"ok": 1, "operationTime": Timestamp(1_700_000_000, 1)}
+
+
+class FakeDb:
+    class client:  # mimics db.client.admin
+        admin = FakeAdmin()
+
+
+class ScriptedFollower:
+    """A change stream answering ``read`` from a script (a StreamBatch or an exception)."""
+
+    def __init__(self, *reads: Any) -> None:
+        self.reads = list(reads)
+        self.opened: list[dict[str, Any]] = []
+        self.is_open = False
+        self.resume_token: dict[str, Any] | None = {"_data": "t0"}
+
+    async def open(self, **kwargs: Any) -> None:
+        self.opened.append({k: v for k, v in kwargs.items() if v is not None})
+        self.is_open = True
+
+    async def read(self) -> Any:
+        item = self.reads.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def end(self) -> Any:
+        raise AssertionError("not used")
+
+    async def close(self) -> None:
+        self.is_open = False
+
+
+class MemoryCheckpoints:
+    def __init__(self, token: dict[str, Any] | None = None) -> None:
+        self.token = token
+        self.saved: list[Any] = []
+
+    async def load(self) -> dict[str, Any] | None:
+        return self.token
+
+    async def save(self, token: Any, *, owner: str) -> bool:
+        self.saved.append(token)
+        return True
+
+
+def stream_mode(follower: ScriptedFollower, checkpoints: MemoryCheckpoints,
+                retry_pending: bool = False) -> tuple[Any, list[str], list[Any]]:
+    from dispatcher.streammode import StreamMode
+
+    sweeps: list[str] = []
+    published: list[Any] = []
+
+    async def publish(docs: list[Any]) -> None:
+        published.extend(docs)
+
+    mode = StreamMode(FakeDb(), follower, checkpoints, name="orders",  # type: ignore[arg-type]
+                      owner="me", faults=Faults(), metrics=Metrics(),
+                      timing=FakeTime().timing, request_sweep=sweeps.append, publish=publish,
+                      retry_pending=lambda: retry_pending, on_contact=lambda: None)
+    return mode, sweeps, published
+
+
+def test_stream_starts_from_the_checkpoint_and_saves_after_a_published_batch() -> None:
+    from dispatcher.stream import StreamBatch
+
+    async def main() -> None:
+        doc = {"_id": "o1", "outbox": [{"id": "m1"}]}
+        follower = ScriptedFollower(StreamBatch([doc], 1, None))
+        cps = MemoryCheckpoints({"_data": "saved"})
+        mode, sweeps, published = stream_mode(follower, cps)
+        await mode.start()
+        assert follower.opened == [{"resume_after": {"_data": "saved"}}]
+        assert sweeps == ["startup"]
+        assert await mode.step() is True
+        assert published == [doc] and cps.saved == [{"_data": "t0"}]
+
+    asyncio.run(main())
+
+
+def test_no_checkpoint_while_a_retry_is_pending() -> None:
+    from dispatcher.stream import StreamBatch
+
+    async def main() -> None:
+        follower = ScriptedFollower(StreamBatch([{"_id": "o1", "outbox": [{}]}], 1, None))
+        cps = MemoryCheckpoints()
+        mode, _, _ = stream_mode(follower, cps, retry_pending=True)
+        await mode.start()
+        assert "start_at" in follower.opened[0]  # no checkpoint: at the server's time
+        await mode.step()
+        assert cps.saved == []
+
+    asyncio.run(main())
+
+
+def test_history_lost_while_reading_means_a_new_stream_and_a_full_sweep() -> None:
+    async def main() -> None:
+        lost = OperationFailure("history lost", code=286)
+        follower = ScriptedFollower(lost)
+        mode, sweeps, _ = stream_mode(follower, MemoryCheckpoints())
+        await mode.start()
+        assert await mode.step() is True
+        assert mode.restarts == 1 and sweeps == ["startup", "history_lost"]
+        assert len(follower.opened) == 2 and "start_at" in follower.opened[1]
+
+    asyncio.run(main())
+
+
+def test_invalidate_reopens_after_the_event_with_a_sweep() -> None:
+    from dispatcher.stream import StreamBatch
+
+    async def main() -> None:
+        ended = StreamBatch([], 1, None, ended=True, end_token={"_data": "inv"})
+        follower = ScriptedFollower(ended)
+        mode, sweeps, _ = stream_mode(follower, MemoryCheckpoints())
+        await mode.start()
+        await mode.step()
+        assert mode.invalidations == 1 and sweeps[-1] == "invalidated"
+        assert follower.opened[-1] == {"start_after": {"_data": "inv"}}
+
+    asyncio.run(main())
