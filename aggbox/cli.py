@@ -1,7 +1,7 @@
 """The ``aggbox`` command. Each component registers its own sub-commands:
 
-- ``spark.cli.register``       — ``aggbox run``, ``aggbox stream``
-- ``dispatcher.cli.register``  — ``aggbox dispatch``
+- ``aggbox.commands.run``      — ``aggbox run``, ``aggbox stream`` (the Spark pipeline)
+- ``aggbox.commands.dispatch`` — ``aggbox dispatch`` (the outbox dispatcher)
 - ``aggbox.admin.register``    — ``aggbox deadletters …``, ``aggbox parked …``, ``aggbox indexes``
 - ``aggbox.demo.register``     — ``aggbox demo``
 
@@ -29,7 +29,9 @@ from typing import Any
 from aggregates.errors import AggboxError
 
 SUBCOMMAND_MODULES = (
-    "spark.cli", "dispatcher.cli", "aggbox.admin", "aggbox.demo", "aggbox.configref",
+    "aggbox.commands.run", "aggbox.commands.dispatch",
+    "aggbox.admin", "aggbox.demo", "aggbox.configref",
+    "aggbox.reasonref",
     "aggbox.local",
     "aggbox.migrate",
 )
@@ -58,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 #: ``AGGBOX_*`` environment variables that are not settings of a settings model.
 OTHER_ENV_VARS = frozenset({
     "AGGBOX_CONFIG", "AGGBOX_LOG_FILE", "AGGBOX_CACHE_DIR", "AGGBOX_LOCAL_MONGO",
-    "AGGBOX_HOME", "AGGBOX_DISPATCHER_FAULT",
+    "AGGBOX_HOME",
 })
 
 log = logging.getLogger("aggbox")

@@ -203,7 +203,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _cmd_keys(args: argparse.Namespace) -> int:
-    from aggbox.admin import EXIT_UNSETTLED, _database, _print_json, _registry
+    from aggbox.admin._shared import EXIT_UNSETTLED, _database, _print_json, _registry
 
     collections: list[str] = list(args.collection)
     if args.aggregates:

@@ -4,15 +4,18 @@ aggregate → the store writer in the executors → one outcome per message.
     from spark import Pipeline, build_session
 
     spark = build_session()                       # local[2, 4], speculation off
-    result = Pipeline(spark, aggregates="examples.orders").run_batch(["in/*.jsonl"])
+    pipeline = Pipeline(spark, aggregates="myteam.aggregates",
+                        mongodb_uri="mongodb://db1.example:27017/?replicaSet=rs0")
+    result = pipeline.run_batch(["in/*.jsonl"])
 
 Modules: :mod:`spark.schema` (envelope and outcome schemas), :mod:`spark.sources`
 (readers), :mod:`spark.validate` (reason codes in Spark SQL), :mod:`spark.executor` (the
 ``mapInArrow`` writer), :mod:`spark.pipeline` (batch and streaming), :mod:`spark.session`,
-:mod:`spark.settings`, :mod:`spark.cli` (``aggbox run`` / ``aggbox stream``). See
+:mod:`spark.settings`; the commands ``aggbox run`` / ``aggbox stream`` live in the
+command-line layer (``aggbox.commands.run``). See
 ``spark/README.md`` for operations (checkpoints, ``--py-files``, why speculation stays off).
 
-Names are imported lazily so that ``import spark.cli`` does not import pyspark.
+Names are imported lazily so that ``import spark`` does not import pyspark.
 """
 
 from __future__ import annotations

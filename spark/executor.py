@@ -30,7 +30,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from aggregates import outcomes as oc
 from aggregates.aggregate import Registry
 from aggregates.deadletters import DeadLetterStore
 from aggregates.envelope import MAX_RECORD_DEPTH, Message, json_depth
@@ -38,16 +37,11 @@ from aggregates.errors import EnvelopeError
 from aggregates.fold import DeadLetter
 from aggregates.ids import raw_message_id
 from aggregates.outcomes import Outcome
+from aggregates.reasons import Reason
 from aggregates.settings import AggboxSettings
 from aggregates.writer import StoreWriter, utc_now
 from spark.schema import OUTCOME_COLUMNS, outcome_row
-from spark.validate import (
-    INVALID_ENCODING,
-    INVALID_JSON,
-    LONE_SURROGATE_DETAIL,
-    PAYLOAD_TOO_DEEP,
-    PAYLOAD_TOO_LARGE,
-)
+from spark.validate import LONE_SURROGATE_DETAIL
 
 __all__ = ["WriterTask", "get_client", "get_registry", "write_partition"]
 
@@ -56,7 +50,7 @@ _clients: dict[str, Any] = {}
 _registries: dict[str, Registry] = {}
 
 #: Reasons given in Spark for rows whose envelope is valid (kept as a parsed message).
-_ROUTING_REASONS = frozenset({oc.UNKNOWN_AGGREGATE_TYPE, oc.UNKNOWN_MESSAGE_TYPE})
+_ROUTING_REASONS = frozenset({Reason.UNKNOWN_AGGREGATE_TYPE, Reason.UNKNOWN_MESSAGE_TYPE})
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,10 +93,10 @@ def _task_attempt() -> int:
 def _envelope_reason(exc: EnvelopeError) -> str:
     # Message.from_dict reports an oversized payload as field 'payload', "larger than …".
     if exc.field == "payload" and exc.reason.startswith("larger than"):
-        return PAYLOAD_TOO_LARGE
+        return Reason.PAYLOAD_TOO_LARGE
     if exc.field.startswith("payload") and exc.reason.startswith("nested deeper"):
-        return PAYLOAD_TOO_DEEP
-    return oc.INVALID_ENVELOPE
+        return Reason.PAYLOAD_TOO_DEEP
+    return Reason.INVALID_ENVELOPE
 
 
 def _columns(batch: Any) -> tuple[dict[str, list[Any]], dict[int, str]]:
@@ -165,7 +159,7 @@ class _Partition:
         )):
             msg: Message | None = None
             if row in bad_encoding:
-                reason, detail = INVALID_ENCODING, bad_encoding[row]
+                reason, detail = Reason.INVALID_ENCODING, bad_encoding[row]
             elif (reason is None or reason in _ROUTING_REASONS
                   or detail == LONE_SURROGATE_DETAIL):  # the field is named here
                 # An invalid record is reported as such even when Spark found its routing
@@ -174,21 +168,21 @@ class _Partition:
                 try:
                     depth = json_depth(raw)
                     if depth > MAX_RECORD_DEPTH:  # Spark checks this too: never recurse
-                        reason, detail = PAYLOAD_TOO_DEEP, (
+                        reason, detail = Reason.PAYLOAD_TOO_DEEP, (
                             f"the record nests arrays/objects {depth} levels deep; at most "
                             f"{MAX_RECORD_DEPTH} are accepted: flatten the payload")
                     else:
                         decoded = json.loads(raw)
                 except (ValueError, RecursionError) as exc:  # JSON the JVM accepted but
                     decoded = None                          # Python does not
-                    reason, detail = INVALID_JSON, f"not valid JSON: {exc}"
+                    reason, detail = Reason.INVALID_JSON, f"not valid JSON: {exc}"
                 if decoded is not None:
                     try:
                         msg = Message.from_dict(decoded, max_payload_bytes=max_payload)
                     except EnvelopeError as exc:
                         reason, detail = _envelope_reason(exc), str(exc)
                     except Exception as exc:  # never let one row fail the whole task
-                        reason = oc.INVALID_ENVELOPE
+                        reason = Reason.INVALID_ENVELOPE
                         detail = f"invalid message envelope: {type(exc).__name__}: {exc}"
                 if reason is None and msg is not None:
                     messages.append(msg)

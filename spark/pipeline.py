@@ -6,7 +6,9 @@ executor-side writer (``mapInArrow``) → outcomes. Batch and streaming share on
     from spark.session import build_session
 
     spark = build_session()
-    result = Pipeline(spark, aggregates="examples.orders").run_batch(["in/*.jsonl"])
+    pipeline = Pipeline(spark, aggregates="myteam.aggregates",
+                        mongodb_uri="mongodb://db1.example:27017/?replicaSet=rs0")
+    result = pipeline.run_batch(["in/*.jsonl"])
     result.counts        # {"applied": …, "duplicate": …, "dead_lettered": …, "parked": …}
     result.outcomes      # DataFrame, one row per message (spark.schema.OUTCOME_SCHEMA)
 
@@ -14,11 +16,17 @@ Order within an aggregate: each source (``source.type`` + ``source.id``) keeps i
 ``source.seq`` order, and sources and unsourced messages are interleaved by ``occurred_at``
 (for a sourced message the newest of its source up to its seq), ties settled by source, then
 input position (file path and line, or Kafka partition and offset). The definition is
-:func:`aggregates.ordering.delivery_order`; :func:`order_within_aggregates` computes it.
+:func:`aggregates.ordering.delivery_order`; :func:`spark.order.order_within_aggregates`
+computes it.
+
+The MongoDB URI is required (``mongodb_uri=`` or ``settings.mongodb_uri``): a library never
+starts a server by itself. The ``aggbox`` command resolves "no URI given" to its embedded
+local server once, before it builds the pipeline (docs/design.md, "Layering").
 
 Every input record ends in exactly one outcome. :class:`RunResult` compares the number of
 input records with the number of outcome rows (released parked messages are counted apart)
-and :meth:`RunResult.raise_for_accounting` fails the run (or the micro-batch) otherwise.
+and :meth:`RunResult.raise_for_accounting` fails the run (or the micro-batch) otherwise
+(:mod:`spark.results`).
 Re-running the same input, or Spark re-running a task, is harmless: what was already
 applied comes back as ``duplicate``.
 """
@@ -28,17 +36,22 @@ from __future__ import annotations
 import functools
 import logging
 import time
-import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from aggregates.aggregate import Registry
 from aggregates.errors import AggboxError, ConfigurationError
-from aggregates.outcomes import OUTCOME_KINDS
 from aggregates.settings import AggboxSettings
 from aggregates.writer import StoreWriter
 from spark.executor import WriterTask, write_partition
+from spark.order import order_within_aggregates
+from spark.results import (
+    AccountingError,
+    RunResult,
+    StreamResult,
+    count_outcomes,
+    new_run_id,
+)
 from spark.schema import OUTCOME_SCHEMA
 from spark.session import check_session
 from spark.settings import InputFormat, SparkSettings
@@ -60,138 +73,11 @@ __all__ = [
 log = logging.getLogger("aggbox.spark")
 
 
-class AccountingError(AggboxError):
-    """Input records and outcome rows do not add up (a bug: nothing may be dropped)."""
-
-
-def new_run_id() -> str:
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
-
-
-@dataclass(slots=True)
-class RunResult:
-    """The result of one batch run or one micro-batch."""
-
-    run_id: str
-    input_count: int
-    counts: dict[str, int]
-    reasons: dict[tuple[str, str], int]
-    outcomes: Any = None  # DataFrame of spark.schema.OUTCOME_SCHEMA (None once dropped)
-    outcomes_path: str | None = None
-    batch_id: int | None = None
-    seconds: float = 0.0
-
-    @property
-    def total(self) -> int:
-        """Outcomes of input records (excludes released parked messages)."""
-        return sum(self.counts.get(k, 0) for k in OUTCOME_KINDS)
-
-    @property
-    def unaccounted(self) -> int:
-        return self.input_count - self.total
-
-    @property
-    def ok(self) -> bool:
-        return self.unaccounted == 0
-
-    def raise_for_accounting(self) -> None:
-        if not self.ok:
-            where = f"micro-batch {self.batch_id}" if self.batch_id is not None else "the run"
-            raise AccountingError(
-                f"{where}: {self.input_count} input records but {self.total} outcomes "
-                f"({self.counts}); this is a bug, please report it with the outcome log"
-            )
-
-    def summary(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"run_id": self.run_id, "input": self.input_count}
-        if self.batch_id is not None:
-            out["batch_id"] = self.batch_id
-        out.update(self.counts)
-        return out
-
-
-@dataclass(slots=True)
-class StreamResult:
-    """Per-micro-batch results (outcome DataFrames dropped) and their totals."""
-
-    batches: list[RunResult] = field(default_factory=list)
-    query_id: str | None = None
-
-    @property
-    def input_count(self) -> int:
-        return sum(b.input_count for b in self.batches)
-
-    @property
-    def counts(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for b in self.batches:
-            for k, v in b.counts.items():
-                out[k] = out.get(k, 0) + v
-        return out
-
-    @property
-    def reasons(self) -> dict[tuple[str, str], int]:
-        out: dict[tuple[str, str], int] = {}
-        for b in self.batches:
-            for k, v in b.reasons.items():
-                out[k] = out.get(k, 0) + v
-        return out
-
-    @property
-    def ok(self) -> bool:
-        return all(b.ok for b in self.batches)
-
-
-def order_within_aggregates(checked: Any, partitions: int) -> Any:
-    """Validated rows (:data:`spark.validate.VALIDATED_COLUMNS`) plus the aggregate key
-    ``_pa``, ``_pb``, hash-partitioned by it into ``partitions`` and sorted within each
-    partition: an aggregate's rows are consecutive and in the order of
-    :func:`aggregates.ordering.delivery_order` (the specification; tested against it).
-
-    A row is *sourced* when it passed validation and has ``source`` type, id and seq; its
-    effective time is the newest ``occurred_at`` of its source up to it, by (seq, input
-    position) — a running max over a window partitioned by aggregate and source. The window
-    runs after the repartition: its partitioning contains the shuffle key, so Spark adds no
-    second exchange. Other rows (unsourced, or flagged invalid: they only need to reach the
-    executor) use their own ``occurred_at``. Times compare at millisecond precision, as
-    :meth:`aggregates.envelope.Message.from_dict` keeps them."""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
-    keyed = checked.withColumn("_pa", F.coalesce(F.col("_atype"), F.lit(""))).withColumn(
-        "_pb",
-        F.when(F.col("_aid").isNotNull(), F.col("_aid")).otherwise(
-            F.concat(F.lit("raw:"), F.xxhash64(F.col("_raw")).cast("string"))
-        ),
-    )
-    parts = keyed.repartition(partitions, "_pa", "_pb")
-    position = [F.col("_src"), F.col("_o1"), F.col("_o2")]
-    own = F.date_trunc("millisecond", F.col("_ts"))
-    sourced = (F.col("_reason").isNull() & F.col("_stype").isNotNull()
-               & F.col("_sid").isNotNull() & F.col("_seq").isNotNull())
-    by_source = (Window.partitionBy("_pa", "_pb", "_stype", "_sid")
-                 .orderBy(F.col("_seq"), *position)
-                 .rowsBetween(Window.unboundedPreceding, Window.currentRow))
-    newest = F.max(F.when(sourced, own)).over(by_source)
-    keys = parts.select(
-        "*",
-        own.alias("_k_own"),
-        (~sourced).alias("_k_unsourced"),
-        F.when(sourced, newest).otherwise(own).alias("_k_eff"),
-    )
-    ordered = keys.sortWithinPartitions(
-        F.col("_pa"), F.col("_pb"), F.col("_k_eff").asc_nulls_first(),
-        F.col("_k_unsourced"), F.col("_stype"), F.col("_sid"), F.col("_seq"),
-        F.col("_k_own").asc_nulls_first(), *position,
-    )
-    return ordered.drop("_k_own", "_k_unsourced", "_k_eff")
-
-
 class Pipeline:
     """The aggbox pipeline for one aggregates module against one MongoDB database.
 
     ``aggregates`` is a module name (it is imported again in every executor);
-    ``mongodb_uri`` defaults to ``settings.mongodb_uri``, else the embedded local server."""
+    ``mongodb_uri`` defaults to ``settings.mongodb_uri``; one of them is required."""
 
     def __init__(
         self,
@@ -215,7 +101,13 @@ class Pipeline:
         self.settings = settings or AggboxSettings.load()
         self.registry = Registry.from_module(module)
         self.info = RegistryInfo.from_registry(self.registry)
-        self.mongodb_uri = mongodb_uri or self.settings.mongodb_uri or _embedded_uri()
+        uri = mongodb_uri or self.settings.mongodb_uri
+        if not uri:
+            raise ConfigurationError(
+                "no MongoDB URI: pass mongodb_uri=... (or set mongodb_uri in the settings / "
+                "AGGBOX_MONGODB_URI); the pipeline never starts a local server itself"
+            )
+        self.mongodb_uri: str = uri
         self._indexes_done = False
 
     # -- the shared code path -----------------------------------------------------------
@@ -272,7 +164,7 @@ class Pipeline:
             outcomes = self.spark.read.schema(OUTCOME_SCHEMA).parquet(target)
         else:
             outcomes = outcomes.localCheckpoint(eager=True)
-        counts, reasons = _count(outcomes)
+        counts, reasons = count_outcomes(outcomes)
         return RunResult(run_id=run_id, input_count=input_count, counts=counts,
                          reasons=reasons, outcomes=outcomes, outcomes_path=target,
                          batch_id=batch_id, seconds=time.monotonic() - started)
@@ -394,27 +286,6 @@ def _with_trigger(writer: Any, trigger: str) -> Any:
     if not t:
         raise ConfigurationError("empty trigger; use availableNow or an interval like '10 seconds'")
     return writer.trigger(processingTime=t)
-
-
-def _count(outcomes: Any) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
-    counts: dict[str, int] = {k: 0 for k in OUTCOME_KINDS}
-    reasons: dict[tuple[str, str], int] = {}
-    rows = outcomes.groupBy("outcome", "from_parked", "reason").count().collect()
-    for r in rows:
-        n = int(r["count"])
-        key = f"released_{r['outcome']}" if r["from_parked"] else str(r["outcome"])
-        counts[key] = counts.get(key, 0) + n
-        if r["reason"] is not None and not r["from_parked"]:
-            rk = (str(r["outcome"]), str(r["reason"]))
-            reasons[rk] = reasons.get(rk, 0) + n
-    counts["total"] = sum(counts[k] for k in OUTCOME_KINDS)
-    return counts, reasons
-
-
-def _embedded_uri() -> str:
-    from aggbox.servers import mongodb_uri
-
-    return mongodb_uri()
 
 
 def run_batch(

@@ -15,9 +15,10 @@ Under ``spark-submit`` (or in a notebook) pass your own session to the pipeline 
 - Spark's Kafka source ``org.apache.spark:spark-sql-kafka-0-10_2.13:<pyspark version>``
   through ``spark.jars.packages``, only when a Kafka stream is wanted (Ivy downloads it from
   Maven Central once into ``~/.ivy2.5.2``). Its dependency ``spark-token-provider-kafka-0-10``
-  is missing on some Maven mirrors for patch releases (4.0.1 here): when Ivy fails, the
-  session is started again with that one dependency pinned to ``<major>.<minor>.0``
-  (or set ``kafka_token_provider_version``).
+  is missing on some Maven mirrors for patch releases (4.0.1 here): ``jars`` and
+  ``excludes`` let the caller exclude it from Ivy and put a pinned jar on the classpath. This
+  module never downloads anything itself; the ``aggbox`` command does that retry
+  (:func:`aggbox.session.build_session`, docs/design.md "Layering").
 - ``spark.sql.session.timeZone=UTC``: ``occurred_at`` is compared and ordered in UTC.
 - ``log_file`` (the ``aggbox`` command passes its log file): the JVM's log4j output —
   start-up chatter and the stack traces of failed tasks, hundreds of lines — goes to that
@@ -32,8 +33,8 @@ import hashlib
 import logging
 import os
 import re
-import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -42,9 +43,10 @@ from aggregates.errors import ConfigurationError
 from spark.settings import SparkSettings
 
 __all__ = [
+    "TOKEN_PROVIDER",
     "build_session",
     "check_session",
-    "fetch_jar",
+    "gateway_failed",
     "kafka_package",
     "kafka_token_provider_fallback",
     "local_master",
@@ -54,8 +56,8 @@ log = logging.getLogger("aggbox.spark")
 
 _LOCAL = re.compile(r"^local\[(\d+|\*)\]$")
 
-
-_TOKEN_PROVIDER = "org.apache.spark:spark-token-provider-kafka-0-10_2.13"
+#: Maven coordinate (without version) of the Kafka source's token-provider dependency.
+TOKEN_PROVIDER = "org.apache.spark:spark-token-provider-kafka-0-10_2.13"
 
 
 def kafka_package(settings: SparkSettings | None = None) -> str:
@@ -89,16 +91,21 @@ def build_session(
     *,
     kafka: bool = False,
     packages: Iterable[str] = (),
+    jars: Iterable[Path | str] = (),
+    excludes: Iterable[str] = (),
     conf: Mapping[str, str] | None = None,
     show_console_progress: bool = False,
     log_file: Path | str | None = None,
+    log_config_dir: Path | None = None,
 ) -> Any:
     """Create (or return the active) SparkSession configured for the pipeline.
 
-    ``kafka=True`` adds Spark's Kafka source; ``packages`` adds other Maven coordinates;
-    ``conf`` overrides everything else; ``log_file`` sends the JVM's log there instead of
-    stderr. Static settings (packages, master, log file) only apply when no session is
-    running yet in this process."""
+    ``kafka=True`` adds Spark's Kafka source; ``packages`` adds other Maven coordinates (Ivy
+    resolves them), ``excludes`` keeps coordinates out of that resolution and ``jars`` adds
+    local jar files; ``conf`` overrides everything else; ``log_file`` sends the JVM's log
+    there instead of stderr (its log4j configuration is written into ``log_config_dir``,
+    default: a directory under the system's temporary directory). Static settings (packages,
+    jars, master, log file) only apply when no session is running yet in this process."""
     s = settings or SparkSettings.load()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -115,25 +122,19 @@ def build_session(
     values.update(s.conf)
     values.update(conf or {})
     if log_file is not None:
-        _log_to_file(values, Path(log_file))
-    pkgs = list(packages)
-    if not kafka:
-        return _start(s, values, pkgs, None)
-    pkgs.append(kafka_package(s))
-    if s.kafka_token_provider_version:
-        return _start(s, values, pkgs, s.kafka_token_provider_version)
-    try:
-        return _start(s, values, pkgs, None)
-    except Exception as exc:
-        if not _gateway_failed(exc):
-            raise
-        pinned = kafka_token_provider_fallback()
-        log.warning(
-            "could not start Spark with %s (Ivy could not resolve a dependency, see above); "
-            "retrying with %s:%s. Set [spark] kafka_token_provider_version to choose.",
-            kafka_package(s), _TOKEN_PROVIDER, pinned,
-        )
-        return _start(s, values, pkgs, pinned)
+        config_dir = log_config_dir or Path(tempfile.gettempdir()) / "aggbox-spark"
+        _log_to_file(values, Path(log_file), config_dir)
+    pkgs = [*packages, kafka_package(s)] if kafka else list(packages)
+    _append(values, "spark.jars.excludes", [str(e) for e in excludes])
+    _append(values, "spark.jars", [str(j) for j in jars])
+    if pkgs:
+        values["spark.jars.packages"] = ",".join(dict.fromkeys(pkgs))
+    return _start(s, values)
+
+
+def _append(values: dict[str, str], key: str, items: list[str]) -> None:
+    if items:
+        values[key] = ",".join(filter(None, [values.get(key), *items]))
 
 
 _LOG4J2 = """\
@@ -152,19 +153,17 @@ appender.file.layout.pattern = %d{{yyyy-MM-dd HH:mm:ss,SSS}} %p %c (Spark JVM): 
 """
 
 
-def _log_to_file(values: dict[str, str], log_file: Path) -> None:
+def _log_to_file(values: dict[str, str], log_file: Path, config_dir: Path) -> None:
     """Point the driver JVM's log4j at ``log_file`` (errors only) instead of stderr, unless
     log4j is configured already."""
     options = values.get("spark.driver.extraJavaOptions", "")
     conf_dir = os.environ.get("SPARK_CONF_DIR")
     if "log4j" in options or (conf_dir and (Path(conf_dir) / "log4j2.properties").exists()):
         return
-    from aggbox.servers.maven import cache_dir
-
     path = log_file.absolute()
     text = _LOG4J2.format(path=str(path).replace("\\", "/"))
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-    config = cache_dir() / "spark" / f"log4j2-{digest}.properties"
+    config = config_dir / f"log4j2-{digest}.properties"
     if not config.is_file():
         config.parent.mkdir(parents=True, exist_ok=True)
         tmp = config.with_suffix(f".{os.getpid()}.tmp")
@@ -174,55 +173,23 @@ def _log_to_file(values: dict[str, str], log_file: Path) -> None:
         filter(None, [options, f"-Dlog4j2.configurationFile={config.as_uri()}"]))
 
 
-def _gateway_failed(exc: Exception) -> bool:
+def gateway_failed(exc: BaseException) -> bool:
+    """Whether starting the session failed because the JVM exited (e.g. Ivy could not
+    resolve a package)."""
     text = f"{type(exc).__name__}: {exc}"
     return "JAVA_GATEWAY_EXITED" in text or "Java gateway process exited" in text
 
 
-def _start(s: SparkSettings, values: dict[str, str], pkgs: list[str],
-           token_provider: str | None) -> Any:
+def _start(s: SparkSettings, values: dict[str, str]) -> Any:
     from pyspark.sql import SparkSession
 
-    conf = dict(values)
-    if token_provider:
-        # Ivy cannot pin a transitive dependency: exclude it and put the pinned jar on the
-        # classpath ourselves (fetched with Maven into the aggbox cache).
-        jar = fetch_jar(f"{_TOKEN_PROVIDER}:{token_provider}")
-        conf["spark.jars.excludes"] = ",".join(
-            filter(None, [conf.get("spark.jars.excludes"), _TOKEN_PROVIDER]))
-        conf["spark.jars"] = ",".join(filter(None, [conf.get("spark.jars"), str(jar)]))
-    if pkgs:
-        conf["spark.jars.packages"] = ",".join(dict.fromkeys(pkgs))
     builder = SparkSession.builder.master(local_master(s.master, s.task_max_failures))
-    for key, value in conf.items():
+    for key, value in values.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     for path in s.py_files:
         spark.sparkContext.addPyFile(path)
     return spark
-
-
-def fetch_jar(coordinate: str) -> Path:
-    """One jar (no dependencies) from Maven Central, cached in the aggbox cache directory."""
-    from aggbox.servers.maven import cache_dir, mvn_executable
-
-    _group, artifact, version = coordinate.split(":")
-    target = cache_dir() / "jars" / "spark-extra"
-    jar = target / f"{artifact}-{version}.jar"
-    if jar.is_file():
-        return jar
-    target.mkdir(parents=True, exist_ok=True)
-    cmd = [mvn_executable(), "-q", "-B", "dependency:copy", f"-Dartifact={coordinate}",
-           f"-DoutputDirectory={target}"]
-    done = subprocess.run(cmd, cwd=target, stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=600, check=False)
-    if done.returncode != 0 or not jar.is_file():
-        raise ConfigurationError(
-            f"cannot fetch {coordinate} from Maven Central (exit {done.returncode}): "
-            f"{(done.stdout + done.stderr).strip()[-2000:]}. Set [spark] kafka_package / "
-            "kafka_token_provider_version to versions your Maven mirror has."
-        )
-    return jar
 
 
 def check_session(spark: Any) -> None:

@@ -43,25 +43,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from aggregates import outcomes as oc
 from aggregates.aggregate import Registry
 from aggregates.envelope import MAX_EPOCH_MILLIS, MAX_RECORD_DEPTH, MIN_EPOCH_MILLIS
+from aggregates.reasons import Reason
 
 __all__ = [
-    "INVALID_ENCODING",
-    "INVALID_JSON",
     "LONE_SURROGATE_DETAIL",
-    "PAYLOAD_TOO_DEEP",
-    "PAYLOAD_TOO_LARGE",
     "VALIDATED_COLUMNS",
     "RegistryInfo",
     "validate",
 ]
 
-INVALID_JSON: Final = "invalid_json"
-PAYLOAD_TOO_LARGE: Final = "payload_too_large"
-INVALID_ENCODING: Final = oc.INVALID_ENCODING
-PAYLOAD_TOO_DEEP: Final = oc.PAYLOAD_TOO_DEEP
 #: Detail of records Spark does not parse because a JSON escape spells a lone surrogate (the
 #: VARIANT builder turns it into '?', and two keys that differ only there make it raise); the
 #: executor replaces it with Message.from_dict's detail naming the field.
@@ -168,9 +160,11 @@ def _projections(info: RegistryInfo, max_payload_bytes: int
                  ) -> tuple[list[list[str]], _Checks]:
     """The projections to apply in turn (each may use the previous one's columns) and the
     checks."""
-    size_limit = _MAX_RECORD_BYTES
-    if max_payload_bytes:
-        size_limit = min(size_limit, max_payload_bytes * _SIZE_SLACK_FACTOR + _SIZE_SLACK_BYTES)
+    return _projection_columns(), _checks(info, max_payload_bytes)
+
+
+def _projection_columns() -> list[list[str]]:
+    """The columns the checks use, in four projections (each may use the previous one's)."""
     # Encoding, size and depth are decided on the raw text; only records that pass are
     # parsed (a deep record would overflow the recursive VARIANT code, one over 16 MiB its
     # limit). Too large records under 16 MiB are parsed for their ids (outcome rows).
@@ -196,51 +190,63 @@ def _projections(info: RegistryInfo, max_payload_bytes: int
         "try_variant_get(_v, '$.occurred_at', 'string') AS _s_occurred_at",
         "try_variant_get(_v, '$.occurred_at', 'double') AS _d_occurred_at",
     ]
+    return [pre, first, parse, second]
+
+
+def _checks(info: RegistryInfo, max_payload_bytes: int) -> _Checks:
+    """The checks, first match wins: the raw record, the envelope, then routing."""
+    size_limit = _MAX_RECORD_BYTES
+    if max_payload_bytes:
+        size_limit = min(size_limit, max_payload_bytes * _SIZE_SLACK_FACTOR + _SIZE_SLACK_BYTES)
     c = _Checks()
-    c.add("_raw IS NULL", INVALID_JSON, "'empty record (no value)'")
-    c.add("_bad_utf8", INVALID_ENCODING,
+    c.add("_raw IS NULL", Reason.INVALID_JSON, "'empty record (no value)'")
+    c.add("_bad_utf8", Reason.INVALID_ENCODING,
           "'the record is not valid UTF-8; fix the producer\\'s encoding'")
     limit_text = (f"payloads are limited to {max_payload_bytes} bytes (BSON): split the "
                   "message or raise max_payload_bytes" if max_payload_bytes else
                   f"records are limited to {_MAX_RECORD_BYTES} bytes: split the message")
-    c.add(f"_size > {size_limit}", PAYLOAD_TOO_LARGE,
+    c.add(f"_size > {size_limit}", Reason.PAYLOAD_TOO_LARGE,
           f"concat('the record is ', _size, ' bytes; {limit_text}')")
-    c.add(f"_depth > {MAX_RECORD_DEPTH}", PAYLOAD_TOO_DEEP,
+    c.add(f"_depth > {MAX_RECORD_DEPTH}", Reason.PAYLOAD_TOO_DEEP,
           f"concat('the record nests arrays/objects ', _depth, ' levels deep; at most "
           f"{MAX_RECORD_DEPTH} are accepted (the envelope, the payload and "
           f"{MAX_RECORD_DEPTH - 2} levels in it): flatten the payload')")
-    c.add("_surrogate", oc.INVALID_ENVELOPE, _lit(LONE_SURROGATE_DETAIL))
-    c.add("_v IS NULL", INVALID_JSON,
+    c.add("_surrogate", Reason.INVALID_ENVELOPE, _lit(LONE_SURROGATE_DETAIL))
+    c.add("_v IS NULL", Reason.INVALID_JSON,
           "'not valid JSON (truncated or malformed record); fix the producer'")
-    c.add("NOT _is_object", oc.INVALID_ENVELOPE,
+    c.add("NOT _is_object", Reason.INVALID_ENVELOPE,
           _bad("<envelope>", "concat('expected a JSON object, got ', "
                              f"{_kind('schema_of_variant(_v)')})"))
-    c.add("_t_payload IS NULL OR _t_payload = 'VOID'", oc.INVALID_ENVELOPE,
+    c.add("_t_payload IS NULL OR _t_payload = 'VOID'", Reason.INVALID_ENVELOPE,
           _bad("payload", "'is required'"))
-    c.add("_t_payload NOT LIKE 'OBJECT%'", oc.INVALID_ENVELOPE,
+    c.add("_t_payload NOT LIKE 'OBJECT%'", Reason.INVALID_ENVELOPE,
           _bad("payload", f"concat('must be a JSON object, got ', {_kind('_t_payload')})"))
     for name in ("message_id", "type", "aggregate_type", "aggregate_id"):
         t = f"_t_{name}"
-        c.add(f"{t} IS NULL OR {t} = 'VOID'", oc.INVALID_ENVELOPE, _bad(name, "'is required'"))
-        c.add(f"{t} <> 'STRING'", oc.INVALID_ENVELOPE,
+        c.add(f"{t} IS NULL OR {t} = 'VOID'", Reason.INVALID_ENVELOPE, _bad(name, "'is required'"))
+        c.add(f"{t} <> 'STRING'", Reason.INVALID_ENVELOPE,
               _bad(name, f"concat('must be a string, got ', {_kind(t)})"))
-    # Routing: the aggregate type must be registered and handle the message type.
+    _add_routing_checks(c, info)
+    return c
+
+
+def _add_routing_checks(c: _Checks, info: RegistryInfo) -> None:
+    """Routing: the aggregate type must be registered and handle the message type."""
     names = sorted(info.types)
     known_types = ", ".join(_lit(n) for n in names) or "CAST(NULL AS STRING)"
     c.add(f"NOT array_contains(array({known_types}), _s_aggregate_type)",
-          oc.UNKNOWN_AGGREGATE_TYPE, _unknown_aggregate_detail(names))
+          Reason.UNKNOWN_AGGREGATE_TYPE, _unknown_aggregate_detail(names))
     pairs = ", ".join(
         f"{_lit(n)}, array({', '.join(_lit(m) for m in info.types[n]) or 'CAST(NULL AS STRING)'})"
         for n in names
     )
     handled = f"element_at(map({pairs}), _s_aggregate_type)" if names else "array()"
-    c.add(f"NOT coalesce(array_contains({handled}, _s_type), false)", oc.UNKNOWN_MESSAGE_TYPE,
+    c.add(f"NOT coalesce(array_contains({handled}, _s_type), false)", Reason.UNKNOWN_MESSAGE_TYPE,
           f"concat('aggregate type \\'', _s_aggregate_type, '\\' has no handler for message "
           f"type \\'', _s_type, '\\'; it handles ', "
           f"concat('[', array_join(transform(array_sort({handled}), x -> concat('\\'', x, "
           f"'\\'')), ', '), ']'), '. Add a handler with @<your AggregateType>.handles(\\'', "
           "_s_type, '\\').')")
-    return [pre, first, parse, second], c
 
 
 def _unknown_aggregate_detail(names: list[str]) -> str:

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 import aggbox.admin
-import spark.cli
+import aggbox.cli
+import aggbox.commands.run
 from aggbox.cli import main
 from aggbox.logs import configure
 
@@ -58,7 +59,7 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return rc, captured.out, captured.err
 
 
-RUN = ("run", "--input", "in.jsonl", "--aggregates", "examples.orders", "--no-progress")
+RUN = ("run", "--input", "in.jsonl", "--aggregates", "aggbox.examples.orders", "--no-progress")
 
 
 # -- 1. settings and URIs: one line, not a traceback ---------------------------------------------
@@ -189,8 +190,8 @@ def test_failed_spark_job_is_one_line_with_the_trace_in_the_log_file(
         def run_batch(self, inputs: Any) -> Any:
             raise Py4JJavaError(JVM_TRACE)
 
-    monkeypatch.setattr(spark.cli._Context, "start", lambda self: None)
-    monkeypatch.setattr(spark.cli._Context, "pipeline", lambda self: FailingPipeline())
+    monkeypatch.setattr(aggbox.commands.run._Context, "start", lambda self: None)
+    monkeypatch.setattr(aggbox.commands.run._Context, "pipeline", lambda self: FailingPipeline())
     rc, _, err = run(capsys, *RUN, "--mongodb-uri", "mongodb://127.0.0.1:9/")
     line = error_line(err)
     assert rc == 1
@@ -208,7 +209,7 @@ def test_failed_jvm_call_without_python_error_shows_the_java_cause(
                             ": java.io.FileNotFoundException: File file:/x/deps.zip does not "
                             "exist\n\tat org.apache.hadoop.fs.RawLocalFileSystem.stat(X.java:1)")
 
-    monkeypatch.setattr(spark.cli._Context, "start", start)
+    monkeypatch.setattr(aggbox.commands.run._Context, "start", start)
     rc, _, err = run(capsys, *RUN, "--mongodb-uri", "mongodb://127.0.0.1:9/")
     line = error_line(err)
     assert rc == 1
@@ -248,7 +249,7 @@ def test_parked_list_json_is_always_an_object(mongo_uri: str, db: Any,
     rc, out, _ = run(capsys, "parked", "list", "--json", "--database", db.name)
     assert rc == 0 and json.loads(out) == {"parked": [], "blocked": []}
     rc, out, _ = run(capsys, "parked", "list", "--json", "--database", db.name,
-                     "--aggregates", "examples.orders")
+                     "--aggregates", "aggbox.examples.orders")
     assert rc == 0 and json.loads(out) == {"parked": [], "blocked": []}
 
 
@@ -260,7 +261,7 @@ def test_unexpected_exception_is_one_line_with_the_trace_in_the_log_file(
         raise RuntimeError("registry exploded\nsecond line")
 
     monkeypatch.setattr(aggbox.admin, "_registry", broken)
-    rc, _, err = run(capsys, "indexes", "--aggregates", "examples.orders")
+    rc, _, err = run(capsys, "indexes", "--aggregates", "aggbox.examples.orders")
     line = error_line(err)
     assert rc == 1
     assert line == ("aggbox indexes: error: RuntimeError: registry exploded … "
@@ -276,7 +277,7 @@ def test_ctrl_c_exits_130(monkeypatch: pytest.MonkeyPatch,
         raise KeyboardInterrupt
 
     monkeypatch.setattr(aggbox.admin, "_registry", interrupted)
-    rc, _, err = run(capsys, "indexes", "--aggregates", "examples.orders")
+    rc, _, err = run(capsys, "indexes", "--aggregates", "aggbox.examples.orders")
     assert rc == 130 and "Traceback" not in err
 
 
@@ -289,7 +290,68 @@ def test_unwritable_log_file_still_gives_one_line(
         raise RuntimeError("registry exploded")
 
     monkeypatch.setattr(aggbox.admin, "_registry", broken)
-    rc, _, err = run(capsys, "indexes", "--aggregates", "examples.orders")
+    rc, _, err = run(capsys, "indexes", "--aggregates", "aggbox.examples.orders")
     line = error_line(err)
     assert rc == 1 and "RuntimeError: registry exploded" in line
     assert "full trace in" not in line
+
+
+# -- 5. the command line resolves "no URI" to the embedded server, once ---------------------------
+def test_run_without_uri_hands_the_embedded_server_to_the_pipeline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/design.md "Layering": the pipeline never starts a server; `aggbox run` does."""
+    import aggbox.servers
+    import spark.pipeline
+
+    calls: list[str] = []
+
+    def embedded() -> str:
+        calls.append("started")
+        return "mongodb://127.0.0.1:9/?embedded=1"
+
+    made: dict[str, Any] = {}
+    monkeypatch.setattr(aggbox.servers, "mongodb_uri", embedded)
+    monkeypatch.setattr(spark.pipeline, "Pipeline", lambda spark, **kw: made.update(kw))
+    parser = aggbox.cli.build_parser()
+    ctx = aggbox.commands.run._Context(parser.parse_args(list(RUN)), kafka=False)
+    ctx.pipeline()
+    assert calls == ["started"] and made["mongodb_uri"] == "mongodb://127.0.0.1:9/?embedded=1"
+    monkeypatch.setenv("AGGBOX_MONGODB_URI", "mongodb://given:27017/")
+    ctx = aggbox.commands.run._Context(parser.parse_args(list(RUN)), kafka=False)
+    ctx.pipeline()
+    assert calls == ["started"] and made["mongodb_uri"] == "mongodb://given:27017/"
+
+
+def test_dispatch_without_uri_hands_the_embedded_server_to_the_daemon(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import aggbox.servers
+    import dispatcher.daemon
+
+    stores: list[Any] = []
+
+    class FakeDispatcher:
+        def __init__(self, settings: Any, *, store: Any) -> None:
+            stores.append(store)
+
+        async def run(self, **_kw: Any) -> int:
+            return 0
+
+    monkeypatch.setattr(aggbox.servers, "mongodb_uri", lambda: "mongodb://127.0.0.1:9/?e=1")
+    monkeypatch.setattr(dispatcher.daemon, "Dispatcher", FakeDispatcher)
+    assert main(["dispatch", "--once", "--collection", "orders"]) == 0
+    assert stores[0].mongodb_uri == "mongodb://127.0.0.1:9/?e=1"
+
+
+def test_pipeline_requires_a_uri_and_never_starts_a_server() -> None:
+    from aggregates.errors import ConfigurationError
+    from aggregates.settings import AggboxSettings
+    from spark.pipeline import Pipeline
+
+    class Session:  # what check_session reads
+        class sparkContext:
+            @staticmethod
+            def getConf() -> dict[str, str]:
+                return {}
+
+    with pytest.raises(ConfigurationError, match="no MongoDB URI"):
+        Pipeline(Session(), aggregates="aggbox.examples.orders", settings=AggboxSettings())

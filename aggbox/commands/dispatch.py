@@ -1,8 +1,14 @@
-"""``aggbox dispatch``: the command line of the dispatcher daemon.
+"""``aggbox dispatch``: the command line of the dispatcher daemon
+(``python -m aggbox.commands.dispatch`` runs it standalone, without the other sub-commands).
 
 Every option overrides the setting of the same name from ``--config`` (section
-``[dispatcher]``, or ``[aggbox]`` for the store) and from the environment. Heavy imports
-happen inside :func:`run`, so ``aggbox --help`` stays fast.
+``[dispatcher]``, or ``[aggbox]`` for the store) and from the environment (flags from
+:mod:`aggbox.commands.options`). Heavy imports happen inside :func:`run`, so
+``aggbox --help`` stays fast.
+
+No MongoDB URI given: the server of ``aggbox local start``, else a throw-away local server,
+resolved here once (:func:`aggbox.servers.mongodb_uri`); the daemon always gets a URI and
+never starts a server itself (docs/design.md, "Layering").
 """
 
 from __future__ import annotations
@@ -10,6 +16,15 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 from typing import Any
+
+from aggbox.commands.options import (
+    SettingOption,
+    add_setting_options,
+    key_values,
+    overrides,
+)
+from aggregates.settings import AggboxSettings, SectionSettings
+from dispatcher.settings import DispatcherSettings
 
 __all__ = ["main", "register", "run"]
 
@@ -31,62 +46,50 @@ AGGBOX_<NAME>) and these options.
 
 _EPILOG = """\
 examples:
-  aggbox dispatch --aggregates examples.orders --publisher kafka \\
+  aggbox dispatch --aggregates aggbox.examples.orders --publisher kafka \\
       --bootstrap-servers broker:9092 --topic-template '{aggregate_type}.events'
   aggbox dispatch --collection orders --publisher jsonl --jsonl-dir out/events --once
-  AGGBOX_DISPATCHER_FAULT=after_publish:kill aggbox dispatch ...   (crash tests only)
 
 endpoints: GET /metrics (Prometheus), GET /healthz (200 healthy, 503 not — e.g. no MongoDB
 round trip for --unhealthy-after seconds) on --metrics-port.
 """
 
-# option → (settings section, field name, argparse keyword arguments)
-_OPTIONS: list[tuple[str, str, str, dict[str, Any]]] = [
-    ("--collection", "dispatcher", "collections",
-     {"action": "append", "metavar": "NAME"}),
-    ("--aggregates", "dispatcher", "aggregates", {"metavar": "MODULE"}),
-    ("--publisher", "dispatcher", "publisher", {"choices": ["kafka", "jsonl", "stdout"]}),
-    ("--bootstrap-servers", "dispatcher", "kafka_bootstrap_servers", {"metavar": "HOSTS"}),
-    ("--kafka-option", "dispatcher", "kafka_config",
-     {"action": "append", "metavar": "KEY=VALUE"}),
-    ("--delivery-timeout", "dispatcher", "kafka_delivery_timeout_s",
-     {"type": float, "metavar": "SECONDS"}),
-    ("--topic-template", "dispatcher", "topic_template", {"metavar": "TEMPLATE"}),
-    ("--jsonl-dir", "dispatcher", "jsonl_dir", {"metavar": "DIR"}),
-    ("--mode", "dispatcher", "mode", {"choices": ["auto", "stream", "poll"]}),
-    ("--batch-size", "dispatcher", "batch_size", {"type": int, "metavar": "N"}),
-    ("--max-batch-records", "dispatcher", "max_batch_records", {"type": int, "metavar": "N"}),
-    ("--pacing-ms", "dispatcher", "pacing_ms", {"type": float, "metavar": "MS"}),
-    ("--poll-interval-ms", "dispatcher", "poll_interval_ms", {"type": float, "metavar": "MS"}),
-    ("--sweep-interval", "dispatcher", "sweep_interval_s", {"type": float, "metavar": "SECONDS"}),
-    ("--lease-ttl", "dispatcher", "lease_ttl_s", {"type": float, "metavar": "SECONDS"}),
-    ("--instance-id", "dispatcher", "instance_id", {"metavar": "NAME"}),
-    ("--backoff-initial-ms", "dispatcher", "backoff_initial_ms", {"type": float, "metavar": "MS"}),
-    ("--backoff-max-ms", "dispatcher", "backoff_max_ms", {"type": float, "metavar": "MS"}),
-    ("--shutdown-timeout", "dispatcher", "shutdown_timeout_s",
-     {"type": float, "metavar": "SECONDS"}),
-    ("--metrics-port", "dispatcher", "metrics_port", {"type": int, "metavar": "PORT"}),
-    ("--metrics-host", "dispatcher", "metrics_host", {"metavar": "ADDRESS"}),
-    ("--unhealthy-after", "dispatcher", "unhealthy_after_s",
-     {"type": float, "metavar": "SECONDS"}),
-    ("--once-timeout", "dispatcher", "once_timeout_s", {"type": float, "metavar": "SECONDS"}),
-    ("--json-logs", "dispatcher", "log_json", {"action": "store_const", "const": True}),
-    ("--mongodb-uri", "aggbox", "mongodb_uri", {"metavar": "URI"}),
-    ("--database", "aggbox", "database", {"metavar": "NAME"}),
-    ("--dead-letter-collection", "aggbox", "dead_letter_collection", {"metavar": "NAME"}),
+_D, _A = DispatcherSettings, AggboxSettings
+_F, _N, _S = float, "SECONDS", "MS"
+
+_OPTIONS: list[SettingOption] = [
+    SettingOption("--collection", _D, "collections", {"action": "append", "metavar": "NAME"}),
+    SettingOption("--aggregates", _D, "aggregates", {"metavar": "MODULE"}),
+    SettingOption("--publisher", _D, "publisher", {"choices": ["kafka", "jsonl", "stdout"]}),
+    SettingOption("--bootstrap-servers", _D, "kafka_bootstrap_servers", {"metavar": "HOSTS"}),
+    SettingOption("--kafka-option", _D, "kafka_config",
+                  {"action": "append", "metavar": "KEY=VALUE"}, key_values),
+    SettingOption("--delivery-timeout", _D, "kafka_delivery_timeout_s",
+                  {"type": _F, "metavar": _N}),
+    SettingOption("--topic-template", _D, "topic_template", {"metavar": "TEMPLATE"}),
+    SettingOption("--jsonl-dir", _D, "jsonl_dir", {"metavar": "DIR"}),
+    SettingOption("--mode", _D, "mode", {"choices": ["auto", "stream", "poll"]}),
+    SettingOption("--batch-size", _D, "batch_size", {"type": int, "metavar": "N"}),
+    SettingOption("--max-batch-records", _D, "max_batch_records", {"type": int, "metavar": "N"}),
+    SettingOption("--pacing-ms", _D, "pacing_ms", {"type": _F, "metavar": _S}),
+    SettingOption("--poll-interval-ms", _D, "poll_interval_ms", {"type": _F, "metavar": _S}),
+    SettingOption("--sweep-interval", _D, "sweep_interval_s", {"type": _F, "metavar": _N}),
+    SettingOption("--lease-ttl", _D, "lease_ttl_s", {"type": _F, "metavar": _N}),
+    SettingOption("--instance-id", _D, "instance_id", {"metavar": "NAME"}),
+    SettingOption("--backoff-initial-ms", _D, "backoff_initial_ms", {"type": _F, "metavar": _S}),
+    SettingOption("--backoff-max-ms", _D, "backoff_max_ms", {"type": _F, "metavar": _S}),
+    SettingOption("--shutdown-timeout", _D, "shutdown_timeout_s", {"type": _F, "metavar": _N}),
+    SettingOption("--metrics-port", _D, "metrics_port", {"type": int, "metavar": "PORT"}),
+    SettingOption("--metrics-host", _D, "metrics_host", {"metavar": "ADDRESS"}),
+    SettingOption("--unhealthy-after", _D, "unhealthy_after_s", {"type": _F, "metavar": _N}),
+    SettingOption("--once-timeout", _D, "once_timeout_s", {"type": _F, "metavar": _N}),
+    SettingOption("--json-logs", _D, "log_json", {"action": "store_const", "const": True}),
+    SettingOption("--mongodb-uri", _A, "mongodb_uri", {"metavar": "URI"}),
+    SettingOption("--database", _A, "database", {"metavar": "NAME"}),
+    SettingOption("--dead-letter-collection", _A, "dead_letter_collection",
+                  {"metavar": "NAME"}),
 ]
-
-
-def _help(section: str, field: str) -> str:
-    from aggregates.settings import AggboxSettings
-    from dispatcher.settings import DispatcherSettings
-
-    model: Any = DispatcherSettings if section == "dispatcher" else AggboxSettings
-    info = model.model_fields[field]
-    prefix = "AGGBOX_DISPATCHER_" if section == "dispatcher" else "AGGBOX_"
-    default = info.get_default(call_default_factory=True)
-    text = (info.description or "").replace("%", "%%")
-    return f"{text} [env {prefix}{field.upper()}; default: {default!r}]"
+_SECTIONS: dict[str, type[SectionSettings]] = {"dispatcher": _D, "aggbox": _A}
 
 
 def register(subparsers: Any) -> None:
@@ -102,8 +105,8 @@ def register(subparsers: Any) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m dispatcher``: the same options as ``aggbox dispatch``, plus the logging
-    options of ``aggbox`` (standalone, so the daemon does not import the other
+    """``python -m aggbox.commands.dispatch``: the same options as ``aggbox dispatch``, plus
+    the logging options of ``aggbox`` (standalone, so the daemon does not import the other
     sub-commands)."""
     import logging
     import sys
@@ -111,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from aggregates.errors import AggboxError
 
     parser = argparse.ArgumentParser(
-        prog="python -m dispatcher", description=_DESCRIPTION, epilog=_EPILOG,
+        prog="python -m aggbox.commands.dispatch", description=_DESCRIPTION, epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--log-level", default="INFO",
                         help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
@@ -143,37 +146,20 @@ def _add_options(parser: argparse.ArgumentParser) -> None:
                              "instance is active; exit status 1 with one error line when a "
                              "collection makes no progress for --once-timeout seconds); for "
                              "demos, tests and cron jobs")
-    for flag, section, field, kwargs in _OPTIONS:
-        parser.add_argument(flag, dest=f"opt_{field}", help=_help(section, field), **kwargs)
+    add_setting_options(parser, _OPTIONS)
     parser.set_defaults(func=run)
 
 
 def _overrides(args: argparse.Namespace, section: str) -> dict[str, Any]:
-    from aggregates.errors import ConfigurationError
-
-    out: dict[str, Any] = {}
-    for flag, sec, field, _kw in _OPTIONS:
-        value = getattr(args, f"opt_{field}", None)
-        if sec != section or value is None:
-            continue
-        if field == "kafka_config":
-            pairs: dict[str, str] = {}
-            for item in value:
-                key, sep, val = item.partition("=")
-                if not sep or not key:
-                    raise ConfigurationError(f"{flag} {item!r}: use KEY=VALUE")
-                pairs[key] = val
-            value = pairs
-        out[field] = value
-    return out
+    """The settings of ``section`` (``dispatcher`` or ``aggbox``) given as options."""
+    return overrides(args, _SECTIONS[section], _OPTIONS)
 
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
 
-    from aggregates.settings import AggboxSettings
+    from aggbox.servers import mongodb_uri
     from dispatcher.daemon import Dispatcher
-    from dispatcher.settings import DispatcherSettings
 
     settings = DispatcherSettings.load(config_file=args.config,
                                        **_overrides(args, "dispatcher"))
@@ -182,5 +168,13 @@ def run(args: argparse.Namespace) -> int:
         from aggbox.logs import configure
 
         configure(level=getattr(args, "log_level", "INFO"), json_logs=True)
+    if not store.mongodb_uri:  # the one place where "no URI" becomes the local server
+        store = store.model_copy(update={"mongodb_uri": mongodb_uri()})
     dispatcher = Dispatcher(settings, store=store)
     return asyncio.run(dispatcher.run(once=args.once, install_signal_handlers=True))
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

@@ -3,7 +3,13 @@
 Settings come from, highest first: command-line options, ``AGGBOX_*`` /
 ``AGGBOX_SPARK_*`` environment variables, the config file (``--config`` or
 ``$AGGBOX_CONFIG``; sections ``[aggbox]`` and ``[spark]``, see ``config/aggbox.toml``), the
-documented defaults. pyspark is imported only when a command runs.
+documented defaults (flags from :mod:`aggbox.commands.options`). pyspark is imported only
+when a command runs.
+
+No MongoDB URI given (no ``--mongodb-uri``, ``AGGBOX_MONGODB_URI`` or config file setting):
+the server of ``aggbox local start``, else a throw-away local server, resolved here once
+(:func:`aggbox.servers.mongodb_uri`) and handed to the pipeline, which never starts one
+itself (docs/design.md, "Layering").
 """
 
 from __future__ import annotations
@@ -12,10 +18,19 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
+from aggbox.commands.options import (
+    SettingOption,
+    add_setting_options,
+    comma_list,
+    key_values,
+    overrides,
+)
 from aggregates.errors import AggboxError, ConfigurationError
+from aggregates.settings import AggboxSettings
+from spark.settings import SparkSettings
 
 __all__ = ["register", "run_command", "stream_command"]
 
@@ -52,55 +67,43 @@ exit status: 0 success; 1 the job failed (error message above); 2 bad usage;
 3 with --fail-on-dead-letters when a record was dead-lettered or parked.
 """
 
-#: (flag, settings section, field, argparse kwargs): options that override a setting.
-_COMMON: list[tuple[str, str, str, dict[str, Any]]] = [
-    ("--aggregates", "spark", "aggregates", {"metavar": "MODULE"}),
-    ("--mongodb-uri", "aggbox", "mongodb_uri", {"metavar": "URI"}),
-    ("--database", "aggbox", "database", {"metavar": "NAME"}),
-    ("--outcomes", "spark", "outcomes_path", {"metavar": "DIR"}),
-    ("--master", "spark", "master", {"metavar": "MASTER"}),
-    ("--shuffle-partitions", "spark", "shuffle_partitions", {"type": int, "metavar": "N"}),
-    ("--py-files", "spark", "py_files", {"metavar": "FILE", "action": "append"}),
-    ("--conf", "spark", "conf", {"metavar": "KEY=VALUE", "action": "append"}),
-    ("--max-payload-bytes", "aggbox", "max_payload_bytes", {"type": int, "metavar": "BYTES"}),
+_A, _S = AggboxSettings, SparkSettings
+
+_COMMON: list[SettingOption] = [
+    SettingOption("--aggregates", _S, "aggregates", {"metavar": "MODULE"}),
+    SettingOption("--mongodb-uri", _A, "mongodb_uri", {"metavar": "URI"}),
+    SettingOption("--database", _A, "database", {"metavar": "NAME"}),
+    SettingOption("--outcomes", _S, "outcomes_path", {"metavar": "DIR"}),
+    SettingOption("--master", _S, "master", {"metavar": "MASTER"}),
+    SettingOption("--shuffle-partitions", _S, "shuffle_partitions",
+                  {"type": int, "metavar": "N"}),
+    SettingOption("--py-files", _S, "py_files", {"metavar": "FILE", "action": "append"},
+                  comma_list),
+    SettingOption("--conf", _S, "conf", {"metavar": "KEY=VALUE", "action": "append"},
+                  key_values),
+    SettingOption("--max-payload-bytes", _A, "max_payload_bytes",
+                  {"type": int, "metavar": "BYTES"}),
 ]
-_RUN: list[tuple[str, str, str, dict[str, Any]]] = [
-    ("--format", "spark", "input_format", {"choices": ["auto", "json", "parquet"]}),
+_RUN: list[SettingOption] = [
+    SettingOption("--format", _S, "input_format", {"choices": ["auto", "json", "parquet"]}),
 ]
-_STREAM: list[tuple[str, str, str, dict[str, Any]]] = [
-    ("--checkpoint", "spark", "checkpoint_location", {"metavar": "DIR"}),
-    ("--trigger", "spark", "trigger", {"metavar": "TRIGGER"}),
-    ("--max-offsets-per-trigger", "spark", "max_offsets_per_trigger",
-     {"type": int, "metavar": "N"}),
-    ("--max-files-per-trigger", "spark", "max_files_per_trigger", {"type": int, "metavar": "N"}),
-    ("--starting-offsets", "spark", "starting_offsets", {"metavar": "OFFSETS"}),
+_STREAM: list[SettingOption] = [
+    SettingOption("--checkpoint", _S, "checkpoint_location", {"metavar": "DIR"}),
+    SettingOption("--trigger", _S, "trigger", {"metavar": "TRIGGER"}),
+    SettingOption("--max-offsets-per-trigger", _S, "max_offsets_per_trigger",
+                  {"type": int, "metavar": "N"}),
+    SettingOption("--max-files-per-trigger", _S, "max_files_per_trigger",
+                  {"type": int, "metavar": "N"}),
+    SettingOption("--starting-offsets", _S, "starting_offsets", {"metavar": "OFFSETS"}),
 ]
-
-
-def _help(section: str, field: str) -> str:
-    from aggregates.settings import AggboxSettings
-    from spark.settings import SparkSettings
-
-    model: Any = SparkSettings if section == "spark" else AggboxSettings
-    info = model.model_fields[field]
-    prefix = "AGGBOX_SPARK_" if section == "spark" else "AGGBOX_"
-    default = info.get_default(call_default_factory=True)
-    text = (info.description or "").replace("%", "%%")
-    return f"{text} [env {prefix}{field.upper()}; default: {default!r}]"
-
-
-def _add_setting_options(parser: argparse.ArgumentParser,
-                         options: list[tuple[str, str, str, dict[str, Any]]]) -> None:
-    for flag, section, field, kwargs in options:
-        parser.add_argument(flag, dest=f"opt_{section}_{field}", help=_help(section, field),
-                            **kwargs)
+_ALL = [*_COMMON, *_RUN, *_STREAM]
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", metavar="FILE",
                         help="TOML config file (sections [aggbox] and [spark]); default: "
                              "$AGGBOX_CONFIG")
-    _add_setting_options(parser, _COMMON)
+    add_setting_options(parser, _COMMON)
     parser.add_argument("--no-progress", action="store_true",
                         help="no live progress display (it is also off when stderr is not a "
                              "terminal)")
@@ -120,7 +123,7 @@ def register(subparsers: Any) -> None:
                      required=True,
                      help="input files, directories or globs (repeat or list several); "
                           "JSON Lines, or Parquet for *.parquet / directories of Parquet")
-    _add_setting_options(run, _RUN)
+    add_setting_options(run, _RUN)
     _add_common(run)
     run.set_defaults(func=run_command)
 
@@ -138,7 +141,7 @@ def register(subparsers: Any) -> None:
                           "kafka.security.protocol=SSL (repeatable)")
     src.add_argument("--directory", metavar="DIR",
                      help="directory receiving JSON Lines files (instead of Kafka)")
-    _add_setting_options(stream, _STREAM)
+    add_setting_options(stream, _STREAM)
     stream.add_argument("--timeout", type=float, metavar="SECONDS",
                         help="stop the stream after this long (default: availableNow runs "
                              "until the backlog is consumed, an interval trigger until Ctrl-C)")
@@ -149,45 +152,17 @@ def register(subparsers: Any) -> None:
 # -- running ---------------------------------------------------------------------------------
 
 
-def _pairs(items: Sequence[str] | None, flag: str) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigurationError(f"{flag} {item!r}: use KEY=VALUE")
-        out[key.strip()] = value
-    return out
-
-
-def _overrides(args: argparse.Namespace, section: str) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    prefix = f"opt_{section}_"
-    for name, value in vars(args).items():
-        if not name.startswith(prefix) or value is None:
-            continue
-        field = name[len(prefix):]
-        if field == "conf":
-            value = _pairs(value, "--conf")
-        elif field == "py_files":
-            value = [p for item in value for p in item.split(",") if p]
-        out[field] = value
-    return out
-
-
 class _Context:
     """Settings, console and session of one command."""
 
     def __init__(self, args: argparse.Namespace, *, kafka: bool) -> None:
         from rich.console import Console
 
-        from aggregates.settings import AggboxSettings
-        from spark.settings import SparkSettings
-
         self.args = args
         self.settings = AggboxSettings.load(config_file=args.config,
-                                            **_overrides(args, "aggbox"))
+                                            **overrides(args, AggboxSettings, _ALL))
         self.spark_settings = SparkSettings.load(config_file=args.config,
-                                                 **_overrides(args, "spark"))
+                                                 **overrides(args, SparkSettings, _ALL))
         if not self.spark_settings.aggregates:
             raise ConfigurationError(
                 "no aggregates module: pass --aggregates MODULE (or set [spark] aggregates / "
@@ -208,7 +183,7 @@ class _Context:
         from pyspark.sql import SparkSession
 
         from aggbox.logs import current_log_file
-        from spark.session import build_session
+        from aggbox.session import build_session
 
         self.owns_session = SparkSession.getActiveSession() is None
         with self.console.status("starting Spark…"):
@@ -219,10 +194,14 @@ class _Context:
         return self.spark
 
     def pipeline(self) -> Any:
+        from aggbox.servers import mongodb_uri
         from spark.pipeline import Pipeline
 
+        # The one place where "no URI given" becomes the embedded local server.
+        uri = self.settings.mongodb_uri or mongodb_uri()
         return Pipeline(self.spark, aggregates=self.spark_settings.aggregates,
-                        settings=self.settings, spark_settings=self.spark_settings)
+                        settings=self.settings, spark_settings=self.spark_settings,
+                        mongodb_uri=uri)
 
     @property
     def show_progress(self) -> bool:
@@ -330,7 +309,7 @@ def _stream_source(args: argparse.Namespace, ctx: _Context) -> Any:
         return KafkaSource(args.kafka_bootstrap_servers, args.topic,
                            starting_offsets=s.starting_offsets,
                            max_offsets_per_trigger=s.max_offsets_per_trigger,
-                           options=_pairs(args.kafka_option, "--kafka-option"))
+                           options=key_values(args.kafka_option, "--kafka-option"))
     if args.directory:
         return DirectorySource(args.directory, max_files_per_trigger=s.max_files_per_trigger)
     raise ConfigurationError("no stream source: pass --kafka-bootstrap-servers and --topic, "

@@ -331,43 +331,12 @@ def start_local_kafka(
     jars = maven.resolve_classpath(_POM)
     guard = maven.compile_java(_GUARD, [])
     classpath = maven.classpath_string([guard, *jars])
+    jvm_base = [java, f"-Xmx{heap}", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20",
+                "-Djava.awt.headless=true"]
     last_error: ServerError | None = None
     for _attempt in range(_PORT_ATTEMPTS):
-        work_dir = Path(tempfile.mkdtemp(prefix="aggbox-kafka-"))
-        broker_port, controller_port = _process.free_ports(2)
-        props_path = work_dir / "server.properties"
-        props_path.write_text(
-            _properties(
-                data_dir=work_dir / "data",
-                broker_port=broker_port,
-                controller_port=controller_port,
-                message_max_bytes=message_max_bytes,
-                extra=extra_config or {},
-            ),
-            encoding="utf-8",
-        )
-        log4j = work_dir / "log4j2.properties"
-        log4j.write_text(_LOG4J2, encoding="utf-8")
-        jvm = [
-            java,
-            f"-Xmx{heap}",
-            "-XX:+UseG1GC",
-            "-XX:MaxGCPauseMillis=20",
-            "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={log4j}",
-            f"-Dkafka.logs.dir={work_dir / 'logs'}",
-            *java_options,
-            "-cp",
-            classpath,
-        ]
-        _format_storage(jvm, props_path, work_dir)
-        kafka = LocalKafka(
-            work_dir=work_dir,
-            broker_port=broker_port,
-            controller_port=controller_port,
-            argv=[*jvm, _GUARD, "kafka.Kafka", str(props_path)],
-            ready_timeout=timeout,
-        )
+        kafka = _prepare(jvm_base, [*java_options, "-cp", classpath], timeout=timeout,
+                         message_max_bytes=message_max_bytes, extra=extra_config or {})
         try:
             kafka.start()
         except ServerError as exc:
@@ -380,6 +349,29 @@ def start_local_kafka(
         return kafka
     assert last_error is not None
     raise last_error
+
+
+def _prepare(jvm_base: Sequence[str], jvm_tail: Sequence[str], *, timeout: float,
+             message_max_bytes: int, extra: Mapping[str, str]) -> LocalKafka:
+    """A fresh work directory with ``server.properties`` on free ports and formatted storage;
+    the (not yet started) broker."""
+    work_dir = Path(tempfile.mkdtemp(prefix="aggbox-kafka-"))
+    broker_port, controller_port = _process.free_ports(2)
+    props_path = work_dir / "server.properties"
+    props_path.write_text(
+        _properties(data_dir=work_dir / "data", broker_port=broker_port,
+                    controller_port=controller_port, message_max_bytes=message_max_bytes,
+                    extra=extra),
+        encoding="utf-8",
+    )
+    log4j = work_dir / "log4j2.properties"
+    log4j.write_text(_LOG4J2, encoding="utf-8")
+    jvm = [*jvm_base, f"-Dlog4j2.configurationFile={log4j}",
+           f"-Dkafka.logs.dir={work_dir / 'logs'}", *jvm_tail]
+    _format_storage(jvm, props_path, work_dir)
+    return LocalKafka(work_dir=work_dir, broker_port=broker_port,
+                      controller_port=controller_port,
+                      argv=[*jvm, _GUARD, "kafka.Kafka", str(props_path)], ready_timeout=timeout)
 
 
 def _format_storage(jvm: Sequence[str], props_path: Path, work_dir: Path) -> None:

@@ -165,6 +165,32 @@ def _read_marker(directory: Path, marker: str) -> list[Path] | None:
     return files
 
 
+def _copy_dependencies(mvn: str, pom: str, text: str, work: Path) -> Path:
+    """Run Maven on the pom ``text`` in ``work``; the directory holding the resolved jars."""
+    (work / "pom.xml").write_text(text, encoding="utf-8")
+    lib = work / "lib"
+    cmd = [mvn, "-q", "-B", "-f", str(work / "pom.xml"), "dependency:copy-dependencies",
+           f"-DoutputDirectory={lib}", "-DincludeScope=runtime", "-Dmdep.prependGroupId=true"]
+    try:
+        done = subprocess.run(cmd, cwd=work, stdin=subprocess.DEVNULL, capture_output=True,
+                              text=True, timeout=_MVN_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired as exc:
+        raise ServerError(
+            f"Maven did not resolve {pom} within {_MVN_TIMEOUT_S:.0f} s "
+            "(is Maven Central reachable?)"
+        ) from exc
+    jars = sorted(lib.glob("*.jar")) if lib.is_dir() else []
+    if done.returncode != 0 or not jars:
+        output = (done.stdout + done.stderr).strip()[-4000:]
+        raise ServerError(
+            f"Maven could not resolve the jars for {pom!r} (exit {done.returncode}). "
+            f"Command: {' '.join(cmd)}\n"
+            "Check that Maven Central is reachable (or a mirror in ~/.m2/settings.xml)."
+            f"\n--- mvn output ---\n{output}"
+        )
+    return lib
+
+
 def resolve_classpath(pom: str) -> list[Path]:
     """Jars (artifact plus runtime dependencies) of the shipped pom ``pom``, sorted by name.
 
@@ -186,44 +212,8 @@ def resolve_classpath(pom: str) -> list[Path]:
         java_executable()  # Maven needs a JVM; fail with the JDK hint, not Maven's own message
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=f".{key}-", dir=target.parent) as tmp:
-            work = Path(tmp)
-            (work / "pom.xml").write_text(text, encoding="utf-8")
-            lib = work / "lib"
-            cmd = [
-                mvn,
-                "-q",
-                "-B",
-                "-f",
-                str(work / "pom.xml"),
-                "dependency:copy-dependencies",
-                f"-DoutputDirectory={lib}",
-                "-DincludeScope=runtime",
-                "-Dmdep.prependGroupId=true",
-            ]
-            try:
-                done = subprocess.run(
-                    cmd,
-                    cwd=work,
-                    stdin=subprocess.DEVNULL,
-                    capture_output=True,
-                    text=True,
-                    timeout=_MVN_TIMEOUT_S,
-                    check=False,
-                )
-            except subprocess.TimeoutExpired as exc:
-                raise ServerError(
-                    f"Maven did not resolve {pom} within {_MVN_TIMEOUT_S:.0f} s "
-                    "(is Maven Central reachable?)"
-                ) from exc
-            jars = sorted(lib.glob("*.jar")) if lib.is_dir() else []
-            if done.returncode != 0 or not jars:
-                output = (done.stdout + done.stderr).strip()[-4000:]
-                raise ServerError(
-                    f"Maven could not resolve the jars for {pom!r} (exit {done.returncode}). "
-                    f"Command: {' '.join(cmd)}\n"
-                    "Check that Maven Central is reachable (or a mirror in ~/.m2/settings.xml)."
-                    f"\n--- mvn output ---\n{output}"
-                )
+            lib = _copy_dependencies(mvn, pom, text, Path(tmp))
+            jars = sorted(lib.glob("*.jar"))
             if target.exists():
                 shutil.rmtree(target)
             (lib / _MARKER).write_text("".join(f"{j.name}\n" for j in jars), encoding="utf-8")

@@ -250,6 +250,21 @@ def _wait_ready(proc: subprocess.Popen[bytes], log_path: Path, offset: int, uri:
         client.close()
 
 
+def _spawn(argv: list[str], log_path: Path) -> subprocess.Popen[bytes]:
+    """Start the server detached from this command, its output appended to ``log_path``."""
+    with open(log_path, "ab") as log:
+        log.write(f"\n=== aggbox local start: {' '.join(argv)}\n".encode())
+        log.flush()
+        try:
+            return subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,  # outlives this command and its terminal
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise ServerError(f"cannot start the local MongoDB ({argv[0]}): {exc}") from exc
+
+
 def start_persistent_mongodb(*, timeout: float = 60.0) -> tuple[LocalServerState, bool]:
     """Start the local server unless one runs; ``(state, started)``.
 
@@ -269,32 +284,11 @@ def start_persistent_mongodb(*, timeout: float = 60.0) -> tuple[LocalServerState
         log_path = directory / "server.log"
         for _attempt in range(_PORT_ATTEMPTS):
             port = _process.free_port()
-            argv = [
-                java,
-                "-XX:+UseParallelGC",
-                "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
-                "-Dorg.slf4j.simpleLogger.showDateTime=true",
-                "-cp",
-                classpath,
-                _LAUNCHER,
-                str(port),
-                str(data_file),
-            ]
+            argv = [java, "-XX:+UseParallelGC", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
+                    "-Dorg.slf4j.simpleLogger.showDateTime=true", "-cp", classpath, _LAUNCHER,
+                    str(port), str(data_file)]
             offset = log_path.stat().st_size if log_path.exists() else 0
-            with open(log_path, "ab") as log:
-                log.write(f"\n=== aggbox local start: {' '.join(argv)}\n".encode())
-                log.flush()
-                try:
-                    proc = subprocess.Popen(
-                        argv,
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,  # outlives this command and its terminal
-                        close_fds=True,
-                    )
-                except OSError as exc:
-                    raise ServerError(f"cannot start the local MongoDB ({java}): {exc}") from exc
+            proc = _spawn(argv, log_path)
             uri = f"mongodb://127.0.0.1:{port}/?directConnection=true"
             try:
                 _wait_ready(proc, log_path, offset, uri, timeout)

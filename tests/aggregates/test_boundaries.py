@@ -1,43 +1,126 @@
-"""Package boundaries (docs/design.md "Goals and guarantees"): ``aggregates`` imports
-neither ``spark`` nor ``dispatcher``; ``dispatcher`` never imports ``spark``. Checked on the
-source (static) and at run time in a fresh interpreter."""
+"""Package layering (docs/design.md, "Layering"), checked on the source with ``ast``:
+
+- ``aggregates`` (the library) imports none of the other first-party packages;
+- ``spark`` (the pipeline) and ``dispatcher`` (the daemon) import ``aggregates`` only;
+- ``aggbox`` (command line, demo, local servers, example domains) may import everything.
+
+Every import counts: module level, inside functions, under ``if TYPE_CHECKING:``, relative
+imports (they stay inside their package) and ``importlib.import_module("…")`` /
+``__import__("…")`` with a literal name. The checker is tested on a synthetic package that
+imports upwards, so a checker that sees nothing cannot pass silently.
+"""
 
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
+FIRST_PARTY = ("aggregates", "spark", "dispatcher", "aggbox")
 
-def imported_modules(package: str) -> set[str]:
-    found: set[str] = set()
-    for path in (ROOT / package).rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                found.update(a.name.split(".")[0] for a in node.names)
-            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                found.add(node.module.split(".")[0])
-    return found
+#: package → first-party packages it may import (besides itself).
+ALLOWED: dict[str, frozenset[str]] = {
+    "aggregates": frozenset(),
+    "spark": frozenset({"aggregates"}),
+    "dispatcher": frozenset({"aggregates"}),
+    "aggbox": frozenset(FIRST_PARTY),
+}
 
+#: third-party packages a package must not import (heavy optional extras).
+FORBIDDEN_THIRD_PARTY: dict[str, frozenset[str]] = {
+    "aggregates": frozenset({"pyspark", "confluent_kafka", "prometheus_client"}),
+    "dispatcher": frozenset({"pyspark"}),
+}
 
-def test_aggregates_imports_neither_spark_nor_dispatcher() -> None:
-    mods = imported_modules("aggregates")
-    assert "spark" not in mods and "dispatcher" not in mods and "pyspark" not in mods
-    assert "aggbox" not in mods  # the library stands alone
-
-
-def test_dispatcher_does_not_import_spark() -> None:
-    mods = imported_modules("dispatcher")
-    assert "spark" not in mods and "pyspark" not in mods
+_DYNAMIC = {"import_module", "__import__"}
 
 
-def test_importing_aggregates_loads_no_other_component() -> None:
+def _imports(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """(line, absolute module name) of every import in ``tree``; relative imports give ""."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node.lineno, alias.name
+        elif isinstance(node, ast.ImportFrom):
+            yield node.lineno, ("" if node.level else node.module or "")
+        elif isinstance(node, ast.Call):
+            func = node.func
+            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+            if (name in _DYNAMIC and node.args and isinstance(node.args[0], ast.Constant)
+                    and isinstance(node.args[0].value, str)):
+                yield node.lineno, node.args[0].value
+
+
+def layering_violations(root: Path, allowed: Mapping[str, frozenset[str]] = ALLOWED,
+                        forbidden: Mapping[str, frozenset[str]] = FORBIDDEN_THIRD_PARTY,
+                        ) -> list[str]:
+    """``path:line: <package> imports <module>`` for every import that breaks the layering
+    of the packages under ``root``."""
+    problems: list[str] = []
+    for package, may in allowed.items():
+        base = root / package
+        if not base.is_dir():
+            continue
+        for path in sorted(base.rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+            for line, module in _imports(tree):
+                top = module.split(".")[0]
+                bad_first_party = top in allowed and top != package and top not in may
+                if bad_first_party or top in forbidden.get(package, frozenset()):
+                    problems.append(f"{path.relative_to(root)}:{line}: {package} imports "
+                                    f"{module}")
+    return problems
+
+
+def test_every_package_imports_only_downwards() -> None:
+    assert layering_violations(ROOT) == []
+
+
+def test_the_checker_fails_on_upward_imports(tmp_path: Path) -> None:
+    spark = tmp_path / "spark"
+    (spark / "sub").mkdir(parents=True)
+    (spark / "__init__.py").write_text("import aggregates.settings\nfrom . import sub\n")
+    (spark / "sub" / "__init__.py").write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n"
+        "    import dispatcher.daemon\n"
+        "def f():\n"
+        "    from aggbox import x\n"
+        "    return x\n"
+        "def g():\n"
+        "    import importlib\n"
+        "    return importlib.import_module('aggbox.servers')\n")
+    lib = tmp_path / "aggregates"
+    lib.mkdir()
+    (lib / "__init__.py").write_text("def h():\n    import spark.pipeline\n")
+    assert layering_violations(tmp_path) == [
+        "aggregates/__init__.py:2: aggregates imports spark.pipeline",
+        "spark/sub/__init__.py:3: spark imports dispatcher.daemon",
+        "spark/sub/__init__.py:5: spark imports aggbox",
+        "spark/sub/__init__.py:9: spark imports aggbox.servers",
+    ]
+
+
+@pytest.mark.parametrize("package", ["spark", "dispatcher"])
+def test_the_checker_sees_the_real_tree(package: str) -> None:
+    """The real packages import ``aggregates`` (so the walk does reach their files)."""
+    found = {m.split(".")[0] for p in (ROOT / package).rglob("*.py")
+             for _, m in _imports(ast.parse(p.read_text(encoding="utf-8")))}
+    assert "aggregates" in found
+
+
+def test_importing_the_libraries_loads_no_upper_layer() -> None:
     code = ("import sys, aggregates, aggregates.testing, aggregates.writer; "
-            "bad = [m for m in sys.modules if m.split('.')[0] in "
-            "('spark', 'dispatcher', 'pyspark', 'confluent_kafka')]; print(bad)")
+            "lib = [m for m in sys.modules if m.split('.')[0] in "
+            "('spark', 'dispatcher', 'aggbox', 'pyspark', 'confluent_kafka')]; "
+            "import spark.pipeline, spark.session, dispatcher.daemon; "
+            "up = [m for m in sys.modules if m.split('.')[0] == 'aggbox']; print(lib, up)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT)
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.strip() == "[] []"

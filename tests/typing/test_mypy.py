@@ -1,6 +1,7 @@
 """The typed domain API is checked by mypy: ``mypy --strict`` passes on tests/typing/good.py
-and examples/, and reports exactly the errors marked in tests/typing/bad.py (the line after
-each ``# error: <text>`` comment gets an error containing <text>; no other line gets any)."""
+and aggbox/examples/ (the example domains), and reports exactly the errors marked in
+tests/typing/bad.py (the line after each ``# error: <text>`` comment gets an error containing
+<text>; no other line gets any)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,14 @@ mypy_api = pytest.importorskip("mypy.api")
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-GOOD, BAD, EXAMPLES = HERE / "good.py", HERE / "bad.py", ROOT / "examples"
+GOOD, BAD, EXAMPLES = HERE / "good.py", HERE / "bad.py", ROOT / "aggbox" / "examples"
 
 _LINE = re.compile(r"^(?P<file>[^:\n]+):(?P<line>\d+): (?P<kind>error|note): (?P<text>.*)$")
 
 
 @pytest.fixture(scope="module")
 def errors() -> dict[tuple[Path, int], list[str]]:
-    """One ``mypy --strict`` run over examples/, good.py and bad.py: error texts by
+    """One ``mypy --strict`` run over aggbox/examples/, good.py and bad.py: error texts by
     (file, line)."""
     out, err, status = mypy_api.run([
         "--strict", "--config-file", str(ROOT / "pyproject.toml"),

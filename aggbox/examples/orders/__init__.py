@@ -1,5 +1,5 @@
 """The Customers and Orders demo domain, written the way a domain team would write it."""
 
-from examples.orders.domain import customers, orders, registry
+from aggbox.examples.orders.domain import customers, orders, registry
 
 __all__ = ["customers", "orders", "registry"]

@@ -1,0 +1,113 @@
+"""The results of the pipeline: :class:`RunResult` (one batch run or one micro-batch) and
+:class:`StreamResult` (a stream's micro-batches), and the accounting that fails a run whose
+input records and outcome rows do not add up (docs/design.md, invariant 6)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from aggregates.errors import AggboxError
+from aggregates.outcomes import OUTCOME_KINDS
+
+__all__ = ["AccountingError", "RunResult", "StreamResult", "count_outcomes", "new_run_id"]
+
+
+class AccountingError(AggboxError):
+    """Input records and outcome rows do not add up (a bug: nothing may be dropped)."""
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + uuid.uuid4().hex[:6]
+
+
+@dataclass(slots=True)
+class RunResult:
+    """The result of one batch run or one micro-batch."""
+
+    run_id: str
+    input_count: int
+    counts: dict[str, int]
+    reasons: dict[tuple[str, str], int]
+    outcomes: Any = None  # DataFrame of spark.schema.OUTCOME_SCHEMA (None once dropped)
+    outcomes_path: str | None = None
+    batch_id: int | None = None
+    seconds: float = 0.0
+
+    @property
+    def total(self) -> int:
+        """Outcomes of input records (excludes released parked messages)."""
+        return sum(self.counts.get(k, 0) for k in OUTCOME_KINDS)
+
+    @property
+    def unaccounted(self) -> int:
+        return self.input_count - self.total
+
+    @property
+    def ok(self) -> bool:
+        return self.unaccounted == 0
+
+    def raise_for_accounting(self) -> None:
+        if not self.ok:
+            where = f"micro-batch {self.batch_id}" if self.batch_id is not None else "the run"
+            raise AccountingError(
+                f"{where}: {self.input_count} input records but {self.total} outcomes "
+                f"({self.counts}); this is a bug, please report it with the outcome log"
+            )
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"run_id": self.run_id, "input": self.input_count}
+        if self.batch_id is not None:
+            out["batch_id"] = self.batch_id
+        out.update(self.counts)
+        return out
+
+
+@dataclass(slots=True)
+class StreamResult:
+    """Per-micro-batch results (outcome DataFrames dropped) and their totals."""
+
+    batches: list[RunResult] = field(default_factory=list)
+    query_id: str | None = None
+
+    @property
+    def input_count(self) -> int:
+        return sum(b.input_count for b in self.batches)
+
+    @property
+    def counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for b in self.batches:
+            for k, v in b.counts.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    @property
+    def reasons(self) -> dict[tuple[str, str], int]:
+        out: dict[tuple[str, str], int] = {}
+        for b in self.batches:
+            for k, v in b.reasons.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    @property
+    def ok(self) -> bool:
+        return all(b.ok for b in self.batches)
+
+
+
+def count_outcomes(outcomes: Any) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+    counts: dict[str, int] = {k: 0 for k in OUTCOME_KINDS}
+    reasons: dict[tuple[str, str], int] = {}
+    rows = outcomes.groupBy("outcome", "from_parked", "reason").count().collect()
+    for r in rows:
+        n = int(r["count"])
+        key = f"released_{r['outcome']}" if r["from_parked"] else str(r["outcome"])
+        counts[key] = counts.get(key, 0) + n
+        if r["reason"] is not None and not r["from_parked"]:
+            rk = (str(r["outcome"]), str(r["reason"]))
+            reasons[rk] = reasons.get(rk, 0) + n
+    counts["total"] = sum(counts[k] for k in OUTCOME_KINDS)
+    return counts, reasons
