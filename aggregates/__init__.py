@@ -1,6 +1,14 @@
-"""aggbox's library for domain teams: aggregate types, handlers, the message envelope,
-dedup strategies, the store writer, dead letters and parked messages, and the notebook
-debugging helpers (:mod:`aggregates.debug`).
+"""aggbox's library for domain teams — the domain API: aggregate types and handlers, ``Emit``
+and refs, the message envelope, dedup strategies, state codecs, the store writer, settings,
+errors, outcomes and reason codes.
+
+Elsewhere, by what they do:
+
+- :mod:`aggregates.debug`: notebook helpers that read (``load_aggregate``, ``replay``,
+  ``trace``, ``dead_letters`` …); nothing there writes.
+- :mod:`aggregates.ops`: operations that write (``replay_dead_letters``,
+  ``release_aggregate``, ``DeadLetterStore``, ``ParkedStore``).
+- :mod:`aggregates.testing`: ``AggregateHarness`` for unit tests without a server.
 
 It imports neither ``spark`` nor ``dispatcher``."""
 
@@ -15,16 +23,6 @@ from aggregates.aggregate import (
     Registry,
 )
 from aggregates.codec import StateCodec, StateCodecError
-from aggregates.deadletters import DeadLetterStore
-from aggregates.debug import (
-    AggregateView,
-    dead_letters,
-    load_aggregate,
-    release_aggregate,
-    replay,
-    replay_dead_letters,
-    trace,
-)
 from aggregates.dedup import HighWater, Inbox, NoDedup
 from aggregates.envelope import Message, Source
 from aggregates.errors import (
@@ -43,7 +41,7 @@ from aggregates.errors import (
 )
 from aggregates.ids import emitted_message_id
 from aggregates.outcomes import Outcome, OutcomeCounts
-from aggregates.parking import ParkedStore
+from aggregates.reasons import Reason
 from aggregates.settings import AggboxSettings
 from aggregates.writer import StoreWriter
 
@@ -52,9 +50,7 @@ __all__ = [
     "AggboxSettings",
     "AggregateRef",
     "AggregateType",
-    "AggregateView",
     "ConfigurationError",
-    "DeadLetterStore",
     "Emit",
     "EnvelopeError",
     "Handled",
@@ -69,7 +65,7 @@ __all__ = [
     "NoDedup",
     "Outcome",
     "OutcomeCounts",
-    "ParkedStore",
+    "Reason",
     "Registry",
     "RetryableError",
     "Source",
@@ -82,11 +78,5 @@ __all__ = [
     "UnknownMessageType",
     "UnknownSchemaVersion",
     "UpcastFailed",
-    "dead_letters",
     "emitted_message_id",
-    "load_aggregate",
-    "release_aggregate",
-    "replay",
-    "replay_dead_letters",
-    "trace",
 ]

@@ -1,5 +1,5 @@
-"""Notebook debugging helpers and operator actions (no Spark needed; pandas only for the
-functions that return DataFrames — ``pip install aggbox[notebook]``).
+"""Notebook debugging helpers: read-only (no Spark needed; pandas only for the functions that
+return DataFrames — ``pip install aggbox[notebook]``).
 
 - :func:`load_aggregate` → :class:`AggregateView`: state, ``_v``, inbox, high-water marks,
   pending outbox, ``_blocked`` and parked messages of one aggregate.
@@ -7,8 +7,9 @@ functions that return DataFrames — ``pip install aggbox[notebook]``).
   outcome with the state changes; nothing is written.
 - :func:`trace`: a message's causation chain through the outcome audit log.
 - :func:`dead_letters`, :func:`parked_messages`: listings as DataFrames.
-- :func:`replay_dead_letters`, :func:`release_aggregate`: what ``aggbox deadletters replay``
-  and ``aggbox parked release`` do.
+
+Nothing here writes. The operations that do (``replay_dead_letters``,
+``release_aggregate``, the dead-letter and parked stores) are in :mod:`aggregates.ops`.
 """
 
 from aggregates.debug._deps import MissingDependency
@@ -21,8 +22,6 @@ from aggregates.debug.listing import (
     parked_messages,
     parked_record,
 )
-from aggregates.debug.redrive import DeadLetterReplay, replay_dead_letters
-from aggregates.debug.release import ReleaseResult, clear_block, release_aggregate
 from aggregates.debug.replay import REPLAY_COLUMNS, ReplayRun, ReplayStep, replay, replay_steps
 from aggregates.debug.trace import Trace, trace
 from aggregates.debug.view import AggregateView, InboxEntry, load_aggregate
@@ -33,22 +32,17 @@ __all__ = [
     "PARKED_COLUMNS",
     "REPLAY_COLUMNS",
     "AggregateView",
-    "DeadLetterReplay",
     "InboxEntry",
     "MissingDependency",
-    "ReleaseResult",
     "ReplayRun",
     "ReplayStep",
     "Trace",
-    "clear_block",
     "dead_letter_record",
     "dead_letters",
     "load_aggregate",
     "parked_messages",
     "parked_record",
-    "release_aggregate",
     "replay",
-    "replay_dead_letters",
     "replay_steps",
     "state_diff",
     "trace",

@@ -12,7 +12,6 @@ from enum import Enum, StrEnum
 from typing import Any
 
 import bson
-import mongomock
 import pytest
 from bson.codec_options import CodecOptions
 from hypothesis import HealthCheck, given, settings
@@ -32,7 +31,7 @@ from aggregates import (
     StateCodecError,
     StoreWriter,
 )
-from aggregates.testing import AggregateHarness, message
+from aggregates.testing import AggregateHarness, memory_database, message
 
 NOW = datetime(2026, 1, 2, tzinfo=UTC)
 
@@ -91,7 +90,7 @@ def _through_writer(db: Any) -> None:
 
 
 def test_nested_state_three_messages_through_the_writer_on_mongomock() -> None:
-    _through_writer(mongomock.MongoClient(tz_aware=True)["codec"])
+    _through_writer(memory_database("codec"))
 
 
 @pytest.mark.mongo
@@ -295,7 +294,7 @@ def _write_old_doc_then_move(db: Any, atype: AggregateType[Customer]) -> Any:
 
 
 def test_unknown_fields_keep_carries_them_through_a_write() -> None:
-    out, doc = _write_old_doc_then_move(mongomock.MongoClient(tz_aware=True)["keep"], customers)
+    out, doc = _write_old_doc_then_move(memory_database("keep"), customers)
     assert out.outcome == "applied"
     # carried unchanged, wherever their parent document still is
     assert doc["state"] == {"address": {"city": "Bergen", "zip": "0150"},
@@ -306,7 +305,7 @@ def test_unknown_fields_refuse_dead_letters_invalid_state() -> None:
     strict = AggregateType("Customer", state=Customer, collection="strict_customers",
                            unknown_state_fields="refuse")
     strict.handles("Moved")(moved)
-    out, doc = _write_old_doc_then_move(mongomock.MongoClient(tz_aware=True)["refuse"], strict)
+    out, doc = _write_old_doc_then_move(memory_database("refuse"), strict)
     assert (out.outcome, out.reason) == ("dead_lettered", "invalid_state")
     assert "Customer.address.zip" in out.detail or "Customer.vip" in out.detail
     assert doc["state"] == _OLD_DOC
@@ -479,13 +478,12 @@ def test_generated_state_types_round_trip_through_the_server(server_collection: 
 
 
 def test_a_stored_state_that_does_not_fit_dead_letters_its_messages_not_the_batch() -> None:
-    import mongomock
-
     from aggregates import AggboxSettings, Registry, StoreWriter
+    from aggregates.testing import memory_database
     from tests.aggregates.domain import make_counter, msg
 
     counters = make_counter("Counter")
-    db = mongomock.MongoClient(tz_aware=True)["misfit"]
+    db = memory_database("misfit")
     db.counters.insert_one({"_id": "bad", "_v": 1, "state": {"total": "abc", "items": []}})
     w = StoreWriter(db, Registry([counters]), settings=AggboxSettings())
     out = w.process([msg("m1", 1, agg="bad"), msg("m2", 2, agg="good")])

@@ -12,16 +12,15 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import mongomock
 import pytest
 
 from aggregates import AggboxSettings, AggregateType, ConfigurationError, Message, StoreWriter
-from aggregates import outcomes as oc
 from aggregates.debug.replay import replay_steps
 from aggregates.debug.view import load_aggregate
 from aggregates.document import F_STATE_VERSION
 from aggregates.errors import EnvelopeError
-from aggregates.testing import AggregateHarness, message
+from aggregates.reasons import Reason
+from aggregates.testing import AggregateHarness, memory_database, message
 from tests.aggregates import evolving_v1 as v1
 from tests.aggregates import evolving_v2 as v2
 
@@ -85,7 +84,7 @@ def writer(db: Any, registry: Any) -> StoreWriter:
 @pytest.fixture(params=["mongomock", pytest.param("local", marks=pytest.mark.mongo)])
 def store_db(request: pytest.FixtureRequest) -> Iterator[Any]:
     if request.param == "mongomock":
-        yield mongomock.MongoClient(tz_aware=True)["aggbox_test"]
+        yield memory_database("aggbox_test")
     else:
         yield request.getfixturevalue("db")
 
@@ -115,8 +114,8 @@ def test_old_documents_under_new_definitions(store_db: Any) -> None:
         "o4-place": ("applied", None),
         "o4-l1": ("applied", None),
         "o3-place": ("duplicate", None),
-        "o5-place": ("dead_lettered", oc.UNKNOWN_SCHEMA_VERSION),
-        "o6-place": ("dead_lettered", oc.UPCAST_FAILED),
+        "o5-place": ("dead_lettered", Reason.UNKNOWN_SCHEMA_VERSION),
+        "o6-place": ("dead_lettered", Reason.UPCAST_FAILED),
     }
     docs = {d["_id"]: d for d in store_db.orders.find()}
     # Migrated (rename, split, new required field) and stored with _sv = 3.
@@ -173,9 +172,9 @@ def test_state_written_by_a_newer_version_or_failing_migration(store_db: Any) ->
         env("o3-l9", "AddLine", "o-3", {"amount": 1}, 22),
     ]))
     got = {o.message_id: (o.outcome, o.reason, o.detail) for o in out}
-    assert got["o1-l9"][:2] == ("dead_lettered", oc.INVALID_STATE)
+    assert got["o1-l9"][:2] == ("dead_lettered", Reason.INVALID_STATE)
     assert "written by a newer version" in str(got["o1-l9"][2])
-    assert got["o2-l9"][:2] == ("dead_lettered", oc.INVALID_STATE)
+    assert got["o2-l9"][:2] == ("dead_lettered", Reason.INVALID_STATE)
     assert "rename_and_split" in str(got["o2-l9"][2])
     assert "KeyError" in str(got["o2-l9"][2])
     assert got["o3-l9"][:2] == ("applied", None)
@@ -195,13 +194,13 @@ def test_harness_and_replay_upcast_and_migrate() -> None:
                           schema_version=2))
     assert step.outcome == "applied" and h.state.currency == "USD"
     step = h.when(message("PlaceOrder", {}, to=v2.orders, id="o-1", schema_version=3))
-    assert (step.outcome, step.reason) == ("dead_lettered", oc.UNKNOWN_SCHEMA_VERSION)
+    assert (step.outcome, step.reason) == ("dead_lettered", Reason.UNKNOWN_SCHEMA_VERSION)
     step = h.when(message("PlaceOrder", {"customer": "x"}, to=v2.orders, id="o-1"))
-    assert (step.outcome, step.reason) == ("dead_lettered", oc.UPCAST_FAILED)
+    assert (step.outcome, step.reason) == ("dead_lettered", Reason.UPCAST_FAILED)
     assert "KeyError" in str(step.detail)
 
     # Replay from a document the OLD definitions wrote (no _sv: version 1).
-    db = mongomock.MongoClient(tz_aware=True)["aggbox_test"]
+    db = memory_database("aggbox_test")
     writer(db, v1.registry).process(messages(OLD[:2]))
     db.orders.update_one({"_id": "o-1"}, {"$unset": {F_STATE_VERSION: ""}})
     doc = db.orders.find_one({"_id": "o-1"})
@@ -261,7 +260,7 @@ def test_pipeline_over_old_documents(spark_session: Any, db: Any, mongo_uri: str
     assert docs["o-1"]["state"]["customer_id"] == "c-1" and docs["o-1"][F_STATE_VERSION] == 3
     assert docs["o-4"]["state"]["street"] == "Via 4"
     reasons = {d["message_id"]: d["reason"] for d in db.aggbox_dead_letters.find()}
-    assert reasons == {"o5-place": oc.UNKNOWN_SCHEMA_VERSION, "o6-place": oc.UPCAST_FAILED}
+    assert reasons == {"o5-place": Reason.UNKNOWN_SCHEMA_VERSION, "o6-place": Reason.UPCAST_FAILED}
 
 
 def test_emit_with_a_schema_version_reaches_the_envelope() -> None:
@@ -289,5 +288,5 @@ def test_emit_with_a_schema_version_reaches_the_envelope() -> None:
         assert msg.schema_version == 2 and v2.orders.upcast(msg) is msg
     bad = fold(shops, Snapshot("s-1"), [message("Sell", {"sv": 0}, to=shops, id="s-1")],
                now=NOW)
-    assert [(o.outcome, o.reason) for o in bad.outcomes] == [("dead_lettered", oc.INVALID_EMIT)]
+    assert [(o.outcome, o.reason) for o in bad.outcomes] == [("dead_lettered", Reason.INVALID_EMIT)]
     assert "schema_version" in str(bad.outcomes[0].detail)

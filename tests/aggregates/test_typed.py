@@ -10,7 +10,6 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
-import mongomock
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -27,12 +26,12 @@ from aggregates import (
     Registry,
     StoreWriter,
 )
-from aggregates import outcomes as oc
 from aggregates.aggregate import TypedHandler, dump_payload_checked
 from aggregates.debug.replay import replay_steps
 from aggregates.document import Snapshot
 from aggregates.fold import fold
-from aggregates.testing import AggregateHarness, message
+from aggregates.reasons import Reason
+from aggregates.testing import AggregateHarness, memory_database, message
 
 NOW = datetime(2026, 1, 2, tzinfo=UTC)
 
@@ -168,7 +167,7 @@ def test_invalid_payload_is_dead_lettered_in_the_harness(payload: dict[str, Any]
                                                          problem: str) -> None:
     h = AggregateHarness(make_shop(), aggregate_id="s-1")
     step = h.when(message("Reserve", payload, to="Shop", id="s-1"))
-    assert (step.outcome, step.reason) == ("dead_lettered", oc.INVALID_PAYLOAD)
+    assert (step.outcome, step.reason) == ("dead_lettered", Reason.INVALID_PAYLOAD)
     assert step.detail is not None and "\n" not in step.detail
     assert step.detail.startswith(f"Reserve: {field}: ") and problem in step.detail
     assert h.dead_letters[-1].traceback is None
@@ -177,7 +176,7 @@ def test_invalid_payload_is_dead_lettered_in_the_harness(payload: dict[str, Any]
 
 def test_invalid_payload_does_not_block_a_parking_type() -> None:
     h = AggregateHarness(make_shop(on_handler_error="park"), aggregate_id="s-1")
-    assert h.when(reserve_msg("lots")).reason == oc.INVALID_PAYLOAD
+    assert h.when(reserve_msg("lots")).reason == Reason.INVALID_PAYLOAD
     assert h.when(reserve_msg(2)).outcome == "applied"
 
 
@@ -202,7 +201,7 @@ def test_nested_errors_name_the_path_and_are_capped() -> None:
     bad = {"lines": [{"sku": "a", "qty": 1}, {"sku": "b", "qty": "x"}, {}, {}]}
     h = AggregateHarness(baskets, aggregate_id="b-1")
     step = h.when(message("Basket", bad, to=baskets, id="b-1"))
-    assert step.reason == oc.INVALID_PAYLOAD
+    assert step.reason == Reason.INVALID_PAYLOAD
     assert step.detail is not None
     assert step.detail.startswith("Basket: lines.1.qty: Input should be a valid integer")
     assert "lines.2.sku: Field required" in step.detail and "and 2 more" in step.detail
@@ -289,7 +288,7 @@ def test_a_scalar_field_holding_a_structure_takes_the_checked_path() -> None:
     h = AggregateHarness(_emitting(Emit(Flat({"$set": 1}, 1, 1.0, True))),  # type: ignore[arg-type]
                          aggregate_id="s-1")
     step = h.when(message("Go", {}, to="Shop", id="s-1"))
-    assert (step.outcome, step.reason) == ("dead_lettered", oc.INVALID_EMIT)
+    assert (step.outcome, step.reason) == ("dead_lettered", Reason.INVALID_EMIT)
 
 
 @pytest.mark.parametrize("to", [("Order", "\ud800"), ("\udfff", "o"), ("Order", ""),
@@ -297,7 +296,7 @@ def test_a_scalar_field_holding_a_structure_takes_the_checked_path() -> None:
 def test_an_address_that_cannot_be_stored_is_invalid_emit(to: Any) -> None:
     h = AggregateHarness(_emitting(Emit(Reserved("o", 1), to=to)), aggregate_id="s-1")
     step = h.when(message("Go", {}, to="Shop", id="s-1"))
-    assert (step.outcome, step.reason) == ("dead_lettered", oc.INVALID_EMIT)
+    assert (step.outcome, step.reason) == ("dead_lettered", Reason.INVALID_EMIT)
     assert step.detail is not None and "to must be" in step.detail
 
 
@@ -311,14 +310,14 @@ def test_an_address_that_cannot_be_stored_is_invalid_emit(to: Any) -> None:
 def test_bad_emits_are_invalid_emit(emit: Emit, words: str) -> None:
     h = AggregateHarness(_emitting(emit), aggregate_id="s-1")
     step = h.when(message("Go", {}, to="Shop", id="s-1"))
-    assert (step.outcome, step.reason) == ("dead_lettered", oc.INVALID_EMIT)
+    assert (step.outcome, step.reason) == ("dead_lettered", Reason.INVALID_EMIT)
     assert step.detail is not None and words in step.detail and "\n" not in step.detail
 
 
 # -- the writer and replay ----------------------------------------------------------------
 
 def test_typed_handler_in_the_writer() -> None:
-    db = mongomock.MongoClient(tz_aware=True)["aggbox_test"]
+    db = memory_database("aggbox_test")
     shops = make_shop()
     w = StoreWriter(db, Registry([shops]), settings=AggboxSettings(), sleep=lambda s: None,
                     clock=lambda: NOW)
@@ -327,13 +326,13 @@ def test_typed_handler_in_the_writer() -> None:
     note = message("Note", {"text": "hi"}, to="Shop", id="s-1")
     out = w.process([good, bad, note])
     assert [(o.outcome, o.reason) for o in out] == [
-        ("applied", None), ("dead_lettered", oc.INVALID_PAYLOAD), ("applied", None)]
+        ("applied", None), ("dead_lettered", Reason.INVALID_PAYLOAD), ("applied", None)]
     doc = db.shops.find_one({"_id": "s-1"})
     assert doc["state"]["reserved"] == 5 and doc["state"]["notes"] == ["hi"]
     assert [(e["type"], e["payload"], e["target"]) for e in doc["outbox"]] == [
         ("Reserved", {"order_id": "o-1", "amount": 5}, {"type": "Order", "id": "o-1"})]
     dl = db.aggbox_dead_letters.find_one({"message_id": bad.message_id})
-    assert dl["reason"] == oc.INVALID_PAYLOAD
+    assert dl["reason"] == Reason.INVALID_PAYLOAD
     assert dl["error"] == "Reserve: amount: Input should be a valid integer (got {'n': 1})"
 
 
@@ -341,7 +340,7 @@ def test_typed_handler_in_replay() -> None:
     shops = make_shop()
     run = replay_steps(shops, [reserve_msg(2), reserve_msg(-1.5), reserve_msg(1)], now=NOW)
     assert [(s.outcome, s.reason) for s in run.steps] == [
-        ("applied", None), ("dead_lettered", oc.INVALID_PAYLOAD), ("applied", None)]
+        ("applied", None), ("dead_lettered", Reason.INVALID_PAYLOAD), ("applied", None)]
     assert "Reserve: amount:" in (run.steps[1].detail or "")
     assert run.state.reserved == 3
-    assert run.dead_letters[0].reason == oc.INVALID_PAYLOAD
+    assert run.dead_letters[0].reason == Reason.INVALID_PAYLOAD
