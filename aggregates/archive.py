@@ -25,7 +25,8 @@ from pymongo import ASCENDING
 from pymongo.database import Database
 from pymongo.errors import BulkWriteError
 
-from aggregates.dedup import Inbox, InboxEntry
+from aggregates.bulk import DUPLICATE_KEY, error_labels
+from aggregates.dedup import Inbox, InboxEntry, RecordArchive
 from aggregates.errors import StoreError
 from aggregates.keys import archive_key  # the archive ``_id`` (unambiguous)
 
@@ -33,7 +34,6 @@ __all__ = ["InboxArchive", "archive_collection", "archive_key"]
 
 #: Ids per lookup query (keeps each query's ``$in`` well below the 16 MiB command limit).
 LOOKUP_BATCH = 2000
-DUPLICATE_KEY = 11000
 
 
 def archive_collection(collection: str) -> str:
@@ -41,7 +41,7 @@ def archive_collection(collection: str) -> str:
     return f"{collection}_inbox_archive"
 
 
-class InboxArchive:
+class InboxArchive(RecordArchive):
     """Reads and writes the inbox archive of one aggregate collection."""
 
     def __init__(self, db: Database[Any], collection: str, inbox: Inbox) -> None:
@@ -76,15 +76,18 @@ class InboxArchive:
             try:
                 self.coll.insert_many(docs, ordered=False)
             except BulkWriteError as exc:
-                if exc.details.get("writeConcernErrors"):
+                labels = error_labels(exc)
+                wc = exc.details.get("writeConcernErrors") or []
+                if wc:
                     raise StoreError(f"write concern not satisfied on {self.coll.name}; the "
-                                     "batch fails so it is retried") from exc
+                                     "batch fails so it is retried",
+                                     code=_code(wc[0]), labels=labels) from exc
                 others = [e for e in exc.details.get("writeErrors", [])
                           if e.get("code") != DUPLICATE_KEY]
                 if others:
                     raise StoreError(f"archiving inbox ids in {self.coll.name} failed: code "
-                                     f"{others[0].get('code')}: {others[0].get('errmsg')}"
-                                     ) from exc
+                                     f"{others[0].get('code')}: {others[0].get('errmsg')}",
+                                     code=_code(others[0]), labels=labels) from exc
         return len(docs)
 
     def lookup(self, pairs: Sequence[tuple[str, str]]) -> dict[str, dict[str, str | None]]:
@@ -99,3 +102,8 @@ class InboxArchive:
                 a, m = keys[doc["_id"]]
                 out.setdefault(a, {})[m] = doc.get("h")
         return out
+
+
+def _code(err: dict[str, Any]) -> int | None:
+    code = err.get("code")
+    return code if isinstance(code, int) else None

@@ -8,7 +8,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from aggregates.dedup import DedupRecord
+from aggregates.dedup import (
+    F_ARCHIVE_FLOOR,
+    F_ARCHIVE_UNDATED,
+    F_HW,
+    F_INBOX,
+    F_INBOX_FLOOR,
+    F_INBOX_UNDATED,
+    DedupRecord,
+)
 from aggregates.keys import read_hw
 
 # Field names of the aggregate document. The dispatcher imports these too.
@@ -17,15 +25,8 @@ F_VERSION: Final = "_v"
 F_STATE: Final = "state"
 #: The schema version of ``state`` (absent: 1); see docs/evolving-schemas.md.
 F_STATE_VERSION: Final = "_sv"
-F_INBOX: Final = "inbox"
-#: Newest occurred_at ever moved to the inbox archive / an undated id was moved there.
-F_ARCHIVE_FLOOR: Final = "inbox_archive_floor"
-F_ARCHIVE_UNDATED: Final = "inbox_archive_undated"
-#: aggbox 0.1 (before the inbox archive): ids evicted up to this time were forgotten. Read
-#: only, never written; such documents keep working (docs/design.md "Dedup").
-F_INBOX_FLOOR: Final = "inbox_floor"
-F_INBOX_UNDATED: Final = "inbox_undated_evicted"
-F_HW: Final = "hw"
+# The dedup record's fields (inbox, archive floor, hw) are defined with the strategies that
+# write them, in aggregates.dedup, and re-exported here.
 F_SEQ: Final = "_seq"
 F_OUTBOX: Final = "outbox"
 F_BLOCKED: Final = "_blocked"
@@ -91,3 +92,8 @@ def snapshot_from_document(doc: Mapping[str, Any] | None, aggregate_id: str) -> 
         # invalid_state, not a crash here).
         state_version=doc.get(F_STATE_VERSION, 1),
     )
+
+
+__all__ = ["F_ARCHIVE_FLOOR", "F_ARCHIVE_UNDATED", "F_BLOCKED", "F_HW", "F_ID", "F_INBOX",
+           "F_INBOX_FLOOR", "F_INBOX_UNDATED", "F_OUTBOX", "F_SEQ", "F_STATE",
+           "F_STATE_VERSION", "F_TYPE", "F_VERSION", "Snapshot", "snapshot_from_document"]

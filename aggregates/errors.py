@@ -5,6 +5,8 @@ Messages say what went wrong *and* what to do about it.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class AggboxError(Exception):
     """Base of every aggbox error."""
@@ -75,7 +77,27 @@ class RetryableError(AggboxError):
 
 
 class StoreError(AggboxError):
-    """The store returned something the writer cannot interpret."""
+    """The store refused or could not confirm a write (or returned something the writer
+    cannot interpret).
+
+    ``code`` is the server's error code (pymongo's ``code``, or the failing operation's
+    ``code`` in a bulk write result; ``None`` when there is none) and ``labels`` the error
+    labels (``RetryableWriteError``, ``TransientTransactionError``, …) — kept so that retry
+    decisions are made from them, not from the text. The pymongo exception, when there is
+    one, is the ``__cause__``."""
+
+    def __init__(self, message: str, *, code: int | None = None,
+                 labels: frozenset[str] | set[str] | tuple[str, ...] = frozenset()) -> None:
+        super().__init__(message)
+        self.code = code
+        self.labels: frozenset[str] = frozenset(labels)
+
+    def has_label(self, label: str) -> bool:
+        return label in self.labels
+
+    def __reduce__(self) -> tuple[Any, ...]:  # keep code and labels across pickling (Spark)
+        return (type(self), (str(self.args[0]) if self.args else "",),
+                {"code": self.code, "labels": self.labels})
 
 
 class UnknownSchemaVersion(AggboxError):

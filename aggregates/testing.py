@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar, cast
 from aggregates.aggregate import AggregateType
 from aggregates.document import Snapshot
 from aggregates.envelope import Message, Source
-from aggregates.errors import AggboxError, HandlerError
+from aggregates.errors import AggboxError, ConfigurationError, HandlerError
 from aggregates.fold import DeadLetter, Parked, fold
 from aggregates.outcomes import Outcome
 
@@ -77,6 +77,22 @@ class Step:
     @property
     def emitted_types(self) -> list[str]:
         return [e["type"] for e in self.emitted]
+
+
+def memory_database(name: str = "aggbox_test") -> Any:
+    """A fresh in-memory MongoDB ``Database`` for the store writer in unit tests: mongomock,
+    with the unordered ``bulk_write`` and per-operation errors the writer needs
+    (:mod:`aggregates.memory_db`), held to the same contract suite as a real server.
+
+    Needs mongomock (a development dependency, imported only here). Not thread-safe: give
+    the writer ``pipeline_depth=1``. Times come back timezone-aware, as from the writer's
+    own client."""
+    try:
+        from aggregates.memory_db import MemoryClient
+    except ImportError as exc:  # mongomock is not installed
+        raise ConfigurationError("aggregates.testing.memory_database() needs mongomock: "
+                                 "pip install mongomock") from exc
+    return MemoryClient(tz_aware=True)[name]
 
 
 class AggregateHarness(Generic[S]):
@@ -253,4 +269,4 @@ def _freeze(value: Any) -> Any:
     return value
 
 
-__all__ = ["AggregateHarness", "Source", "Step", "message"]
+__all__ = ["AggregateHarness", "Source", "Step", "memory_database", "message"]

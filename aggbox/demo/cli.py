@@ -14,7 +14,7 @@ The Customers & Orders scenario end to end, with nothing to set up.
 
 Customers have credit limits. A PlaceOrder makes an Order pending and sends OrderCreated
 to its Customer, which reserves credit and answers CreditReserved or CreditLimitExceeded;
-the Order becomes approved or rejected (domain: examples/orders/domain.py).
+the Order becomes approved or rejected (domain: aggbox/examples/orders/domain.py).
 
 The demo generates JSON Lines input (duplicates, reordering, a few bad rows), runs the
 Spark pipeline, the dispatcher (--once, JSON Lines publisher) and the pipeline again on

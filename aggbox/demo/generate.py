@@ -37,10 +37,8 @@ from pathlib import Path
 from typing import Any, Final
 
 from aggbox.demo.errors import DemoError
-from aggregates import outcomes as oc
-from aggregates.dedup import Inbox
-from examples.orders.domain import customers as customer_type
-from spark.validate import INVALID_JSON
+from aggbox.examples.orders.domain import customers as customer_type
+from aggregates.reasons import Reason
 
 __all__ = [
     "BadRow",
@@ -202,14 +200,14 @@ def generate(spec: ScenarioSpec) -> Scenario:
 def _check_inbox_window(per_customer: Counter[str]) -> None:
     """Every message a customer applies must stay in its inbox for the checks (and so that
     a late redelivery is recognised, not dead-lettered beyond the dedup horizon)."""
-    dedup = customer_type.dedup
-    if not isinstance(dedup, Inbox) or not per_customer:
+    window = getattr(customer_type.dedup, "window", None)  # ids the inbox keeps
+    if window is None or not per_customer:
         return
     cid, most = per_customer.most_common(1)[0]
-    if most + 1 > dedup.window:
+    if most + 1 > window:
         raise DemoError(
             f"customer {cid} would get {most} orders, more than its inbox window of "
-            f"{dedup.window} messages; use more --customers or fewer --orders"
+            f"{window} messages; use more --customers or fewer --orders"
         )
 
 
@@ -256,11 +254,12 @@ def _bad_rows(plans: Sequence[CustomerPlan], orders: Sequence[OrderPlan],
         "aggregate_id": "inv-1", "payload": {"total": 100}, "occurred_at": _at(t + 2),
     }
     return [
-        BadRow(victim[: len(victim) // 2], INVALID_JSON, "a truncated JSON line"),
-        BadRow(envelope_line(zero), oc.HANDLER_ERROR, "PlaceOrder with amount 0 (handler raises)"),
-        BadRow(envelope_line(shipped), oc.UNKNOWN_MESSAGE_TYPE,
+        BadRow(victim[: len(victim) // 2], Reason.INVALID_JSON, "a truncated JSON line"),
+        BadRow(envelope_line(zero), Reason.HANDLER_ERROR,
+               "PlaceOrder with amount 0 (handler raises)"),
+        BadRow(envelope_line(shipped), Reason.UNKNOWN_MESSAGE_TYPE,
                "OrderShipped: no handler on Order"),
-        BadRow(envelope_line(invoice), oc.UNKNOWN_AGGREGATE_TYPE,
+        BadRow(envelope_line(invoice), Reason.UNKNOWN_AGGREGATE_TYPE,
                "an unknown aggregate type (Invoice)"),
     ]
 

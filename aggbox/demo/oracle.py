@@ -48,11 +48,10 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from aggbox.demo.errors import DemoError
-from aggregates import outcomes as oc
 from aggregates.aggregate import Emit, Registry
 from aggregates.envelope import ENVELOPE_FIELDS
 from aggregates.ids import emitted_message_id, raw_message_id
-from spark.validate import INVALID_JSON
+from aggregates.reasons import Reason
 
 __all__ = [
     "Classified",
@@ -302,18 +301,18 @@ def classify(line: str, registry: Registry) -> Classified:
     try:
         raw = json.loads(line)
     except ValueError:
-        return Classified(line, None, INVALID_JSON, raw_message_id(line))
+        return Classified(line, None, Reason.INVALID_JSON, raw_message_id(line))
     mid = raw.get("message_id") if isinstance(raw, dict) else None
     key = mid if isinstance(mid, str) and mid else raw_message_id(line)
     try:
         msg = _envelope(raw)
     except _Invalid:
-        return Classified(line, None, oc.INVALID_ENVELOPE, key)
+        return Classified(line, None, Reason.INVALID_ENVELOPE, key)
     dtype = domain_of(registry).get(msg.aggregate_type)
     if dtype is None:
-        return Classified(line, msg, oc.UNKNOWN_AGGREGATE_TYPE, key)
+        return Classified(line, msg, Reason.UNKNOWN_AGGREGATE_TYPE, key)
     if msg.type not in dtype.handlers:
-        return Classified(line, msg, oc.UNKNOWN_MESSAGE_TYPE, key)
+        return Classified(line, msg, Reason.UNKNOWN_MESSAGE_TYPE, key)
     return Classified(line, msg, None, key)
 
 
@@ -452,7 +451,7 @@ def expect(lines: Iterable[str], registry: Registry) -> Expected:
             if _signature(fwd) != _signature(bwd):
                 ex.order_sensitive.append(key)
             for mid in fwd.failed:
-                ex.dead[mid] = oc.HANDLER_ERROR
+                ex.dead[mid] = Reason.HANDLER_ERROR
                 seen.discard(mid)  # not recorded: a later copy is dead-lettered again
             if fwd.applied:
                 states[key] = fwd.state
@@ -502,7 +501,7 @@ def expected_round_counts(lines: Sequence[str], registry: Registry, expected: Ex
     n: Counter[str] = Counter()
     for line in lines:
         c = classify(line, registry)
-        if c.reason is not None or expected.dead.get(c.key) == oc.HANDLER_ERROR:
+        if c.reason is not None or expected.dead.get(c.key) == Reason.HANDLER_ERROR:
             n["dead_lettered"] += 1
         elif c.key in seen:
             n["duplicate"] += 1

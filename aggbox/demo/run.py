@@ -33,7 +33,7 @@ from aggregates.settings import AggboxSettings
 __all__ = ["AGGREGATES", "DemoOptions", "run_demo"]
 
 #: The demo's domain, written the way a domain team would write it.
-AGGREGATES = "examples.orders"
+AGGREGATES = "aggbox.examples.orders"
 
 #: Loggers that would interleave INFO lines with the progress display.
 _CHATTY = ("aggbox.spark", "aggbox.dispatcher", "aggbox.writer", "aggbox.servers")

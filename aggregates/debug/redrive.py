@@ -17,7 +17,6 @@ from pymongo.database import Database
 
 from aggregates.aggregate import Registry
 from aggregates.deadletters import DeadLetterStore
-from aggregates.dedup import HighWater
 from aggregates.envelope import Message
 from aggregates.errors import ConfigurationError, EnvelopeError
 from aggregates.outcomes import Outcome
@@ -78,20 +77,58 @@ def replay_dead_letters(
     s = settings or AggboxSettings.load()
     store = DeadLetterStore(db, collection=s.dead_letter_collection)
     result = DeadLetterReplay()
+    docs = _select(store, result, ids, reason=reason, aggregate_type=aggregate_type,
+                   all_open=all_open, limit=limit)
+    pending = _messages(docs, result)
+    if not pending:
+        return result
+    writer = StoreWriter(db, registry, settings=s, clock=clock)
+    letter_of = {(m.aggregate_type, m.aggregate_id, m.message_id): lid for lid, m in pending}
+    was_replayed = {str(d["_id"]) for d in docs if d.get("status") == "replayed"}
+    result.outcomes = writer.process(m for _, m in pending)
+    for o in result.outcomes:
+        lid = letter_of.get((o.aggregate_type, o.aggregate_id, o.message_id))
+        if lid is None or o.from_parked:
+            continue
+        result.outcome_of[lid] = o
+        result.status[lid] = STATUS_AFTER[o.outcome]
+        if (o.outcome == "duplicate" and lid not in was_replayed
+                and not writer.registry.get(o.aggregate_type).dedup.duplicate_means_applied):
+            # E.g. a high-water mark cannot tell "applied before" from "overtaken by a later
+            # seq of the same source": unless a replay applied it, its effect may never have
+            # been applied, so do not claim "replayed".
+            result.status[lid] = "superseded"
+    now = clock()
+    for status in ("replayed", "parked", "superseded"):
+        marked = [i for i, st in result.status.items() if st == status]
+        if marked:
+            store.mark(marked, status=status, now=now)
+    return result
+
+
+def _select(store: DeadLetterStore, result: DeadLetterReplay, ids: Sequence[str] | None, *,
+            reason: str | None, aggregate_type: str | None, all_open: bool,
+            limit: int | None) -> list[dict[str, Any]]:
+    """The selected dead-letter documents (requested ids that match none go to
+    ``result.missing``)."""
     if ids:
         docs = store.get(ids)
         found = {str(d["_id"]) for d in docs} | {str(d.get("message_id")) for d in docs}
         result.missing = [i for i in ids if i not in found]
-    elif reason or aggregate_type or all_open:
-        docs = store.list(reason=reason, aggregate_type=aggregate_type, status="open",
+        return docs[:limit] if limit else docs
+    if reason or aggregate_type or all_open:
+        return store.list(reason=reason, aggregate_type=aggregate_type, status="open",
                           limit=limit or 0)
-    else:
-        raise ConfigurationError(
-            "say which dead letters to replay: ids=[...], reason=..., aggregate_type=... or "
-            "all_open=True (on the command line: --id, --reason, --type or --all)"
-        )
-    if ids and limit:
-        docs = docs[:limit]
+    raise ConfigurationError(
+        "say which dead letters to replay: ids=[...], reason=..., aggregate_type=... or "
+        "all_open=True (on the command line: --id, --reason, --type or --all)"
+    )
+
+
+def _messages(docs: Sequence[Mapping[str, Any]], result: DeadLetterReplay
+              ) -> list[tuple[str, Message]]:
+    """``(dead-letter id, message)`` in the order they occurred; dead letters without a
+    valid message go to ``result.skipped``."""
     pending: list[tuple[tuple[Any, ...], str, Message]] = []
     for doc in docs:
         letter_id = str(doc["_id"])
@@ -107,30 +144,7 @@ def replay_dead_letters(
             continue
         pending.append((_order(msg, doc), letter_id, msg))
     pending.sort(key=lambda p: p[0])
-    if not pending:
-        return result
-    writer = StoreWriter(db, registry, settings=s, clock=clock)
-    letter_of = {(m.aggregate_type, m.aggregate_id, m.message_id): lid for _, lid, m in pending}
-    was_replayed = {str(d["_id"]) for d in docs if d.get("status") == "replayed"}
-    result.outcomes = writer.process(m for _, _, m in pending)
-    for o in result.outcomes:
-        lid = letter_of.get((o.aggregate_type, o.aggregate_id, o.message_id))
-        if lid is None or o.from_parked:
-            continue
-        result.outcome_of[lid] = o
-        result.status[lid] = STATUS_AFTER[o.outcome]
-        if o.outcome == "duplicate" and lid not in was_replayed and isinstance(
-                writer.registry.get(o.aggregate_type).dedup, HighWater):
-            # A high-water mark cannot tell "applied before" from "overtaken by a later seq
-            # of the same source": unless a replay applied it, its effect may never have been
-            # applied, so do not claim "replayed".
-            result.status[lid] = "superseded"
-    now = clock()
-    for status in ("replayed", "parked", "superseded"):
-        marked = [i for i, st in result.status.items() if st == status]
-        if marked:
-            store.mark(marked, status=status, now=now)
-    return result
+    return [(lid, m) for _, lid, m in pending]
 
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

@@ -22,7 +22,7 @@ from aggregates.debug.view import AggregateView
 from aggregates.document import Snapshot, snapshot_from_document
 from aggregates.envelope import Message
 from aggregates.errors import AggboxError
-from aggregates.fold import DeadLetter, Parked, fold
+from aggregates.fold import DeadLetter, FoldResult, Parked, fold
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -124,27 +124,7 @@ def replay_steps(
         res = fold(atype, snap, [msg], now=when, parked=run.parked)
         if not res.changes.empty:
             res.snapshot.version += 1
-        changes = state_diff(_state_before(atype, snap), res.snapshot.state)
-        if res.changes.blocked is not None:
-            changes["_blocked"] = (snap.blocked, res.changes.blocked)
-        emitted = {e["id"]: str(e["type"]) for e in res.changes.outbox}
-        outcomes = res.outcomes
-        holder = next((k for k, o in enumerate(outcomes) if o.outcome == "applied"),
-                      next((k for k, o in enumerate(outcomes) if not o.from_parked), 0))
-        for k, o in enumerate(outcomes):
-            steps.append(ReplayStep(
-                step=i,
-                message_id=o.message_id,
-                type=by_id[o.message_id].type if o.message_id in by_id else "",
-                outcome=o.outcome,
-                reason=o.reason,
-                detail=o.detail,
-                from_parked=o.from_parked,
-                changes=changes if k == holder else {},
-                emitted_ids=o.emitted_ids,
-                emitted_types=tuple(emitted.get(e, "") for e in o.emitted_ids),
-                version=res.snapshot.version,
-            ))
+        steps.extend(_steps(atype, i, snap, res, by_id))
         snap = res.snapshot
         if drain_outbox:
             snap.outbox_ids = []
@@ -155,6 +135,32 @@ def replay_steps(
         run.dead_letters.extend(res.dead_letters)
     run.snapshot = snap
     return run
+
+
+def _steps(atype: AggregateType[Any], i: int, snap: Snapshot, res: FoldResult,
+           by_id: Mapping[str, Message]) -> list[ReplayStep]:
+    """The rows of step ``i`` (one per outcome; the state changes go on the applied one, or
+    the message's own when none applied)."""
+    changes = state_diff(_state_before(atype, snap), res.snapshot.state)
+    if res.changes.blocked is not None:
+        changes["_blocked"] = (snap.blocked, res.changes.blocked)
+    emitted = {e["id"]: str(e["type"]) for e in res.changes.outbox}
+    outcomes = res.outcomes
+    holder = next((k for k, o in enumerate(outcomes) if o.outcome == "applied"),
+                  next((k for k, o in enumerate(outcomes) if not o.from_parked), 0))
+    return [ReplayStep(
+        step=i,
+        message_id=o.message_id,
+        type=by_id[o.message_id].type if o.message_id in by_id else "",
+        outcome=o.outcome,
+        reason=o.reason,
+        detail=o.detail,
+        from_parked=o.from_parked,
+        changes=changes if k == holder else {},
+        emitted_ids=o.emitted_ids,
+        emitted_types=tuple(emitted.get(e, "") for e in o.emitted_ids),
+        version=res.snapshot.version,
+    ) for k, o in enumerate(outcomes)]
 
 
 def replay(

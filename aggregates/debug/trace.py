@@ -87,6 +87,27 @@ def trace(
                           f"{list(REQUIRED_COLUMNS)} (as written by the aggbox Spark pipeline)")
     df = df.reset_index(drop=True)
     emitted = [_ids(v) for v in df["emitted_ids"]]
+    rows_of, parent_of, children_of = _links(df, emitted)
+    if message_id not in rows_of and message_id not in parent_of:
+        raise AggboxError(f"message id {message_id!r} is neither in the audit log "
+                          f"({len(df)} rows) nor emitted by any message in it; check the id "
+                          "and that the log covers the run that processed it")
+    nodes = _walk(message_id, parent_of, children_of, max_depth)
+    extra = [c for c in df.columns if c not in AUDIT_COLUMNS]
+    columns = ["depth", "relation", "parent_id",
+               *[c for c in AUDIT_COLUMNS if c in df.columns or c in REQUIRED_COLUMNS], *extra]
+    records = _records(df, emitted, rows_of, nodes)
+    frame = make_frame("trace()", records, columns)
+    return Trace(message_id, frame, _tree(nodes, records, message_id))
+
+
+#: A traced message: (message id, depth — negative for causes, parent id).
+_Node = tuple[str, int, "str | None"]
+
+
+def _links(df: Any, emitted: list[list[str]]
+           ) -> tuple[dict[str, list[int]], dict[str, str], dict[str, list[str]]]:
+    """The audit rows of each message id, each emitted id's emitter, each emitter's ids."""
     rows_of: dict[str, list[int]] = {}
     for pos, mid in enumerate(df["message_id"]):
         rows_of.setdefault(str(mid), []).append(pos)
@@ -99,12 +120,14 @@ def trace(
             parent_of.setdefault(e, emitter)
             if e not in kids:
                 kids.append(e)
-    if message_id not in rows_of and message_id not in parent_of:
-        raise AggboxError(f"message id {message_id!r} is neither in the audit log "
-                          f"({len(df)} rows) nor emitted by any message in it; check the id "
-                          "and that the log covers the run that processed it")
+    return rows_of, parent_of, children_of
 
-    # Walk back: the single chain of causes, original input first.
+
+def _walk(message_id: str, parent_of: dict[str, str], children_of: dict[str, list[str]],
+          max_depth: int) -> list[_Node]:
+    """The single chain of causes (original input first), the traced message, then its
+    effects depth first in emission order; at most ``max_depth`` levels each way, cycles
+    cut."""
     causes: list[str] = []
     seen = {message_id}
     cur = message_id
@@ -115,11 +138,8 @@ def trace(
         seen.add(cur)
         causes.append(cur)
     causes.reverse()
-
-    # Walk forward, depth first, in emission order.
-    nodes: list[tuple[str, int, str | None]] = []  # (message id, depth, parent id)
-    for d, mid in enumerate(causes):
-        nodes.append((mid, d - len(causes), causes[d - 1] if d else None))
+    nodes: list[_Node] = [(mid, d - len(causes), causes[d - 1] if d else None)
+                          for d, mid in enumerate(causes)]
     nodes.append((message_id, 0, causes[-1] if causes else None))
 
     def forward(mid: str, depth: int) -> None:
@@ -133,10 +153,11 @@ def trace(
             forward(kid, depth + 1)
 
     forward(message_id, 0)
+    return nodes
 
-    extra = [c for c in df.columns if c not in AUDIT_COLUMNS]
-    columns = ["depth", "relation", "parent_id",
-               *[c for c in AUDIT_COLUMNS if c in df.columns or c in REQUIRED_COLUMNS], *extra]
+
+def _records(df: Any, emitted: list[list[str]], rows_of: dict[str, list[int]],
+             nodes: list[_Node]) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     for mid, depth, parent in nodes:
         relation = "cause" if depth < 0 else "traced" if depth == 0 else "effect"
@@ -149,8 +170,7 @@ def trace(
             row = {c: _plain(df.at[pos, c]) for c in df.columns}
             row["emitted_ids"] = emitted[pos]
             records.append({**base, **row})
-    frame = make_frame("trace()", records, columns)
-    return Trace(message_id, frame, _tree(nodes, records, message_id))
+    return records
 
 
 def _load(pd: Any, audit: Any) -> Any:

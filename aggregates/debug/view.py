@@ -16,9 +16,8 @@ from typing import Any
 from pymongo.database import Database
 
 from aggregates.aggregate import AggregateType, Registry
-from aggregates.archive import InboxArchive
 from aggregates.debug.render import esc, fmt_time, html_table, text_table
-from aggregates.dedup import Inbox
+from aggregates.dedup import RecordArchive
 from aggregates.document import (
     F_ARCHIVE_FLOOR,
     F_BLOCKED,
@@ -61,7 +60,7 @@ class AggregateView:
     #: Rows shown per table by ``str()`` and the HTML rendering.
     max_rows: int = field(default=20, repr=False)
     #: The aggregate collection's inbox archive (set by :func:`load_aggregate`).
-    archive: InboxArchive | None = field(default=None, repr=False, compare=False)
+    archive: RecordArchive | None = field(default=None, repr=False, compare=False)
 
     # -- what is stored ---------------------------------------------------------------
     @property
@@ -264,8 +263,7 @@ def load_aggregate(
     doc = db[atype.collection].find_one({"_id": aggregate_id})
     parked = ParkedStore(db, collection=s.parked_collection).for_aggregate(atype.name,
                                                                            aggregate_id)
-    archive = (InboxArchive(db, atype.collection, atype.dedup)
-               if isinstance(atype.dedup, Inbox) else None)
+    archive = atype.dedup.archive(db, atype.collection)
     return AggregateView(atype, aggregate_id, doc, parked, archive=archive)
 
 

@@ -1,8 +1,9 @@
 """The store contract: every backend the writer runs on passes the same suite.
 
 Subclasses provide the ``store_db`` fixture (a fresh pymongo-compatible ``Database``).
-Run against mongomock (pure logic, fast), the local server (mongod or mongo-java-server)
-and a real MongoDB replica set when ``AGGBOX_MONGODB_URI`` is set."""
+Run against the test double ``aggregates.testing.memory_database()`` (mongomock with the
+bulk write the writer needs; pure logic, fast), the local server (mongod or
+mongo-java-server) and a real MongoDB replica set when ``AGGBOX_MONGODB_URI`` is set."""
 
 from __future__ import annotations
 
@@ -10,18 +11,14 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from pymongo import UpdateOne
+from pymongo import DeleteOne, UpdateOne
+from pymongo.errors import OperationFailure
 
-from aggregates import AggboxSettings, StoreWriter
-from aggregates import outcomes as oc
-from aggregates.dedup import (
-    BEYOND_DEDUP_HORIZON,
-    DUPLICATE_DIFFERENT_PAYLOAD,
-    HIGH_WATER_MAP_FULL,
-    SEQUENCE_GAP,
-)
+from aggregates import AggboxSettings, StoreError, StoreWriter
+from aggregates.bulk import DUPLICATE_KEY, bulk_write_unordered
 from aggregates.document import F_OUTBOX, F_VERSION
 from aggregates.ids import emitted_message_id
+from aggregates.reasons import Reason
 from tests.aggregates.domain import (
     Registry,
     counters,
@@ -82,9 +79,9 @@ class StoreContract:
         w.process([msg("m1", 3)])
         out = w.process([msg("m1", 5)])
         assert out[0].outcome == "dead_lettered"
-        assert out[0].reason == DUPLICATE_DIFFERENT_PAYLOAD
+        assert out[0].reason == Reason.DUPLICATE_WITH_DIFFERENT_PAYLOAD
         dl = store_db.aggbox_dead_letters.find_one({"message_id": "m1"})
-        assert dl["reason"] == DUPLICATE_DIFFERENT_PAYLOAD
+        assert dl["reason"] == Reason.DUPLICATE_WITH_DIFFERENT_PAYLOAD
         assert store_db.counters.find_one()["state"]["total"] == 3
 
     # -- inbox window, archive and dedup horizon (docs/design.md "Dedup") ---------------
@@ -151,7 +148,7 @@ class StoreContract:
             msg("recent", 1, atype="Small", at=(now - timedelta(days=1)).isoformat()),
         ])
         assert [(o.outcome, o.reason) for o in out] == [
-            ("duplicate", None), ("dead_lettered", BEYOND_DEDUP_HORIZON), ("applied", None),
+            ("duplicate", None), ("dead_lettered", Reason.BEYOND_DEDUP_HORIZON), ("applied", None),
             ("applied", None)]
         assert "dedup horizon (7d)" in (out[1].detail or "")
         assert store_db.smalls.find_one()["state"]["total"] == 6
@@ -187,8 +184,8 @@ class StoreContract:
             msg("m4", 1, atype="Small", at="2026-01-01T00:00:04Z"),  # new
         ])
         assert [(o.outcome, o.reason) for o in out] == [
-            ("duplicate", None), ("dead_lettered", BEYOND_DEDUP_HORIZON),
-            ("dead_lettered", BEYOND_DEDUP_HORIZON), ("applied", None)]
+            ("duplicate", None), ("dead_lettered", Reason.BEYOND_DEDUP_HORIZON),
+            ("dead_lettered", Reason.BEYOND_DEDUP_HORIZON), ("applied", None)]
         assert "aggbox 0.1" in (out[1].detail or "")
         doc = store_db.smalls.find_one()
         assert doc["state"]["total"] == 5
@@ -230,8 +227,8 @@ class StoreContract:
         )
         assert [(o.outcome, o.reason) for o in first] == [
             ("applied", None),
-            ("parked", SEQUENCE_GAP),
-            ("parked", SEQUENCE_GAP),
+            ("parked", Reason.SEQUENCE_GAP),
+            ("parked", Reason.SEQUENCE_GAP),
         ]
         assert store_db.aggbox_parked.count_documents({}) == 2
         second = w.process([msg("s2", 2, atype="Seq", source=("Up", "u", 2))])
@@ -250,7 +247,7 @@ class StoreContract:
         inputs = [msg(f"s{i}", 1, atype="Seq", source=("Up", f"u{i}", 1)) for i in range(4)]
         out = w.process(inputs)
         assert kinds(out) == ["applied"] * 3 + ["dead_lettered"]
-        assert out[-1].reason == HIGH_WATER_MAP_FULL
+        assert out[-1].reason == Reason.HIGH_WATER_MAP_FULL
         assert "max_sources" in (out[-1].detail or "")
 
     # -- guards ---------------------------------------------------------------------------
@@ -261,8 +258,8 @@ class StoreContract:
         assert [(o.outcome, o.reason) for o in out] == [
             ("applied", None),
             ("applied", None),
-            ("parked", oc.OUTBOX_FULL),
-            ("parked", oc.OUTBOX_FULL),
+            ("parked", Reason.OUTBOX_FULL),
+            ("parked", Reason.OUTBOX_FULL),
         ]
         # The dispatcher drains the outbox; the parked messages go through next time.
         store_db.tights.update_one(
@@ -293,15 +290,15 @@ class StoreContract:
         )
         assert [(o.outcome, o.reason) for o in out] == [
             ("applied", None),
-            ("parked", oc.DOCUMENT_TOO_LARGE),
+            ("parked", Reason.DOCUMENT_SIZE_BUDGET),
         ]
 
     def test_injection_keys_are_rejected(self, store_db: Any) -> None:
         w = writer(store_db)
         out = w.process([msg("i1", mtype="Inject"), msg("i2", mtype="BadEmit"), msg("i3", 2)])
         assert [(o.outcome, o.reason) for o in out] == [
-            ("dead_lettered", oc.INVALID_STATE),
-            ("dead_lettered", oc.INVALID_EMIT),
+            ("dead_lettered", Reason.INVALID_STATE),
+            ("dead_lettered", Reason.INVALID_EMIT),
             ("applied", None),
         ]
         doc = store_db.counters.find_one()
@@ -312,8 +309,8 @@ class StoreContract:
         out = w.process([msg("w1", 1), msg("w2", mtype="Weird"), msg("w3", mtype="WeirdEmit"),
                          msg("w4", 2)])
         assert [(o.outcome, o.reason) for o in out] == [
-            ("applied", None), ("dead_lettered", oc.INVALID_STATE),
-            ("dead_lettered", oc.INVALID_EMIT), ("applied", None)]
+            ("applied", None), ("dead_lettered", Reason.INVALID_STATE),
+            ("dead_lettered", Reason.INVALID_EMIT), ("applied", None)]
         assert store_db.counters.find_one()["state"] == {"total": 3, "items": [1, 2]}
 
     def test_handler_error_skip_policy(self, store_db: Any) -> None:
@@ -321,7 +318,7 @@ class StoreContract:
         out = w.process([msg("e1", 1), msg("e2", mtype="Boom"), msg("e3", 2)])
         assert kinds(out) == ["applied", "dead_lettered", "applied"]
         dl = store_db.aggbox_dead_letters.find_one({"message_id": "e2"})
-        assert dl["reason"] == oc.HANDLER_ERROR
+        assert dl["reason"] == Reason.HANDLER_ERROR
         assert "RuntimeError: boom" in dl["error"] and "Traceback" in dl["traceback"]
 
     def test_handler_error_park_policy_blocks_aggregate_until_released(self, store_db: Any) -> None:
@@ -336,11 +333,11 @@ class StoreContract:
         )
         assert [(o.outcome, o.reason) for o in out] == [
             ("applied", None),
-            ("dead_lettered", oc.HANDLER_ERROR),
-            ("parked", oc.AGGREGATE_BLOCKED),
+            ("dead_lettered", Reason.HANDLER_ERROR),
+            ("parked", Reason.AGGREGATE_BLOCKED),
         ]
         later = w.process([msg("p4", 4, atype="Strict")])
-        assert [(o.outcome, o.reason) for o in later] == [("parked", oc.AGGREGATE_BLOCKED)]
+        assert [(o.outcome, o.reason) for o in later] == [("parked", Reason.AGGREGATE_BLOCKED)]
         # An operator releases the aggregate: clear the block, retry parked messages.
         store_db.stricts.update_one({"_id": "a1"}, {"$unset": {"_blocked": ""}, "$inc": {"_v": 1}})
         released = w.retry_parked("Strict", ["a1"])
@@ -357,8 +354,8 @@ class StoreContract:
         assert outcomes_add_up(inputs, out)
         reasons = {o.message_id: o.reason for o in out}
         assert reasons == {
-            "u1": oc.UNKNOWN_AGGREGATE_TYPE,
-            "u2": oc.UNKNOWN_MESSAGE_TYPE,
+            "u1": Reason.UNKNOWN_AGGREGATE_TYPE,
+            "u2": Reason.UNKNOWN_MESSAGE_TYPE,
             "u3": None,
         }
 
@@ -435,7 +432,8 @@ class StoreContract:
 
         w.before_write = always_bump
         out = w.process([msg("m1", 1), msg("m2", 2)])
-        assert [(o.outcome, o.reason) for o in out] == [("parked", oc.VERSION_CONFLICT)] * 2
+        assert [(o.outcome, o.reason) for o in out] == [
+            ("parked", Reason.VERSION_CONFLICT_RETRIES_EXHAUSTED)] * 2
         w.before_write = None
         again = w.retry_parked("Counter", ["a1"])
         assert sorted((o.message_id, o.outcome) for o in again) == [
@@ -468,3 +466,44 @@ class StoreContract:
         names = {ix["name"] for ix in store_db.counters.list_indexes()}
         assert "aggbox_id_v" in names
         assert counters.collection == "counters"
+
+    # -- the bulk write the writer relies on (the test double is held to it too) ---------
+    def test_bulk_reports_each_failed_operation_at_its_index(self, store_db: Any) -> None:
+        coll = store_db["bulk_contract"]
+        coll.insert_one({"_id": "a", F_VERSION: 1, F_OUTBOX: "not an array"})
+        ops: list[UpdateOne | DeleteOne] = [
+            UpdateOne({"_id": "b", F_VERSION: 0}, {"$inc": {F_VERSION: 1}}, upsert=True),
+            UpdateOne({"_id": "a", F_VERSION: 0}, {"$inc": {F_VERSION: 1}}, upsert=True),
+            UpdateOne({"_id": "a", F_VERSION: 1},
+                      {"$inc": {F_VERSION: 1}, "$push": {F_OUTBOX: {"$each": [1]}}}),
+            DeleteOne({"_id": "nothing"}),
+            UpdateOne({"_id": "c", F_VERSION: 0}, {"$inc": {F_VERSION: 1}}, upsert=True),
+        ]
+        errors = bulk_write_unordered(coll, ops)
+        assert [e.index for e in errors] == [1, 2]  # unordered: the others were applied
+        assert errors[0].code == DUPLICATE_KEY and errors[0].duplicate_key
+        assert isinstance(errors[1].code, int) and errors[1].code != DUPLICATE_KEY
+        # A failed update changes nothing, not even the parts before the failing operator.
+        assert coll.find_one({"_id": "a"}) == {"_id": "a", F_VERSION: 1,
+                                                F_OUTBOX: "not an array"}
+        assert {d["_id"]: d[F_VERSION] for d in coll.find({"_id": {"$in": ["b", "c"]}})} == {
+            "b": 1, "c": 1}
+
+    def test_a_write_error_other_than_a_conflict_fails_with_its_code(self, store_db: Any
+                                                                      ) -> None:
+        w = writer(store_db)
+        w.process([msg("m1", 1)])
+
+        def corrupt(ops: list[UpdateOne]) -> None:  # the next $push onto the inbox fails
+            store_db.counters.update_one({"_id": "a1"}, {"$set": {"inbox": "corrupt"}})
+
+        w.before_write = corrupt
+        with pytest.raises(StoreError) as info:
+            w.process([msg("m2", 2)])
+        err = info.value
+        assert isinstance(err.code, int) and err.code != DUPLICATE_KEY
+        assert isinstance(err.labels, frozenset)
+        assert isinstance(err.__cause__, OperationFailure)
+        assert err.__cause__.code == err.code
+        assert f"code {err.code}" in str(err)
+

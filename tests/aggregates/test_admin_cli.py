@@ -18,15 +18,15 @@ import pytest
 
 from aggbox.admin import EXIT_UNSETTLED, redact_uri
 from aggbox.cli import build_parser, main
+from aggbox.examples.orders import customers, orders
+from aggbox.examples.orders import registry as orders_registry
 from aggregates import AggboxSettings, AggregateType, Emit, Handled, Message, Registry, StoreWriter
-from aggregates import outcomes as oc
 from aggregates.deadletters import DeadLetterStore
 from aggregates.document import F_BLOCKED, F_VERSION
 from aggregates.errors import ConfigurationError
 from aggregates.fold import DeadLetter
+from aggregates.reasons import Reason
 from aggregates.testing import message
-from examples.orders import customers, orders
-from examples.orders import registry as orders_registry
 
 pytestmark = pytest.mark.mongo
 
@@ -197,11 +197,11 @@ def test_deadletters_list_show_and_replay(cli: Run, db: Any) -> None:
 
     rc, out, _ = cli("deadletters", "list")
     assert rc == 0
-    for text in ("Order/o-1/p1", "Order/o-2/p2", "Order/o-3/p3", oc.UNKNOWN_AGGREGATE_TYPE,
-                 oc.HANDLER_ERROR, "PlaceOrder", "order amount must be positive",
+    for text in ("Order/o-1/p1", "Order/o-2/p2", "Order/o-3/p3", Reason.UNKNOWN_AGGREGATE_TYPE,
+                 Reason.HANDLER_ERROR, "PlaceOrder", "order amount must be positive",
                  "open by reason: handler_error: 1, unknown_aggregate_type: 2"):
         assert text in out
-    rc, out, _ = cli("deadletters", "list", "--reason", oc.HANDLER_ERROR, "--json")
+    rc, out, _ = cli("deadletters", "list", "--reason", Reason.HANDLER_ERROR, "--json")
     [letter] = json.loads(out)
     assert letter["id"] == "Order/o-3/p3" and "ValueError" in letter["traceback"]
     assert letter["message"]["payload"] == {"customer_id": "c-1", "amount": -5}
@@ -213,16 +213,16 @@ def test_deadletters_list_show_and_replay(cli: Run, db: Any) -> None:
     rc, out, _ = cli("deadletters", "show", "Order/o-3/p3", "nope")
     assert rc == EXIT_UNSETTLED and "no dead letter with id or message id 'nope'" in out
 
-    rc, _, err = cli("deadletters", "replay", "--aggregates", "examples.orders")
+    rc, _, err = cli("deadletters", "replay", "--aggregates", "aggbox.examples.orders")
     assert rc == 1 and "say which dead letters to replay" in err
 
-    rc, out, _ = cli("deadletters", "replay", "--reason", oc.UNKNOWN_AGGREGATE_TYPE,
-                     "--aggregates", "examples.orders", "--dry-run")
+    rc, out, _ = cli("deadletters", "replay", "--reason", Reason.UNKNOWN_AGGREGATE_TYPE,
+                     "--aggregates", "aggbox.examples.orders", "--dry-run")
     assert rc == 0 and "Would replay 2" in out
     assert db.orders.count_documents({}) == 0  # a dry run changes nothing
 
-    rc, out, _ = cli("deadletters", "replay", "--reason", oc.UNKNOWN_AGGREGATE_TYPE,
-                     "--aggregates", "examples.orders")
+    rc, out, _ = cli("deadletters", "replay", "--reason", Reason.UNKNOWN_AGGREGATE_TYPE,
+                     "--aggregates", "aggbox.examples.orders")
     assert rc == 0, out
     assert "Replayed 2 dead letter(s)" in out and "replayed" in out
     assert {d["_id"]: d["state"]["status"] for d in db.orders.find()} == {
@@ -232,7 +232,7 @@ def test_deadletters_list_show_and_replay(cli: Run, db: Any) -> None:
 
     # Replaying again is safe (dedup): duplicate, still replayed, exit 0.
     rc, out, _ = cli("deadletters", "replay", "--id", "p1", "--aggregates",
-                     "examples.orders", "--json")
+                     "aggbox.examples.orders", "--json")
     result = json.loads(out)
     assert rc == 0 and result["ok"] is True
     assert [o["outcome"] for o in result["outcomes"]] == ["duplicate"]
@@ -240,7 +240,7 @@ def test_deadletters_list_show_and_replay(cli: Run, db: Any) -> None:
 
     # The invalid order fails again: it stays open, the exit code says so.
     rc, out, _ = cli("deadletters", "replay", "--id", "Order/o-3/p3", "--id", "ghost",
-                     "--aggregates", "examples.orders")
+                     "--aggregates", "aggbox.examples.orders")
     assert rc == EXIT_UNSETTLED
     assert "dead_lettered" in out and "not found" in out and "ghost" in out
     doc = db.aggbox_dead_letters.find_one({"_id": "Order/o-3/p3"})
@@ -259,7 +259,7 @@ def seed_dead_letters(db: Any) -> DeadLetterStore:
     for mid, atype, agg, reason, day in (("m1", "Account", "a1", HORIZON, (1, 10)),
                                          ("m2", "Account", "a2", HORIZON, (2, 10)),
                                          ("m3", "Order", "o1", HORIZON, (2, 11)),
-                                         ("m4", "Account", "a3", oc.HANDLER_ERROR, (2, 12))):
+                                         ("m4", "Account", "a3", Reason.HANDLER_ERROR, (2, 12))):
         msg = message("Deposit", {"amount": 1}, to=atype, id=agg, message_id=mid)
         store.write([DeadLetter(msg, None, reason, "cannot prove it is new", None, atype, agg)],
                     now=datetime(2024, *day, tzinfo=UTC))
@@ -332,7 +332,7 @@ def test_deadletters_dismiss_in_bulk(cli: Run, db: Any) -> None:
     assert sorted(d["id"] for d in dismissed) == ["Account/a1/m1", "Account/a2/m2"]
     assert dismissed[0]["dismiss_note"].startswith("old duplicates")
     rc, out, _ = cli("deadletters", "replay", "--reason", HORIZON, "--aggregates",
-                     "examples.orders", "--dry-run", "--json")
+                     "aggbox.examples.orders", "--dry-run", "--json")
     assert rc == 0 and [d["id"] for d in json.loads(out)] == ["Order/o1/m3"]
     rc, out, _ = cli("deadletters", "show", "m2")
     assert rc == 0 and "status: dismissed" in out and "dismiss_note: old duplicates" in out
@@ -389,7 +389,7 @@ def test_parked_list_and_release(cli: Run, db: Any, domain: types.ModuleType) ->
 
     rc, text, _ = cli("parked", "list")
     assert rc == 0 and "Parked messages: 3 shown of 3" in text
-    assert "Tab/t1" in text and "k3" in text and oc.AGGREGATE_BLOCKED in text
+    assert "Tab/t1" in text and "k3" in text and Reason.AGGREGATE_BLOCKED in text
     rc, text, _ = cli("parked", "list", "--aggregates", DOMAIN, "--aggregate", "Tab/t1")
     assert rc == 0 and "Blocked aggregates: 1" in text and "card reader on fire" in text
     assert "j2" not in text
@@ -442,9 +442,9 @@ def test_release_argument_errors(cli: Run, capsys: pytest.CaptureFixture[str]) -
 
 # -- indexes -----------------------------------------------------------------------------------
 def test_indexes(cli: Run, db: Any) -> None:
-    rc, out, _ = cli("indexes", "--aggregates", "examples.orders")
+    rc, out, _ = cli("indexes", "--aggregates", "aggbox.examples.orders")
     assert rc == 0 and "customers" in out and "orders" in out
     for coll in ("orders", "customers"):
         assert "aggbox_id_v" in db[coll].index_information()
     assert len(db.aggbox_dead_letters.index_information()) > 1
-    assert cli("indexes", "--aggregates", "examples.orders")[0] == 0  # idempotent
+    assert cli("indexes", "--aggregates", "aggbox.examples.orders")[0] == 0  # idempotent

@@ -11,11 +11,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import mongomock
 import pandas as pd
 import pytest
 from pymongo.errors import BulkWriteError
 
+from aggbox.examples.orders import customers, orders
+from aggbox.examples.orders import registry as orders_registry
 from aggregates import (
     AggboxError,
     AggboxSettings,
@@ -30,7 +31,6 @@ from aggregates import (
     StoreWriter,
     emitted_message_id,
 )
-from aggregates import outcomes as oc
 from aggregates.debug import (
     MISSING,
     REPLAY_COLUMNS,
@@ -39,20 +39,17 @@ from aggregates.debug import (
     dead_letters,
     load_aggregate,
     parked_messages,
-    release_aggregate,
     replay,
-    replay_dead_letters,
     replay_steps,
     state_diff,
     trace,
 )
-from aggregates.dedup import SEQUENCE_GAP
 from aggregates.document import F_BLOCKED, F_VERSION
 from aggregates.fold import Changes
-from aggregates.testing import message
+from aggregates.ops import release_aggregate, replay_dead_letters
+from aggregates.reasons import Reason
+from aggregates.testing import memory_database, message
 from aggregates.writer import build_update
-from examples.orders import customers, orders
-from examples.orders import registry as orders_registry
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
@@ -113,7 +110,7 @@ def booked(mid: str, amount: int, seq: int, *, src: str = "pos.1") -> Message:
 
 @pytest.fixture
 def mdb() -> Iterator[Any]:
-    yield mongomock.MongoClient(tz_aware=True)["aggbox_debug"]
+    yield memory_database("aggbox_debug")
 
 
 def writer(db: Any, reg: Registry) -> StoreWriter:
@@ -196,9 +193,9 @@ def test_high_water_keys_are_unescaped_and_parked_messages_shown(mdb: Any) -> No
     view = load_aggregate(mdb, fixed_registry, "Ledger", "main", settings=AggboxSettings())
     assert view.high_water == {"Tab/pos.1": 1, "Tab/$till": 1}
     [parked] = view.parked
-    assert parked["message_id"] == "b3" and parked["reason"] == SEQUENCE_GAP
+    assert parked["message_id"] == "b3" and parked["reason"] == Reason.SEQUENCE_GAP
     text = str(view)
-    assert "Tab/pos.1" in text and "b3" in text and SEQUENCE_GAP in text
+    assert "Tab/pos.1" in text and "b3" in text and Reason.SEQUENCE_GAP in text
 
 
 def test_missing_aggregate_gives_an_empty_view(mdb: Any) -> None:
@@ -228,7 +225,7 @@ def test_blocked_aggregate_is_visible(mdb: Any) -> None:
     view = load_aggregate(mdb, broken_registry, "Tab", "t1", settings=AggboxSettings())
     assert view.blocked is not None and view.blocked["message_id"] == "k2"
     assert [p["message_id"] for p in view.parked] == ["k3"]
-    assert view.parked[0]["reason"] == oc.AGGREGATE_BLOCKED
+    assert view.parked[0]["reason"] == Reason.AGGREGATE_BLOCKED
     text = str(view)
     assert "YES by message 'k2'" in text and "aggbox parked release --aggregate Tab/t1" in text
 
@@ -286,10 +283,10 @@ def test_replay_of_a_failing_handler_blocks_and_parks(mdb: Any) -> None:
                                      charge("k3", 2)], now=NOW)
     assert [s.outcome for s in run.steps] == ["applied", "dead_lettered", "parked"]
     dead = run.steps[1]
-    assert dead.reason == oc.HANDLER_ERROR and "card reader on fire" in (dead.detail or "")
+    assert dead.reason == Reason.HANDLER_ERROR and "card reader on fire" in (dead.detail or "")
     old, new = dead.changes["_blocked"]
     assert old is None and new["message_id"] == "k2"
-    assert run.steps[2].reason == oc.AGGREGATE_BLOCKED
+    assert run.steps[2].reason == Reason.AGGREGATE_BLOCKED
     assert [p.message.message_id for p in run.parked] == ["k3"]
     assert run.state.total == 5 and len(run.dead_letters) == 1
     # Replaying the parked message with the fixed handler from a snapshot releases nothing
@@ -304,7 +301,7 @@ def test_replay_fills_the_outbox_unless_drained() -> None:
     msgs = [charge("k1", 1), charge("k2", 1)]
     assert [s.outcome for s in replay_steps(small, msgs, now=NOW).steps] == [
         "applied", "parked"]
-    assert replay_steps(small, msgs, now=NOW).steps[1].reason == oc.OUTBOX_FULL
+    assert replay_steps(small, msgs, now=NOW).steps[1].reason == Reason.OUTBOX_FULL
     drained = replay_steps(small, msgs, now=NOW, drain_outbox=True)
     assert [s.outcome for s in drained.steps] == ["applied", "applied"]
     assert len(drained.outbox) == 2
@@ -435,7 +432,7 @@ def test_dead_letters_listing_and_replay(mdb: Any) -> None:
     early.process([booked("b1", 5, 1), booked("b2", 6, 2)])
     df = dead_letters(mdb, settings=AggboxSettings())
     assert set(df["id"]) == {"Ledger/main/b1", "Ledger/main/b2"}
-    assert set(df["reason"]) == {oc.UNKNOWN_AGGREGATE_TYPE}
+    assert set(df["reason"]) == {Reason.UNKNOWN_AGGREGATE_TYPE}
     assert set(df["message_type"]) == {"Charged"}
     assert dead_letters(mdb, reason="nope", settings=AggboxSettings()).empty
 
@@ -464,11 +461,11 @@ def test_dead_letters_listing_and_replay(mdb: Any) -> None:
 def test_replay_of_a_still_failing_message_stays_open(mdb: Any) -> None:
     writer(mdb, orders_registry).process([place("p1", "o-1", -5, 1)])  # handler raises
     mdb.aggbox_dead_letters.insert_one({"_id": "raw:abc", "message": None, "raw": "{oops",
-                                        "reason": oc.INVALID_ENVELOPE, "status": "open",
+                                        "reason": Reason.INVALID_ENVELOPE, "status": "open",
                                         "last_seen": NOW})
     res = replay_dead_letters(mdb, orders_registry, all_open=True, settings=AggboxSettings())
     assert res.status == {"Order/o-1/p1": "open"}
-    assert res.outcome_of["Order/o-1/p1"].reason == oc.HANDLER_ERROR
+    assert res.outcome_of["Order/o-1/p1"].reason == Reason.HANDLER_ERROR
     assert "raw:abc" in res.skipped and not res.ok
     doc = mdb.aggbox_dead_letters.find_one({"_id": "Order/o-1/p1"})
     assert doc["status"] == "open" and doc["attempts"] == 2
@@ -478,7 +475,7 @@ def test_replay_into_a_blocked_aggregate_parks_the_message(mdb: Any) -> None:
     writer(mdb, broken_registry).process([charge("k1", 1, fail=True, agg="t9")])
     res = replay_dead_letters(mdb, fixed_registry, ["Tab/t9/k1"], settings=AggboxSettings())
     assert res.status == {"Tab/t9/k1": "parked"} and not res.ok
-    assert res.outcome_of["Tab/t9/k1"].reason == oc.AGGREGATE_BLOCKED
+    assert res.outcome_of["Tab/t9/k1"].reason == Reason.AGGREGATE_BLOCKED
     assert mdb.aggbox_dead_letters.find_one({"_id": "Tab/t9/k1"})["status"] == "parked"
     [parked] = parked_messages(mdb, settings=AggboxSettings())["message_id"]
     assert parked == "k1"
@@ -556,13 +553,13 @@ def test_end_to_end_on_the_local_server(db: Any) -> None:
 
 def test_replayed_high_water_duplicate_is_superseded_not_replayed() -> None:
     """Monotonic high-water cannot tell 'applied' from 'overtaken': never claim replayed."""
-    import mongomock
-
-    from aggregates import AggboxSettings, StoreWriter, replay_dead_letters
+    from aggregates import AggboxSettings, StoreWriter
+    from aggregates.ops import replay_dead_letters
+    from aggregates.testing import memory_database
     from tests.aggregates.domain import msg as dmsg
     from tests.aggregates.domain import registry as dregistry
 
-    db = mongomock.MongoClient(tz_aware=True)["superseded"]
+    db = memory_database("superseded")
     w = StoreWriter(db, dregistry, settings=AggboxSettings())
     out = w.process([dmsg("x5", atype="Mono", mtype="Boom", source=("Up", "u", 5)),
                      dmsg("x6", 6, atype="Mono", source=("Up", "u", 6))])

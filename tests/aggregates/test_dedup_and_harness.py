@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -22,7 +23,15 @@ from aggregates import (
     UnknownAggregateType,
     emitted_message_id,
 )
-from aggregates.dedup import DedupRecord
+from aggregates.dedup import (
+    F_ARCHIVE_FLOOR,
+    F_ARCHIVE_UNDATED,
+    F_HW,
+    F_INBOX,
+    NO_CHANGES,
+    DedupChanges,
+    DedupRecord,
+)
 from aggregates.ids import payload_hash, uuid5
 from aggregates.testing import AggregateHarness, message
 from tests.aggregates.domain import counters, msg
@@ -92,6 +101,31 @@ def test_high_water_decisions() -> None:
     assert NoDedup().decide(rec, m, "h", T0).verdict == "apply"
     with pytest.raises(ConfigurationError):
         HighWater(mode="sometimes")  # type: ignore[arg-type]
+
+
+def test_each_strategy_makes_its_own_part_of_the_write() -> None:
+    """A strategy's ``changes`` is the dedup record's whole part of the conditional write:
+    the fold and ``build_update`` know no strategy (docs/design.md "Dedup")."""
+    inbox = Inbox(window=2)
+    rec = DedupRecord(inbox=[["old1", T0, "h"], ["old2", None, "h"]])
+    assert inbox.changes(rec) == NO_CHANGES  # nothing applied: nothing to write
+    for m in (msg("m1"), msg("m2"), msg("m3")):
+        inbox.record(rec, m, "h")
+    ch = inbox.changes(rec)
+    # The three new entries are pushed (none may leave before it is stored); the two old
+    # ones leave the document with this write, archived before it.
+    assert [e[0] for e in ch.push[F_INBOX]["$each"]] == ["m1", "m2", "m3"]
+    assert ch.push[F_INBOX]["$slice"] == -3
+    assert [e[0] for e in ch.archive] == ["old1", "old2"]
+    assert ch.set == {F_ARCHIVE_FLOOR: T0, F_ARCHIVE_UNDATED: True}
+    hw = HighWater()
+    rec = DedupRecord(hw={"keep": 7})
+    assert hw.changes(rec) == NO_CHANGES
+    hw.record(rec, msg("s", source=("Up", "u", 3)), "")
+    assert hw.changes(rec) == DedupChanges({f"{F_HW}.Up/u": 3})
+    assert NoDedup().changes(DedupRecord()) == NO_CHANGES
+    assert not NO_CHANGES and hw.archive(None, "c") is None  # type: ignore[arg-type]
+    assert (Inbox().duplicate_means_applied, hw.duplicate_means_applied) == (True, False)
 
 
 def test_registry_errors_say_what_to_do() -> None:
@@ -177,8 +211,6 @@ def test_harness_given_fails_loudly() -> None:
 
 def test_write_concern_errors_fail_the_batch() -> None:
     """A write-concern error means the write may not be durable: never count it as done."""
-    from typing import Any
-
     from pymongo.errors import BulkWriteError
 
     from aggregates import StoreError
@@ -189,7 +221,87 @@ def test_write_concern_errors_fail_the_batch() -> None:
 
         def bulk_write(self, ops: Any, ordered: bool) -> None:
             raise BulkWriteError({"writeErrors": [], "writeConcernErrors": [
-                {"code": 64, "errmsg": "waiting for replication timed out"}]})
+                {"code": 64, "errmsg": "waiting for replication timed out"}],
+                "errorLabels": ["RetryableWriteError"]})
 
-    with pytest.raises(StoreError, match=r"write concern not satisfied.*replication timed out"):
+    with pytest.raises(StoreError, match=r"write concern not satisfied.*replication timed out"
+                       ) as info:
         bulk_write_unordered(FakeColl(), [object()])  # type: ignore[arg-type,list-item]
+    # The server's code and labels are kept, not flattened into the text.
+    assert info.value.code == 64
+    assert info.value.labels == frozenset({"RetryableWriteError"})
+    assert isinstance(info.value.__cause__, BulkWriteError)
+
+
+def test_store_error_survives_pickling_with_code_and_labels() -> None:
+    import pickle
+
+    from aggregates import StoreError
+
+    err = pickle.loads(pickle.dumps(StoreError("x", code=91, labels={"RetryableWriteError"})))
+    assert (str(err), err.code, err.labels) == ("x", 91, frozenset({"RetryableWriteError"}))
+
+
+def _flaky_bulk(db: Any, collection: str, *, code: int, times: int) -> list[int]:
+    """Make ``collection``'s next ``times`` bulk writes fail at op 0 with ``code`` (and
+    apply nothing); returns the list the calls are counted in."""
+    from pymongo.errors import BulkWriteError
+
+    coll = db[collection]
+    real = coll.bulk_write
+    calls: list[int] = []
+
+    def flaky(requests: Any, ordered: bool = True, **kw: Any) -> Any:
+        calls.append(len(requests))
+        if len(calls) <= times:
+            raise BulkWriteError({"writeErrors": [{"index": 0, "code": code,
+                                                   "errmsg": "shutdown in progress"}],
+                                  "writeConcernErrors": []})
+        return real(requests, ordered=ordered, **kw)
+
+    coll.bulk_write = flaky
+    return calls
+
+
+def test_transient_write_errors_are_retried_after_a_re_read() -> None:
+    """A write error the server's code calls transient (91 ShutdownInProgress) did not
+    apply: the writer re-reads, folds again and writes, after a backoff."""
+    from aggregates.testing import memory_database
+    from tests.aggregates.contract import msg, writer
+
+    db = memory_database()
+    sleeps: list[float] = []
+    w = writer(db)
+    w.sleep = sleeps.append
+    calls = _flaky_bulk(db, "counters", code=91, times=2)
+    out = w.process([msg("m1", 1), msg("m2", 2)])
+    assert [o.outcome for o in out] == ["applied", "applied"]
+    assert len(calls) == 3 and len(sleeps) == 2
+    assert w.stats.conflicts == 0
+    assert db.counters.find_one()["state"]["total"] == 3
+
+
+def test_transient_write_errors_that_persist_fail_the_batch_with_their_code() -> None:
+    from aggregates import StoreError
+    from aggregates.testing import memory_database
+    from tests.aggregates.contract import msg, writer
+
+    db = memory_database()
+    w = writer(db, max_conflict_retries=2)
+    calls = _flaky_bulk(db, "counters", code=91, times=100)
+    with pytest.raises(StoreError) as info:
+        w.process([msg("m1", 1)])
+    assert info.value.code == 91 and len(calls) == 3
+
+
+def test_other_write_errors_fail_the_batch_at_once() -> None:
+    from aggregates import StoreError
+    from aggregates.testing import memory_database
+    from tests.aggregates.contract import msg, writer
+
+    db = memory_database()
+    w = writer(db)
+    calls = _flaky_bulk(db, "counters", code=13, times=100)  # Unauthorized
+    with pytest.raises(StoreError) as info:
+        w.process([msg("m1", 1)])
+    assert info.value.code == 13 and len(calls) == 1

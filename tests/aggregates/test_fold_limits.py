@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from aggregates import AggregateType, Emit, Message
-from aggregates import outcomes as oc
 from aggregates.document import Snapshot
 from aggregates.fold import FoldResult, fold
+from aggregates.reasons import Reason
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 BUDGET = 64 * 1024
@@ -70,11 +70,11 @@ def test_a_malformed_emit_is_invalid_emit_and_the_rest_applies(kind: str) -> Non
     r = run(msg("a"), msg("bad", emit=kind), msg("b", emit="count", count=1))
     assert outcome(r, "a")[0] == "applied"
     got, reason, detail = outcome(r, "bad")
-    assert (got, reason) == ("dead_lettered", oc.INVALID_EMIT), detail
+    assert (got, reason) == ("dead_lettered", Reason.INVALID_EMIT), detail
     assert outcome(r, "b")[0] == "applied"
     assert r.snapshot.state is not None and r.snapshot.state["n"] == 2
     assert len(r.changes.outbox) == 1
-    assert [d.reason for d in r.dead_letters] == [oc.INVALID_EMIT]
+    assert [d.reason for d in r.dead_letters] == [Reason.INVALID_EMIT]
 
 
 def test_valid_emit_fields_are_accepted() -> None:
@@ -95,7 +95,7 @@ def test_valid_emit_fields_are_accepted() -> None:
 def test_more_emits_in_one_step_than_the_outbox_holds_is_a_dead_letter() -> None:
     r = run(msg("many", emit="count", count=6), msg("after", emit="count", count=5))
     got, reason, detail = outcome(r, "many")
-    assert (got, reason) == ("dead_lettered", oc.EMITS_EXCEED_OUTBOX_LIMIT)
+    assert (got, reason) == ("dead_lettered", Reason.EMITS_EXCEED_OUTBOX_LIMIT)
     assert "6 messages in one step" in detail and "never fit" in detail
     assert "shrinks" not in detail
     assert outcome(r, "after")[0] == "applied"
@@ -104,13 +104,13 @@ def test_more_emits_in_one_step_than_the_outbox_holds_is_a_dead_letter() -> None
 def test_a_full_outbox_still_parks() -> None:
     r = run(msg("four", emit="count", count=4), msg("two", emit="count", count=2))
     assert outcome(r, "four")[0] == "applied"
-    assert outcome(r, "two")[:2] == ("parked", oc.OUTBOX_FULL)
+    assert outcome(r, "two")[:2] == ("parked", Reason.OUTBOX_FULL)
 
 
 def test_a_state_alone_over_the_budget_is_a_dead_letter() -> None:
     r = run(msg("a"), msg("huge", blob=BUDGET + 1), msg("b"))
     got, reason, detail = outcome(r, "huge")
-    assert (got, reason) == ("dead_lettered", oc.STATE_TOO_LARGE)
+    assert (got, reason) == ("dead_lettered", Reason.STATE_TOO_LARGE)
     assert "state alone" in detail and str(BUDGET) in detail and "never" in detail
     assert outcome(r, "b")[0] == "applied"
     assert r.snapshot.state is not None and "blob" not in r.snapshot.state
@@ -119,7 +119,7 @@ def test_a_state_alone_over_the_budget_is_a_dead_letter() -> None:
 def test_one_steps_own_emits_over_the_budget_are_a_dead_letter() -> None:
     r = run(msg("big", emit="big", count=3, size=30_000), msg("b"))
     got, reason, detail = outcome(r, "big")
-    assert (got, reason) == ("dead_lettered", oc.EMITS_TOO_LARGE), detail
+    assert (got, reason) == ("dead_lettered", Reason.EMITS_EXCEED_DOCUMENT_BUDGET), detail
     assert "never" in detail
     assert outcome(r, "b")[0] == "applied"
 
@@ -130,5 +130,5 @@ def test_a_document_full_of_pending_entries_still_parks() -> None:
             msg("two", emit="big", count=1, size=40_000))
     assert outcome(r, "one")[0] == "applied"
     got, reason, detail = outcome(r, "two")
-    assert (got, reason) == ("parked", oc.DOCUMENT_TOO_LARGE)
+    assert (got, reason) == ("parked", Reason.DOCUMENT_SIZE_BUDGET)
     assert "drains the outbox" in detail

@@ -19,16 +19,15 @@ from collections import defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import mongomock
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pymongo import MongoClient
 
 from aggregates import AggboxSettings, Inbox, Message, Registry, StoreWriter
-from aggregates.dedup import BEYOND_DEDUP_HORIZON
 from aggregates.ordering import delivery_order
-from aggregates.testing import AggregateHarness
+from aggregates.reasons import Reason
+from aggregates.testing import AggregateHarness, memory_database
 from tests.aggregates.domain import Crash, make_counter, msg, oracle, process_redelivered, stored
 
 HORIZON = timedelta(days=7)
@@ -104,7 +103,7 @@ def check(sc: dict[str, Any], applied: list[str], refused: dict[str, str],
     assert set(applied) <= recorded
     # Nothing refused unless older than the horizon (and never applied).
     assert set(refused) <= sc["old"] - recorded, f"refused: {refused}"
-    assert set(refused.values()) <= {BEYOND_DEDUP_HORIZON}
+    assert set(refused.values()) <= {Reason.BEYOND_DEDUP_HORIZON}
     # Every message within the horizon was applied.
     within = {m.message_id for m in sc["logical"]} - sc["old"]
     assert within <= recorded, f"never applied: {sorted(within - recorded)[:5]}"
@@ -163,7 +162,7 @@ def run_writers(db: Any, sc: dict[str, Any], *, pipeline_depth: int = 2) -> None
 def test_inbox_never_refuses_a_new_message_within_the_horizon_mongomock(
         sc: dict[str, Any]) -> None:
     # mongomock is not thread-safe: one chunk at a time (the local server runs two).
-    run_writers(mongomock.MongoClient(tz_aware=True)["horizon"], sc, pipeline_depth=1)
+    run_writers(memory_database("horizon"), sc, pipeline_depth=1)
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +215,7 @@ def test_inbox_never_refuses_a_new_message_in_memory(sc: dict[str, Any]) -> None
 def test_a_burst_far_above_the_window_applies_every_new_message() -> None:
     """One aggregate, window 2, 2,000 new messages from 40 producers whose clocks disagree by
     up to a day, delivered in three batches, each batch then redelivered whole."""
-    db = mongomock.MongoClient(tz_aware=True)["burst"]
+    db = memory_database("burst")
     reg = counters_with(2)
     w = StoreWriter(db, reg, settings=AggboxSettings(slice_messages=50), clock=lambda: NOW)
     w.ensure_indexes()

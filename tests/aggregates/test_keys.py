@@ -10,18 +10,15 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import mongomock
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aggbox.migrate import MOVED, migrate_keys
 from aggregates import AggboxSettings
-from aggregates import outcomes as oc
 from aggregates.archive import archive_key as archive_key_reexported
 from aggregates.deadletters import DeadLetterStore, dead_letter_id, raw_line_id
 from aggregates.debug.view import load_aggregate
-from aggregates.dedup import SEQUENCE_GAP
 from aggregates.fieldnames import escape_key
 from aggregates.fold import DeadLetter
 from aggregates.ids import raw_message_id
@@ -37,6 +34,8 @@ from aggregates.keys import (
     split_parts,
 )
 from aggregates.parking import parked_id
+from aggregates.reasons import Reason
+from aggregates.testing import memory_database
 from tests.aggregates.contract import NOW, kinds, writer
 from tests.aggregates.domain import msg, registry
 
@@ -101,7 +100,7 @@ def test_legacy_hw_key_with_several_slashes_marks_every_possible_source() -> Non
 # -- the collisions, through the writer ---------------------------------------------------------
 @pytest.fixture
 def mdb() -> Any:
-    return mongomock.MongoClient(tz_aware=True)["aggbox_keys"]
+    return memory_database("aggbox_keys")
 
 
 def test_two_parked_messages_whose_ids_joined_alike_are_both_released(mdb: Any) -> None:
@@ -109,7 +108,7 @@ def test_two_parked_messages_whose_ids_joined_alike_are_both_released(mdb: Any) 
     # seqs/x/y/z: aggregate "x/y" + message "z", and aggregate "x" + message "y/z".
     parked = w.process([msg("z", 2, agg="x/y", atype="Seq", source=("Up", "u", 2)),
                         msg("y/z", 3, agg="x", atype="Seq", source=("Up", "u", 2))])
-    assert [(o.outcome, o.reason) for o in parked] == [("parked", SEQUENCE_GAP)] * 2
+    assert [(o.outcome, o.reason) for o in parked] == [("parked", Reason.SEQUENCE_GAP)] * 2
     assert mdb.aggbox_parked.count_documents({}) == 2
     out = w.process([msg("a", 1, agg="x/y", atype="Seq", source=("Up", "u", 1)),
                      msg("b", 1, agg="x", atype="Seq", source=("Up", "u", 1))])
@@ -136,7 +135,7 @@ def test_a_new_source_is_not_a_duplicate_of_one_whose_key_joined_alike(mdb: Any)
 def test_two_dead_letters_whose_ids_joined_alike_are_both_kept(mdb: Any) -> None:
     w = writer(mdb)
     out = w.process([msg("z", agg="x/y", mtype="Boom"), msg("y/z", agg="x", mtype="Boom")])
-    assert [o.reason for o in out] == [oc.HANDLER_ERROR] * 2
+    assert [o.reason for o in out] == [Reason.HANDLER_ERROR] * 2
     docs = {d["message_id"]: d for d in mdb.aggbox_dead_letters.find()}
     assert sorted(docs) == ["y/z", "z"]
     assert docs["z"]["_id"] == "Counter/x%2Fy/z" and docs["y/z"]["_id"] == "Counter/x/y%2Fz"
@@ -169,7 +168,7 @@ RAW_LINES = [
 def test_raw_dead_letter_is_found_by_its_outcome_id(mdb: Any, line: str, mid: str | None
                                                     ) -> None:
     store = DeadLetterStore(mdb)
-    letter = DeadLetter(None, line, oc.INVALID_ENVELOPE, "bad row")
+    letter = DeadLetter(None, line, Reason.INVALID_ENVELOPE, "bad row")
     ident = outcome_id(line, mid)
     assert raw_line_id(line) == ident
     store.write([letter], now=NOW)
@@ -181,7 +180,7 @@ def test_raw_dead_letter_is_found_by_its_outcome_id(mdb: Any, line: str, mid: st
 
 def test_an_explicit_message_id_wins_and_other_raw_values_keep_none(mdb: Any) -> None:
     store = DeadLetterStore(mdb)
-    store.write([DeadLetter(None, "{x", oc.INVALID_ENVELOPE, "bad", message_id="given"),
+    store.write([DeadLetter(None, "{x", Reason.INVALID_ENVELOPE, "bad", message_id="given"),
                  DeadLetter(None, {"id": "corrupt"}, "invalid_outbox_entry", "bad")], now=NOW)
     assert store.get(["given"])[0]["raw"] == "{x"
     corrupt = mdb.aggbox_dead_letters.find_one({"reason": "invalid_outbox_entry"})
@@ -197,13 +196,14 @@ def old_dead_letter(mid: str, agg: str, *, attempts: int = 1, atype: str = "Coun
                     ) -> dict[str, Any]:
     m = msg(mid, 1, agg=agg, atype=atype, mtype="Boom")
     return {"_id": legacy_path(atype, agg, mid), "message_id": mid, "aggregate_type": atype,
-            "aggregate_id": agg, "message": m.to_dict(), "raw": None, "reason": oc.HANDLER_ERROR,
+            "aggregate_id": agg, "message": m.to_dict(), "raw": None,
+            "reason": Reason.HANDLER_ERROR,
             "status": "open", "attempts": attempts, "first_seen": T0, "last_seen": T0}
 
 
 def old_raw_letter(line: str) -> dict[str, Any]:
     return {"_id": raw_message_id(repr(line)), "message_id": None, "message": None, "raw": line,
-            "reason": oc.INVALID_ENVELOPE, "status": "open", "attempts": 1, "first_seen": T0,
+            "reason": Reason.INVALID_ENVELOPE, "status": "open", "attempts": 1, "first_seen": T0,
             "last_seen": T0}
 
 
@@ -211,7 +211,7 @@ def old_parked(mid: str, agg: str, seq: int) -> dict[str, Any]:
     m = msg(mid, seq, agg=agg, atype="Seq", source=("Up", "u", seq))
     return {"_id": legacy_path("seqs", agg, mid), "collection": "seqs", "aggregate_type": "Seq",
             "aggregate_id": agg, "message_id": mid, "message": m.to_dict(),
-            "reason": SEQUENCE_GAP, "detail": "gap", "parked_at": T0, "last_seen": T0,
+            "reason": Reason.SEQUENCE_GAP, "detail": "gap", "parked_at": T0, "last_seen": T0,
             "attempts": 1}
 
 

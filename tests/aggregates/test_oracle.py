@@ -8,13 +8,13 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import mongomock
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pymongo import MongoClient
 
 from aggregates import AggboxSettings, Message, StoreWriter
+from aggregates.testing import memory_database
 from tests.aggregates.domain import Crash, msg, oracle, process_redelivered, registry, stored
 
 
@@ -75,7 +75,7 @@ def run_scenario(db: Any, sc: dict[str, Any]) -> None:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sc=scenarios())
 def test_random_streams_match_oracle_mongomock(sc: dict[str, Any]) -> None:
-    run_scenario(mongomock.MongoClient(tz_aware=True)["oracle"], sc)
+    run_scenario(memory_database("oracle"), sc)
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +143,7 @@ def run_sources(db: Any, sc: dict[str, Any]) -> None:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sc=source_streams())
 def test_contiguous_high_water_across_reordered_sources_mongomock(sc: dict[str, Any]) -> None:
-    run_sources(mongomock.MongoClient(tz_aware=True)["sources"], sc)
+    run_sources(memory_database("sources"), sc)
 
 
 @settings(max_examples=20, deadline=None,

@@ -22,15 +22,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import mongomock
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pymongo import MongoClient
 
 from aggregates import AggboxSettings, HighWater, Message, Registry, StoreWriter
-from aggregates import outcomes as oc
-from aggregates.dedup import DUPLICATE_DIFFERENT_PAYLOAD, SEQUENCE_GAP
+from aggregates.reasons import Reason
+from aggregates.testing import memory_database
 from tests.aggregates.domain import Crash, make_counter, msg, process_redelivered
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -66,13 +65,13 @@ class Oracle:
             return
         if m.type == "Add" and m.message_id in a.seen:
             if a.seen[m.message_id] != int(m.payload["n"]):
-                self.dead.add((m.message_id, DUPLICATE_DIFFERENT_PAYLOAD))
+                self.dead.add((m.message_id, Reason.DUPLICATE_WITH_DIFFERENT_PAYLOAD))
             return  # applied before: a duplicate, blocked or not
         if a.blocked:
-            self.parked[m.message_id] = oc.AGGREGATE_BLOCKED
+            self.parked[m.message_id] = Reason.AGGREGATE_BLOCKED
             return
         if m.type == "Boom":
-            self.dead.add((m.message_id, oc.HANDLER_ERROR))
+            self.dead.add((m.message_id, Reason.HANDLER_ERROR))
             if self.policy == "park":
                 a.blocked, a.blocker = True, m.message_id
             return
@@ -89,7 +88,7 @@ class Oracle:
             return
         if seq > hw + 1:
             a.waiting.setdefault(src, {})[seq] = m
-            self.parked[m.message_id] = SEQUENCE_GAP
+            self.parked[m.message_id] = Reason.SEQUENCE_GAP
             return
         a.hw[src] = seq
         a.total += int(m.payload["n"])
@@ -192,7 +191,7 @@ def run(db: Any, sc: dict[str, Any], *, depth: int) -> None:
     # parked as well, or instead of being dead-lettered when the crash came before the dead
     # letter: its failure is in _blocked either way, and releasing retries it.
     blockers = {a.blocker for a in expected.aggs.values() if a.blocker}
-    lost = {(b, oc.HANDLER_ERROR) for b in blockers} & (expected.dead - dead)
+    lost = {(b, Reason.HANDLER_ERROR) for b in blockers} & (expected.dead - dead)
     assert all(b in parked for b, _ in lost)
     assert dead | lost == expected.dead
     assert {k: v for k, v in parked.items() if k not in blockers} == \
@@ -203,7 +202,7 @@ def run(db: Any, sc: dict[str, Any], *, depth: int) -> None:
 @given(sc=scenarios())
 def test_everything_the_writer_decides_matches_the_oracle_mongomock(sc: dict[str, Any]) -> None:
     # mongomock is not thread-safe: one chunk at a time.
-    run(mongomock.MongoClient(tz_aware=True)["wide"], sc, depth=1)
+    run(memory_database("wide"), sc, depth=1)
 
 
 @pytest.fixture(scope="module")
@@ -240,4 +239,4 @@ def test_a_crash_at_each_stage_loses_no_side_record(policy: str, stage: str) -> 
     for depth in (1, 2):
         if depth == 2:
             continue  # mongomock is not thread-safe; depth 2 runs on the local server above
-        run(mongomock.MongoClient(tz_aware=True)[f"crash_{stage}"], sc, depth=depth)
+        run(memory_database(f"crash_{stage}"), sc, depth=depth)

@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import mongomock
 import pytest
 
+from aggregates.testing import memory_database
 from tests.aggregates.contract import StoreContract
 
 
 class TestMongomockStore(StoreContract):
     @pytest.fixture
     def store_db(self) -> Iterator[Any]:
-        yield mongomock.MongoClient(tz_aware=True)["aggbox_test"]
+        yield memory_database("aggbox_test")

@@ -26,9 +26,9 @@ from aggbox.demo.model import RunRecord
 from aggbox.demo.oracle import Expected, expect
 from aggbox.demo.rounds import run_rounds
 from aggbox.demo.store import StoreView, pending_outbox, read_store
+from aggbox.examples.orders import registry as orders_registry
 from aggregates.aggregate import Registry
 from aggregates.settings import AggboxSettings
-from examples.orders import registry as orders_registry
 from tests.demo.local import LocalRound
 
 
@@ -55,7 +55,7 @@ def run_locally(mongo_client: MongoClient[dict[str, Any]], mongo_uri: str, workd
     record = run_rounds(
         inputs, workdir=workdir,
         process=LocalRound(db, orders_registry, settings),
-        drain=DispatcherDrain(aggregates="examples.orders", settings=settings),
+        drain=DispatcherDrain(aggregates="aggbox.examples.orders", settings=settings),
         pending=lambda: pending_outbox(db, orders_registry),
         redeliver_rate=0.2, rng=random.Random(3),
     )

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from aggbox.demo.model import OutcomeRow, read_records
-from aggregates import outcomes as oc
 from aggregates.aggregate import Registry
 from aggregates.deadletters import DeadLetterStore
 from aggregates.envelope import Message
@@ -18,6 +17,7 @@ from aggregates.errors import EnvelopeError
 from aggregates.fold import DeadLetter
 from aggregates.ids import raw_message_id
 from aggregates.outcomes import OUTCOME_KINDS, Outcome
+from aggregates.reasons import Reason
 from aggregates.settings import AggboxSettings
 from aggregates.writer import StoreWriter, utc_now
 
@@ -38,7 +38,7 @@ class LocalRound:
                 messages.append((pos, Message.from_dict(json.loads(line))))
                 continue
             except ValueError as exc:  # json.JSONDecodeError, or EnvelopeError (a ValueError)
-                reason = (oc.INVALID_ENVELOPE if isinstance(exc, EnvelopeError)
+                reason = (Reason.INVALID_ENVELOPE if isinstance(exc, EnvelopeError)
                           else "invalid_json")
             letters.append(DeadLetter(None, line, reason, "bad row"))
             outcomes.append(Outcome(raw_message_id(line), "", "", "dead_lettered", reason))

@@ -23,12 +23,12 @@ from aggbox.demo.checks import (
 )
 from aggbox.demo.generate import ScenarioSpec, envelope_line, generate
 from aggbox.demo.oracle import Envelope, classify, expect, expected_round_counts
-from aggregates import outcomes as oc
+from aggbox.examples.orders import registry
 from aggregates.aggregate import StateCodec
 from aggregates.envelope import Message
 from aggregates.errors import EnvelopeError
 from aggregates.ids import emitted_message_id
-from examples.orders import registry
+from aggregates.reasons import Reason
 from tests.demo.conftest import LocalRun, run_locally
 
 
@@ -117,14 +117,14 @@ def _pipeline_view(line: str) -> tuple[str | None, dict[str, Any] | None]:
     try:
         msg = Message.from_dict(json.loads(line))
     except EnvelopeError:
-        return oc.INVALID_ENVELOPE, None
+        return Reason.INVALID_ENVELOPE, None
     except ValueError:
         return "invalid_json", None
     env = msg.to_dict()
     if msg.aggregate_type not in registry:
-        return oc.UNKNOWN_AGGREGATE_TYPE, env
+        return Reason.UNKNOWN_AGGREGATE_TYPE, env
     if msg.type not in registry.get(msg.aggregate_type).message_types:
-        return oc.UNKNOWN_MESSAGE_TYPE, env
+        return Reason.UNKNOWN_MESSAGE_TYPE, env
     return None, env
 
 
@@ -172,13 +172,14 @@ def _drop_credit_limit(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _rename_reserved(monkeypatch: pytest.MonkeyPatch) -> None:
-    original = StateCodec.dump
+    # dump_checked is what every dump goes through (dump itself delegates to it).
+    original = StateCodec.dump_checked
 
-    def renaming(self: StateCodec[Any], state: Any) -> dict[str, Any]:
+    def renaming(self: StateCodec[Any], state: Any, *, check: bool = True) -> dict[str, Any]:
         return {("reserved_credit" if k == "reserved" else k): v
-                for k, v in original(self, state).items()}
+                for k, v in original(self, state, check=check).items()}
 
-    monkeypatch.setattr(StateCodec, "dump", renaming)
+    monkeypatch.setattr(StateCodec, "dump_checked", renaming)
 
 
 @pytest.mark.mongo
@@ -193,7 +194,7 @@ def test_a_library_bug_shared_with_the_pipeline_fails_the_checks(
         monkeypatch: pytest.MonkeyPatch, mongo_client: MongoClient[dict[str, Any]],
         mongo_uri: str, tmp_path: Path) -> None:
     """The oracle does not use what it checks: with a bug patched into
-    ``Message.from_dict`` or into ``StateCodec.dump`` for the whole run — pipeline,
+    ``Message.from_dict`` or into ``StateCodec.dump_checked`` for the whole run — pipeline,
     dispatcher, oracle and checks, as in a real demo — the checks FAIL.
 
     Before the oracle had its own envelope check, handler map and state conversion, it

@@ -43,12 +43,12 @@ def check_invariant_1(ev: Evidence) -> Check:
             continue
         dedup = ev.registry.get(t).dedup
         applied = {o.message_id for o in rows}
-        if isinstance(dedup, Inbox):
+        if dedup.name == Inbox.name:
             inbox = {str(e[0]) for e in doc.get(F_INBOX) or []}
             if inbox != applied:
                 problems.append(f"{t}/{aid}: inbox has {len(inbox - applied)} id(s) never "
                                 f"applied and lacks {len(applied - inbox)} applied id(s)")
-        elif isinstance(dedup, HighWater):
+        elif dedup.name == HighWater.name:
             problems.extend(_hw_problems(ev, key, doc, applied))
         emitted = sum(len(o.emitted_ids) for o in rows)
         if int(doc.get(F_SEQ, 0)) != emitted:

@@ -1,0 +1,152 @@
+"""What a handler returned, checked and turned into outbox entries (pure; used by the fold).
+
+:func:`normalise_result` splits a handler's return value into the new state and its emits;
+:func:`outbox_entries` validates the emits and builds the outbox entries, with the ids of
+docs/design.md "Outbox ids"."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import bson
+
+from aggregates.aggregate import AggregateRef, AggregateType, Emit, dump_payload_checked
+from aggregates.document import Snapshot
+from aggregates.envelope import MAX_SCHEMA_VERSION, Message
+from aggregates.errors import AggboxError, HandlerError, InvalidFieldName
+from aggregates.fieldnames import check_field_names
+from aggregates.ids import emitted_message_id
+
+__all__ = ["EmitError", "entries_size", "normalise_result", "outbox_entries"]
+
+
+def outbox_entries(atype: AggregateType[Any], snap: Snapshot, msg: Message,
+                   emits: Sequence[Emit], now: datetime) -> list[dict[str, Any]]:
+    """The outbox entries for what a handler emitted while applying ``msg`` to ``snap``
+    (ids: docs/design.md "Outbox ids"); raises :class:`EmitError` naming the bad one."""
+    out: list[dict[str, Any]] = []
+    for i, e in enumerate(emits):
+        if not isinstance(e, Emit):
+            raise EmitError(f"handler emitted {type(e).__name__}, expected Emit")
+        if not isinstance(e.type, str) or not e.type:
+            raise EmitError(f"Emit #{i}: the type must be a non-empty string (a dict "
+                            f"payload needs a type name); got {e.type!r}")
+        if isinstance(e.payload, dict):
+            payload, trusted = e.payload, False
+        else:  # a payload object (pydantic model, dataclass), dumped JSON-safe
+            try:
+                payload, trusted = dump_payload_checked(e.payload)
+            except Exception as exc:
+                raise EmitError(
+                    f"Emit({e.type!r}) #{i}: the payload must be a dict, a pydantic model "
+                    f"or a dataclass instance that dumps to JSON; "
+                    f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
+        problem = None if _plain(e) else _emit_problem(e)
+        if problem is not None:
+            raise EmitError(f"Emit({e.type!r}) #{i}: {problem}")
+        if not trusted:
+            try:
+                check_field_names(payload, f"emit[{i}].payload")
+            except InvalidFieldName as exc:
+                raise EmitError(str(exc)) from None
+        seq = snap.seq + i + 1
+        entry: dict[str, Any] = {
+            "id": emitted_message_id(atype.name, snap.aggregate_id, msg.message_id, i),
+            "type": e.type,
+            "topic": e.topic or atype.topic,
+            "key": e.key or snap.aggregate_id,
+            "payload": dict(payload),
+            "headers": dict(e.headers),
+            "causation_id": msg.message_id,
+            "correlation_id": msg.correlation_id or msg.message_id,
+            "source": {"type": atype.name, "id": snap.aggregate_id, "seq": seq},
+            "created_at": now,
+        }
+        if e.to is not None:  # an AggregateRef is a (type, id) tuple too
+            entry["target"] = {"type": e.to[0], "id": e.to[1]}
+        if e.schema_version is not None and e.schema_version != 1:
+            entry["schema_version"] = e.schema_version
+        out.append(entry)
+    return out
+
+
+class EmitError(AggboxError):
+    """A handler emitted something that cannot go into the outbox."""
+
+
+def _text(value: Any) -> bool:
+    """A non-empty string MongoDB can store (no lone surrogates)."""
+    if not isinstance(value, str) or not value:
+        return False
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _plain(e: Emit) -> bool:
+    """An emit with nothing to check beyond type, payload and address (the common case): no
+    topic, key, headers or schema version; its address, if any, is an ``atype.ref(...)``
+    or a tuple of two storable strings."""
+    if e.topic is not None or e.key is not None or e.schema_version is not None or e.headers:
+        return False
+    to = e.to
+    return to is None or (type(to) in _PAIRS and len(to) == 2 and _text(to[0])
+                          and _text(to[1]))
+
+
+_PAIRS = (AggregateRef, tuple)
+
+
+def _emit_problem(e: Emit) -> str | None:
+    """What is wrong with an :class:`Emit`'s addressing and headers (type and payload are
+    checked by the caller), or None."""
+    to = e.to
+    if to is not None and not (isinstance(to, tuple | list) and len(to) == 2
+                               and _text(to[0]) and _text(to[1])):
+        return f"to must be (aggregate_type, aggregate_id), two non-empty strings; got {to!r}"
+    for name in ("topic", "key"):
+        value = getattr(e, name)
+        if value is not None and not _text(value):
+            return f"{name} must be None or a non-empty string; got {value!r}"
+    sv = e.schema_version
+    if sv is not None and (not isinstance(sv, int) or isinstance(sv, bool)
+                           or not 1 <= sv <= MAX_SCHEMA_VERSION):
+        return f"schema_version must be None or an integer ≥ 1 and ≤ 2^31-1; got {sv!r}"
+    headers = e.headers
+    if not isinstance(headers, Mapping):
+        return f"headers must be a mapping of str → str; got {type(headers).__name__}"
+    for k, v in headers.items():
+        if not (_text(k) and k[:1] != "$" and "\x00" not in k and isinstance(v, str)
+                and (v == "" or _text(v))):
+            return f"headers must be a mapping of str → str; got {k!r}: {v!r}"
+    return None
+
+
+def entries_size(entries: list[dict[str, Any]]) -> int:
+    """The BSON size of outbox entries (0 for none); raises if one cannot be encoded."""
+    return len(bson.encode({"e": entries})) if entries else 0
+
+
+def normalise_result(result: Any, msg: Message) -> tuple[Any, Sequence[Emit]]:
+    if isinstance(result, tuple):
+        if len(result) != 2:
+            raise HandlerError(
+                f"handler for {msg.type!r} returned a tuple of {len(result)}; return state "
+                "or (state, [Emit, ...])"
+            )
+        state, emits = result
+        if isinstance(emits, Emit):
+            emits = [emits]
+        if not isinstance(emits, list | tuple):
+            raise HandlerError(f"handler for {msg.type!r} returned emits of type "
+                               f"{type(emits).__name__}; use a list of Emit")
+        return state, emits
+    if result is None:
+        raise HandlerError(f"handler for {msg.type!r} returned None; return the new state")
+    return result, ()
