@@ -6,13 +6,15 @@ one run.
 (b) raw confluent-kafka produce of the same records (same value, key, headers, producer
     settings: idempotent, acks=all) from one process — the floor;
 (c) commit → publish latency at a steady rate (default 1,000 entries/s), the dispatcher
-    running as its own process (``python -m dispatcher``) with default settings, in stream
-    mode and in polling mode. "Publish" is the broker's LogAppendTime of the record;
-    "commit" the entry's ``created_at`` (taken by the writer just before its write).
+    running as its own process (``python -m aggbox.commands.dispatch``) with default
+    settings, in stream mode and in polling mode. "Publish" is the broker's LogAppendTime of
+    the record; "commit" the entry's ``created_at`` (taken by the writer just before its write).
 
 Last line of output is JSON: ``dispatch_vs_raw_produce`` (throughput (a)/(b)),
 ``latency_p50_ms``, ``latency_p99_ms`` (stream mode), ``poll_latency_p50_ms``,
-``poll_latency_p99_ms``, and the raw figures.
+``poll_latency_p99_ms``, ``python_cpu_us_per_msg`` (CPU-µs per entry of this process —
+Python and librdkafka's threads, from getrusage — during (a); ``raw_produce_cpu_us_per_msg``
+the same for (b)), and the raw figures.
 
 Usage: python bench/dispatcher.py [--docs 2000] [--per 10] [--rate 1000] [--seconds 8]
 """
@@ -32,6 +34,7 @@ import asyncio
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import threading
@@ -100,6 +103,11 @@ def producer_config(bootstrap: str) -> dict[str, Any]:
     return {k: v for k, v in KafkaPublisher(bootstrap).config.items()}
 
 
+def process_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def throughput(mongo: LocalMongo, kafka: LocalKafka, n_docs: int, per: int) -> dict[str, Any]:
     client: MongoClient[dict[str, Any]] = MongoClient(mongo.uri, tz_aware=True)
     db = client["bench_dispatch"]
@@ -136,24 +144,33 @@ def throughput(mongo: LocalMongo, kafka: LocalKafka, n_docs: int, per: int) -> d
         "-{aggregate_type}", metrics_port=0)
     store = AggboxSettings(mongodb_uri=mongo.uri, database=db.name)
     d = Dispatcher(settings, store=store)
+    cpu = process_cpu_s()
     t = time.perf_counter()
     assert asyncio.run(d.run(once=True)) == 0
     t_dispatch = time.perf_counter() - t
+    cpu_dispatch = process_cpu_s() - cpu
     left = sum(len(x.get("outbox") or []) for x in db.emitters.find({}, {"outbox": 1}))
     assert left == 0, f"{left} entries left"
     published = d.workers[0].stats.published
     assert published == total, (published, total)
+    cpu = process_cpu_s()
     t_raw = raw_produce(kafka.bootstrap_servers, records)
+    cpu_raw = process_cpu_s() - cpu
     client.close()
     out = {
         "entries": total, "documents": n_docs, "per_document": per,
         "dispatch_s": round(t_dispatch, 3), "dispatch_per_s": round(total / t_dispatch),
         "raw_produce_s": round(t_raw, 3), "raw_produce_per_s": round(total / t_raw),
         "dispatch_vs_raw_produce": round(t_raw / t_dispatch, 3),
+        # CPU of this process (getrusage: Python and librdkafka's threads) per entry.
+        "python_cpu_us_per_msg": round(cpu_dispatch / total * 1e6, 2),
+        "raw_produce_cpu_us_per_msg": round(cpu_raw / total * 1e6, 2),
     }
     print(f"  (a) dispatcher: {total} entries in {t_dispatch:.2f} s = "
           f"{out['dispatch_per_s']:,}/s")
     print(f"  (b) raw produce: {total} records in {t_raw:.2f} s = {out['raw_produce_per_s']:,}/s")
+    print(f"  CPU of this process per entry: dispatcher {out['python_cpu_us_per_msg']} µs, "
+          f"raw produce {out['raw_produce_cpu_us_per_msg']} µs")
     return out
 
 
@@ -206,7 +223,7 @@ def latency(mongo: LocalMongo, kafka: LocalKafka, mode: str, rate: int, seconds:
     log = tmp / f"dispatcher-{mode}.log"
     env = {**os.environ, "AGGBOX_MONGODB_URI": mongo.uri, "AGGBOX_DATABASE": db.name}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dispatcher", "--log-level",
+        [sys.executable, "-m", "aggbox.commands.dispatch", "--log-level",
          os.environ.get("BENCH_DISPATCHER_LOG_LEVEL", "INFO"), "--collection", "emitters",
          "--publisher", "kafka",
          "--bootstrap-servers", kafka.bootstrap_servers, "--topic-template",
@@ -313,6 +330,7 @@ def main() -> None:
         "latency_p99_ms": stream.get("p99_ms"),
         "poll_latency_p50_ms": poll.get("p50_ms"),
         "poll_latency_p99_ms": poll.get("p99_ms"),
+        "python_cpu_us_per_msg": tp.get("python_cpu_us_per_msg"),
         "throughput": tp, "stream": stream, "poll": poll,
     }
     print(json.dumps(result))

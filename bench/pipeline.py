@@ -9,20 +9,35 @@ Scenarios per input size (messages):
 (d) connector — the MongoDB Spark Connector writing one document per message (replace with
                upsert by aggregate id: a peer with no idempotency and no ordering).
 
-Messages are ``CustomerRegistered`` for ``examples.orders`` (no emits, so the outbox stays
+Messages are ``CustomerRegistered`` for ``aggbox.examples.orders`` (no emits, so the outbox stays
 empty). Peak RSS of the Python workers is sampled from /proc while the pipeline runs.
 
     .venv/bin/python bench/pipeline.py [--sizes 1e5,1e6] [--quick] [--no-connector]
 
 Prints a table, then one JSON line (last line) with ``pipeline_vs_raw``,
 ``pipeline_vs_connector``, ``skew_vs_uniform`` (throughput ratios at the largest size),
-``per_msg_growth_1e5_to_1e6`` (time per message, largest / smallest size) and
-``worker_peak_rss_mb`` (largest peak of one Python worker, and per size).
+``per_msg_growth_1e5_to_1e6`` (time per message, largest / smallest size),
+``worker_peak_rss_mb`` (largest peak of one Python worker, and per size), and, for the
+uniform run at the largest size:
+
+- ``python_cpu_us_per_msg``: CPU-µs per message of the Python workers, summed over them,
+  the handlers' own CPU excluded. The executor function is wrapped (bench only: the bench
+  replaces ``spark.pipeline.write_partition`` with :func:`measured_write_partition`, no
+  product code changes): each partition measures ``getrusage(RUSAGE_SELF)`` of its worker
+  process from its first to its last Arrow batch (input decoding, parsing, the writer, the
+  outcome batches: a worker runs one task at a time) and adds it to a Spark accumulator;
+- ``handler_cpu_us_per_msg``: the handlers' own thread CPU (bench/measure.py), per message;
+- ``server_ops_per_msg``: write statements plus read commands the workers' MongoDB clients
+  sent, per message (a pymongo command listener registered in each worker);
+  ``raw_server_ops_per_msg``: the raw job's write statements, counted as it sends them;
+  ``connector_server_ops_per_msg``: rows handed to the connector per message (it writes
+  one replace per row; its JVM client cannot be observed from here).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -35,7 +50,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-AGGREGATES = "examples.orders"
+AGGREGATES = "aggbox.examples.orders"
 #: The newest 11.x on Maven Central is wanted; mirrors may lack it (then 10.x is tried).
 CONNECTOR_VERSIONS = ("11.0.1", "11.0.0", "10.5.0")
 FILES = 8
@@ -109,10 +124,82 @@ class RssSampler:
                 self.peak_mb = max(self.peak_mb, rss / 2**20)
 
 
+# -- CPU and server operations of the Python workers -------------------------------------------
+
+#: What each partition adds up (Spark accumulators, summed over tasks and workers).
+FIGURES = ("cpu_ns", "handler_ns", "handler_calls", "rows", "writes", "reads")
+#: CPU-ns per handler call the handler timer adds inside / outside the timed interval
+#: (calibrated on the driver: same machine, same interpreter).
+TIMER_NS = (0.0, 0.0)
+
+
+def measured_write_partition(accs: tuple[Any, ...], task: Any, batches: Any) -> Any:
+    """:func:`spark.executor.write_partition`, measured (runs in the Python worker)."""
+    import measure
+
+    from spark.executor import get_registry, write_partition
+
+    state = measure.worker_state(get_registry(task.aggregates))
+    timer, ops = state
+    rows = 0
+
+    def counted(it: Any) -> Any:
+        nonlocal rows
+        for b in it:
+            rows += b.num_rows
+            yield b
+
+    h0, ops0, cpu0 = timer.snapshot(), ops.snapshot(), measure.process_cpu_s()
+    try:
+        yield from write_partition(task, counted(batches))
+    finally:
+        cpu = measure.process_cpu_s() - cpu0
+        h, o = timer.snapshot(), ops.snapshot()
+        for acc, value in zip(accs, (round(cpu * 1e9), h[0] - h0[0], h[1] - h0[1], rows,
+                                     o[0] - ops0[0], o[1] - ops0[1]), strict=True):
+            acc.add(value)
+
+
+class Measured:
+    """Accumulators of one pipeline run, and ``spark.pipeline.write_partition`` swapped for
+    :func:`measured_write_partition` while it runs."""
+
+    def __init__(self, spark: Any) -> None:
+        self.accs = tuple(spark.sparkContext.accumulator(0) for _ in FIGURES)
+
+    def __enter__(self) -> Measured:
+        import spark.pipeline as sp
+
+        if not hasattr(sp, "write_partition"):
+            raise RuntimeError("spark.pipeline.write_partition is gone: update the bench")
+        self._saved = sp.write_partition
+        sp.write_partition = functools.partial(measured_write_partition, self.accs)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import spark.pipeline as sp
+
+        sp.write_partition = self._saved
+
+    def figures(self) -> dict[str, Any]:
+        v = dict(zip(FIGURES, (a.value for a in self.accs), strict=True))
+        rows = max(1, v["rows"])
+        inside, outside = TIMER_NS
+        handler_ns = max(0.0, v["handler_ns"] - v["handler_calls"] * inside)
+        python_ns = v["cpu_ns"] - v["handler_ns"] - v["handler_calls"] * outside
+        return {"python_cpu_us_per_msg": round(python_ns / rows / 1e3, 2),
+                "handler_cpu_us_per_msg": round(handler_ns / rows / 1e3, 2),
+                "server_ops_per_msg": round((v["writes"] + v["reads"]) / rows, 4),
+                "server_writes_per_msg": round(v["writes"] / rows, 4),
+                "server_reads_per_msg": round(v["reads"] / rows, 4),
+                "worker_cpu_s": round(v["cpu_ns"] / 1e9, 2), "rows": v["rows"]}
+
+
 # -- scenarios ---------------------------------------------------------------------------------
 
 
-def run_pipeline(spark: Any, uri: str, inputs: Path) -> tuple[float, dict[str, int], float]:
+def run_pipeline(spark: Any, uri: str, inputs: Path
+                 ) -> tuple[float, dict[str, int], float, dict[str, Any]]:
     from aggregates.settings import AggboxSettings
     from spark.pipeline import Pipeline
 
@@ -120,15 +207,15 @@ def run_pipeline(spark: Any, uri: str, inputs: Path) -> tuple[float, dict[str, i
     settings = AggboxSettings.load(mongodb_uri=uri, database=db)
     pipeline = Pipeline(spark, aggregates=AGGREGATES, settings=settings, mongodb_uri=uri)
     pipeline.ensure_indexes()
-    with RssSampler() as rss:
+    with RssSampler() as rss, Measured(spark) as measured:
         t0 = time.perf_counter()
         result = pipeline.run_batch([str(inputs / "*.jsonl")])
         seconds = time.perf_counter() - t0
     drop(uri, db)
-    return seconds, result.counts, rss.peak_mb
+    return seconds, result.counts, rss.peak_mb, measured.figures()
 
 
-def _upsert_partition(uri: str, db: str, rows: Any) -> None:
+def _upsert_partition(uri: str, db: str, writes: Any, rows: Any) -> None:
     from pymongo import MongoClient, UpdateOne
 
     client: Any = MongoClient(uri)
@@ -141,9 +228,11 @@ def _upsert_partition(uri: str, db: str, rows: Any) -> None:
                              upsert=True))
         if len(ops) >= 1000:
             coll.bulk_write(ops, ordered=False)
+            writes.add(len(ops))
             ops = []
     if ops:
         coll.bulk_write(ops, ordered=False)
+        writes.add(len(ops))
     client.close()
 
 
@@ -156,33 +245,36 @@ def _messages(spark: Any, inputs: Path) -> Any:
     return df.select(F.from_json("value", schema).alias("m")).select("m.*")
 
 
-def run_raw(spark: Any, uri: str, inputs: Path) -> float:
-    """Group by aggregate (last message wins), then blind bulk upserts of the documents."""
-    import functools
-
+def run_raw(spark: Any, uri: str, inputs: Path) -> tuple[float, int]:
+    """Group by aggregate (last message wins), then blind bulk upserts of the documents.
+    Also returns the write statements sent (counted by the partitions)."""
     from pyspark.sql import functions as F
 
     db = f"bench_{uuid.uuid4().hex[:8]}"
+    writes = spark.sparkContext.accumulator(0)
     t0 = time.perf_counter()
     docs = (_messages(spark, inputs)
             .groupBy("aggregate_id")
             .agg(F.max_by(F.col("payload"), F.col("occurred_at")).alias("p"))
             .select("aggregate_id", "p.name", "p.credit_limit"))
-    docs.foreachPartition(functools.partial(_upsert_partition, uri, db))
+    docs.foreachPartition(functools.partial(_upsert_partition, uri, db, writes))
     seconds = time.perf_counter() - t0
     check_written(uri, db, inputs)
     drop(uri, db)
-    return seconds
+    return seconds, int(writes.value)
 
 
-def run_connector(spark: Any, uri: str, inputs: Path) -> float:
-    """One replace-with-upsert per message through the MongoDB Spark Connector."""
+def run_connector(spark: Any, uri: str, inputs: Path) -> tuple[float, int]:
+    """One replace-with-upsert per message through the MongoDB Spark Connector. Also
+    returns the rows handed to it (counted apart, untimed): one replace each."""
     from pyspark.sql import functions as F
 
     db = f"bench_{uuid.uuid4().hex[:8]}"
+    frame = _messages(spark, inputs).select(F.col("aggregate_id").alias("_id"),
+                                            F.col("payload").alias("state"))
+    rows = int(frame.count())
     t0 = time.perf_counter()
-    (_messages(spark, inputs)
-     .select(F.col("aggregate_id").alias("_id"), F.col("payload").alias("state"))
+    (frame
      .write.format("mongodb").mode("append")
      .option("connection.uri", uri).option("database", db).option("collection", "customers")
      .option("operationType", "replace").option("upsertDocument", "true")
@@ -190,7 +282,7 @@ def run_connector(spark: Any, uri: str, inputs: Path) -> float:
     seconds = time.perf_counter() - t0
     check_written(uri, db, inputs)
     drop(uri, db)
-    return seconds
+    return seconds, rows
 
 
 def check_written(uri: str, db: str, inputs: Path) -> None:
@@ -252,8 +344,16 @@ def main() -> int:
 
     from aggbox.servers import start_local_mongodb
 
+    # The workers import the project and bench/measure.py (the instruments).
+    here = Path(__file__).resolve()
     os.environ["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))
+        filter(None, [str(here.parents[1]), str(here.parent), os.environ.get("PYTHONPATH")]))
+    global TIMER_NS
+    from measure import calibrate_timer
+
+    TIMER_NS = calibrate_timer()
+    log(f"handler timer overhead per call: {TIMER_NS[0] / 1e3:.2f} µs inside, "
+        f"{TIMER_NS[1] / 1e3:.2f} µs outside the timed interval (subtracted)")
     mongo = start_local_mongodb(java_options=("-Xmx8g",))
     log(f"MongoDB: {mongo.kind} {mongo.uri}")
     spark, connector, connector_problem = start_spark(not args.no_connector)
@@ -269,20 +369,21 @@ def main() -> int:
             skewed = write_input(work / f"s{n}", n, skewed=True)
             row: dict[str, Any] = {"messages": n}
             log(f"{n}: pipeline uniform")
-            row["uniform_s"], counts, row["rss_uniform_mb"] = run_pipeline(spark, mongo.uri,
-                                                                            uniform)
+            (row["uniform_s"], counts, row["rss_uniform_mb"],
+             row["uniform_cpu"]) = run_pipeline(spark, mongo.uri, uniform)
             row["uniform_counts"] = counts
             log(f"{n}: pipeline skewed")
-            row["skewed_s"], counts, row["rss_skewed_mb"] = run_pipeline(spark, mongo.uri,
-                                                                          skewed)
+            (row["skewed_s"], counts, row["rss_skewed_mb"],
+             row["skewed_cpu"]) = run_pipeline(spark, mongo.uri, skewed)
             row["skewed_counts"] = counts
             log(f"{n}: raw upsert")
-            row["raw_s"] = run_raw(spark, mongo.uri, uniform)
-            row["connector_s"] = None
+            row["raw_s"], row["raw_writes"] = run_raw(spark, mongo.uri, uniform)
+            row["connector_s"] = row["connector_rows"] = None
             if connector:
                 log(f"{n}: connector")
                 try:
-                    row["connector_s"] = run_connector(spark, mongo.uri, uniform)
+                    row["connector_s"], row["connector_rows"] = run_connector(
+                        spark, mongo.uri, uniform)
                 except Exception as exc:
                     connector_problem = f"{connector} failed: {str(exc).splitlines()[0][:300]}"
                     log(connector_problem)
@@ -304,11 +405,21 @@ def main() -> int:
               f"{max(r['rss_uniform_mb'], r['rss_skewed_mb']):>7.0f}")
         print(f"{'':>10} uniform outcomes {r['uniform_counts']}")
         print(f"{'':>10} skewed outcomes  {r['skewed_counts']}")
+        print(f"{'':>10} uniform workers  {r['uniform_cpu']}")
+        print(f"{'':>10} skewed workers   {r['skewed_cpu']}")
     big, small = rows[max(rows)], rows[min(rows)]
     result: dict[str, Any] = {
         "pipeline_vs_raw": round(big["raw_s"] / big["uniform_s"], 3),
         "pipeline_vs_connector": (round(big["connector_s"] / big["uniform_s"], 3)
                                   if big["connector_s"] else None),
+        "python_cpu_us_per_msg": big["uniform_cpu"]["python_cpu_us_per_msg"],
+        "handler_cpu_us_per_msg": big["uniform_cpu"]["handler_cpu_us_per_msg"],
+        "server_ops_per_msg": big["uniform_cpu"]["server_ops_per_msg"],
+        "raw_server_ops_per_msg": round(big["raw_writes"] / big["messages"], 4),
+        "connector_server_ops_per_msg": (round(big["connector_rows"] / big["messages"], 4)
+                                         if big["connector_rows"] is not None else None),
+        "skewed_python_cpu_us_per_msg": big["skewed_cpu"]["python_cpu_us_per_msg"],
+        "handler_timer_us_per_call": [round(TIMER_NS[0] / 1e3, 2), round(TIMER_NS[1] / 1e3, 2)],
         "skew_vs_uniform": round(big["uniform_s"] / big["skewed_s"], 3),
         "per_msg_growth_1e5_to_1e6": round(
             (big["uniform_s"] / big["messages"]) / (small["uniform_s"] / small["messages"]), 3),

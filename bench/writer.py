@@ -6,29 +6,48 @@
     documents the writer produced (no read, no dedup, no condition): the floor of what any
     writer must pay to store them.
 
-Last line of output is JSON. Usage: python bench/writer.py [--aggregates 20000] [--per 5]
+Last line of output is JSON: the ratios ``writer_vs_raw`` and ``writer_vs_naive``, and the
+figures to steer by (bench/measure.py has the instruments):
+
+- ``python_cpu_us_per_msg``: CPU-µs per message of this process (getrusage, all threads)
+  during the writer run, the handlers' own CPU excluded;
+- ``handler_cpu_us_per_msg``: the handlers' own CPU (thread CPU around each call of the
+  registered handler functions), per message;
+- ``server_ops_per_msg``: server operations the writer requested per message — write
+  statements (each update/insert/delete in a bulk counts one) plus read commands — counted
+  by a pymongo command listener; ``naive_server_ops_per_msg`` and ``raw_server_ops_per_msg``
+  the same for (b) and (c).
+
+Usage: python bench/writer.py [--aggregates 20000] [--per 5]
+       python bench/writer.py --aggregates 5000 --profile 30 [--profile-clock wall]
+           # cProfile of the writer, pipeline_depth=1 (all work on the main thread), by
+           # wall time (default) or this thread's CPU time: top 30 entries
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import os
 import platform
+import pstats
 import resource
 import time
 import uuid
 from pathlib import Path
 from typing import Any
 
+from measure import HandlerTimer, OpCounter, calibrate_timer, process_cpu_s
 from pymongo import MongoClient, ReplaceOne
 
+from aggbox.examples.orders import customers, registry
 from aggbox.servers import start_local_mongodb
 from aggregates import AggboxSettings, Message, StoreWriter
 from aggregates.document import snapshot_from_document
 from aggregates.fold import fold
 from aggregates.writer import build_update, utc_now
-from examples.orders import customers, registry
 
 
 def make_messages(n_aggs: int, per: int) -> list[Message]:
@@ -73,47 +92,121 @@ class CpuMeter:
 
 
 METER = CpuMeter(None)
+#: The handlers of ``registry`` are wrapped with a thread-CPU timer (bench only).
+HANDLERS = HandlerTimer()
+#: CPU-ns per handler call the timer adds inside / outside the timed interval.
+TIMER_INSIDE_NS, TIMER_OUTSIDE_NS = 0.0, 0.0
+#: Listens to the bench's client: server operations requested during a timed run.
+OPS = OpCounter()
 
 
-def run_writer(db: Any, messages: list[Message]) -> float:
-    w = StoreWriter(db, registry, settings=AggboxSettings())
+class Counted:
+    """CPU, handler CPU and server operations of one timed run."""
+
+    def __enter__(self) -> Counted:
+        self._h = HANDLERS.snapshot()
+        self._ops = OPS.snapshot()
+        OPS.active = True
+        self._cpu = process_cpu_s()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cpu_s = process_cpu_s() - self._cpu
+        OPS.active = False
+        h = HANDLERS.snapshot()
+        ops = OPS.snapshot()
+        self.handler_calls = h[1] - self._h[1]
+        # The timer's own cost (calibrated at start) is neither handler nor aggbox work.
+        self.handler_s = max(0.0, (h[0] - self._h[0]) / 1e9
+                             - self.handler_calls * TIMER_INSIDE_NS / 1e9)
+        self.cpu_s -= self.handler_calls * (TIMER_INSIDE_NS + TIMER_OUTSIDE_NS) / 1e9
+        self.writes = ops[0] - self._ops[0]
+        self.reads = ops[1] - self._ops[1]
+
+    def per_msg(self, n: int) -> dict[str, float]:
+        return {"python_cpu_us_per_msg": round((self.cpu_s - self.handler_s) / n * 1e6, 2),
+                "handler_cpu_us_per_msg": round(self.handler_s / n * 1e6, 2),
+                "server_ops_per_msg": round((self.writes + self.reads) / n, 4),
+                "server_writes_per_msg": round(self.writes / n, 4),
+                "server_reads_per_msg": round(self.reads / n, 4)}
+
+
+def run_writer(db: Any, messages: list[Message], *, depth: int | None = None
+               ) -> tuple[float, Counted]:
+    settings = AggboxSettings() if depth is None else AggboxSettings(pipeline_depth=depth)
+    w = StoreWriter(db, registry, settings=settings)
     w.ensure_indexes()
     cpu = METER.snapshot()
     t = time.perf_counter()
-    n = sum(1 for _ in w.process_iter(messages))
+    with Counted() as c:
+        n = sum(1 for _ in w.process_iter(messages))
     dt = time.perf_counter() - t
     assert n == len(messages)
     st = w.stats
-    print(f"    writer: {dt:.2f} s wall, {METER.since(cpu)}; phases (summed over threads): "
+    print(f"    writer: {dt:.2f} s wall, {METER.since(cpu)} (handlers {c.handler_s:.2f} s in "
+          f"{c.handler_calls} calls); phases (summed over threads): "
           f"read {st.read_s:.2f} s, fold {st.fold_s:.2f} s, write {st.write_s:.2f} s, "
-          f"{st.writes} writes, {st.conflicts} conflicts")
-    return dt
+          f"{st.writes} writes, {st.conflicts} conflicts; server: {c.writes} write "
+          f"statements, {c.reads} read commands")
+    return dt, c
 
 
-def run_naive(db: Any, messages: list[Message]) -> float:
+def run_naive(db: Any, messages: list[Message]) -> tuple[float, Counted]:
     coll = db[customers.collection]
     StoreWriter(db, registry, settings=AggboxSettings()).ensure_indexes()
     t = time.perf_counter()
-    for m in messages:
-        doc = coll.find_one({"_id": m.aggregate_id})
-        snap = snapshot_from_document(doc, m.aggregate_id)
-        res = fold(customers, snap, [m], now=utc_now())
-        if not res.changes.empty:
-            op = build_update(customers, snap, res.changes)
-            coll.update_one(op._filter, op._doc, upsert=True)
-    return time.perf_counter() - t
+    with Counted() as c:
+        for m in messages:
+            doc = coll.find_one({"_id": m.aggregate_id})
+            snap = snapshot_from_document(doc, m.aggregate_id)
+            res = fold(customers, snap, [m], now=utc_now())
+            if not res.changes.empty:
+                op = build_update(customers, snap, res.changes)
+                coll.update_one(op._filter, op._doc, upsert=True)
+    return time.perf_counter() - t, c
 
 
-def run_raw(db: Any, docs: list[dict[str, Any]]) -> float:
+def run_raw(db: Any, docs: list[dict[str, Any]]) -> tuple[float, Counted]:
     coll = db["raw_customers"]
     cpu = METER.snapshot()
     t = time.perf_counter()
-    for i in range(0, len(docs), 1000):
-        coll.bulk_write([ReplaceOne({"_id": d["_id"]}, d, upsert=True)
-                         for d in docs[i:i + 1000]], ordered=False)
+    with Counted() as c:
+        for i in range(0, len(docs), 1000):
+            coll.bulk_write([ReplaceOne({"_id": d["_id"]}, d, upsert=True)
+                             for d in docs[i:i + 1000]], ordered=False)
     dt = time.perf_counter() - t
-    print(f"    raw: {dt:.2f} s wall, {METER.since(cpu)}")
-    return dt
+    print(f"    raw: {dt:.2f} s wall, {METER.since(cpu)}; server: {c.writes} write statements")
+    return dt, c
+
+
+def profile_writer(client: Any, db_name: str, messages: list[Message], top: int,
+                   clock: str, dump: str | None = None) -> None:
+    """cProfile of ``StoreWriter.process_iter`` with ``pipeline_depth=1`` (all the writer's
+    work on this thread; handlers not wrapped with the bench's timer), after a warm-up run
+    on other collections; top entries by tottime and by cumulative time. ``clock``: "cpu"
+    (``time.thread_time``: this thread's CPU, waiting for the server costs nothing) or
+    "wall" (cProfile's default). The profiler inflates per-call costs: read it for where
+    the time goes, not for the totals."""
+    run_writer(client[db_name + "_pwarm"], make_messages(2000, 5), depth=1)
+    w = StoreWriter(client[db_name], registry, settings=AggboxSettings(pipeline_depth=1))
+    w.ensure_indexes()
+    prof = (cProfile.Profile(time.thread_time) if clock == "cpu" else cProfile.Profile())
+    cpu = process_cpu_s()
+    prof.enable()
+    n = sum(1 for _ in w.process_iter(messages))
+    prof.disable()
+    cpu = process_cpu_s() - cpu
+    if dump:
+        prof.dump_stats(dump)
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("tottime").print_stats(top)
+    print(out.getvalue())
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(top)
+    print(out.getvalue())
+    print(f"profiled ({clock} clock): {n} messages, {cpu:.2f} CPU-s under the profiler "
+          f"({cpu / n * 1e6:.1f} µs per message, handlers included)")
 
 
 def main() -> None:
@@ -122,13 +215,34 @@ def main() -> None:
     ap.add_argument("--per", type=int, default=5, help="messages per aggregate")
     ap.add_argument("--naive-fraction", type=float, default=0.1,
                     help="share of the aggregates the slow naive loop processes")
+    ap.add_argument("--profile", type=int, metavar="TOP", default=0,
+                    help="instead of the benchmark: cProfile the writer (pipeline_depth=1) "
+                         "and print the TOP entries by tottime and by cumulative time")
+    ap.add_argument("--profile-clock", choices=["cpu", "wall"], default="wall",
+                    help="the profiler's clock: wall (default; cheap to read) or this thread's CPU "
+                         "time (a system call per event: inflates small calls several-fold)")
+    ap.add_argument("--profile-out", metavar="FILE", default=None,
+                    help="also write the profile's raw stats to FILE (pstats format)")
     args = ap.parse_args()
+    global TIMER_INSIDE_NS, TIMER_OUTSIDE_NS
+    TIMER_INSIDE_NS, TIMER_OUTSIDE_NS = calibrate_timer()
+    print(f"handler timer overhead per call: {TIMER_INSIDE_NS / 1e3:.2f} µs inside, "
+          f"{TIMER_OUTSIDE_NS / 1e3:.2f} µs outside the timed interval (subtracted)")
     messages = make_messages(args.aggregates, args.per)
     n = len(messages)
     with start_local_mongodb() as server:
         METER.server_pid = server.pid
-        client: MongoClient[dict[str, Any]] = MongoClient(server.uri)
+        client: MongoClient[dict[str, Any]] = MongoClient(server.uri, event_listeners=[OPS])
         db = client[f"bench_writer_{uuid.uuid4().hex[:6]}"]
+        if args.profile:
+            try:
+                profile_writer(client, db.name, messages, args.profile, args.profile_clock,
+                               args.profile_out)
+            finally:
+                client.drop_database(db.name)
+                client.drop_database(db.name + "_pwarm")
+            return
+        HANDLERS.install(registry)
         try:
             # Warm the server up (mongo-java-server is a JVM: its first operations run
             # interpreted) with every kind of operation, on other collections.
@@ -136,11 +250,11 @@ def main() -> None:
             run_writer(client[db.name + "_warm"], warm)
             run_raw(client[db.name + "_warm"], list(client[db.name + "_warm"].customers.find()))
             run_naive(client[db.name + "_warm2"], warm[:1000])
-            t_writer = run_writer(db, messages)
+            t_writer, c_writer = run_writer(db, messages)
             docs = list(db[customers.collection].find())
-            t_raw = run_raw(db, docs)
+            t_raw, c_raw = run_raw(db, docs)
             naive_msgs = messages[: int(n * args.naive_fraction)]
-            t_naive = run_naive(client[db.name + "_naive"], naive_msgs)
+            t_naive, c_naive = run_naive(client[db.name + "_naive"], naive_msgs)
         finally:
             client.drop_database(db.name)
             for suffix in ("_naive", "_warm", "_warm2"):
@@ -157,8 +271,14 @@ def main() -> None:
     print(json.dumps({
         "writer_msgs_per_s": round(writer_rate), "naive_msgs_per_s": round(naive_rate),
         "raw_msgs_per_s": round(raw_rate), "writer_vs_raw": round(writer_rate / raw_rate, 3),
-        "writer_vs_naive": round(writer_rate / naive_rate, 2), "server": kind,
-        "messages": n,
+        "writer_vs_naive": round(writer_rate / naive_rate, 2),
+        **c_writer.per_msg(n),
+        "naive_server_ops_per_msg": c_naive.per_msg(len(naive_msgs))["server_ops_per_msg"],
+        "raw_server_ops_per_msg": c_raw.per_msg(n)["server_ops_per_msg"],
+        "raw_python_cpu_us_per_msg": c_raw.per_msg(n)["python_cpu_us_per_msg"],
+        "handler_timer_us_per_call": [round(TIMER_INSIDE_NS / 1e3, 2),
+                                      round(TIMER_OUTSIDE_NS / 1e3, 2)],
+        "server": kind, "messages": n,
     }))
 
 

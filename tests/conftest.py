@@ -93,7 +93,7 @@ os.environ.setdefault("AGGBOX_LOG_FILE", os.path.join(
 
 @pytest.fixture(scope="session")
 def spark_session() -> Iterator[Any]:
-    from spark.session import build_session
+    from aggbox.session import build_session
     from spark.settings import SparkSettings
 
     # Executors import the test aggregates module (tests.spark.domain): Python workers get

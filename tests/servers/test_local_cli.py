@@ -33,7 +33,7 @@ AGGBOX = [str(_SCRIPT)] if _SCRIPT.is_file() else [sys.executable, "-m", "aggbox
 
 
 def _envelopes() -> list[dict[str, Any]]:
-    """Two customers and two orders of examples.orders: 4 applied, 2 OrderCreated emitted."""
+    """Two customers and two orders of aggbox.examples.orders: 4 applied, 2 OrderCreated emitted."""
     def at(s: int) -> str:
         return f"2026-01-01T00:00:{s:02d}Z"
 
@@ -77,7 +77,7 @@ def test_local_server_loop(tmp_path: Path) -> None:
     inp = tmp_path / "in.jsonl"
     inp.write_text("".join(json.dumps(e) + "\n" for e in _envelopes()))
     out_dir = tmp_path / "published"
-    dispatch = ("dispatch", "--once", "--aggregates", "examples.orders",
+    dispatch = ("dispatch", "--once", "--aggregates", "aggbox.examples.orders",
                 "--publisher", "jsonl", "--jsonl-dir", str(out_dir))
     pid: int | None = None
     try:
@@ -89,7 +89,7 @@ def test_local_server_loop(tmp_path: Path) -> None:
         assert st["uri"] in started.stdout and "aggbox local stop" in started.stdout
         assert _alive(pid)
 
-        run = aggbox("run", "--input", str(inp), "--aggregates", "examples.orders",
+        run = aggbox("run", "--input", str(inp), "--aggregates", "aggbox.examples.orders",
                      "--no-progress", "--json")
         assert run.returncode == 0, run.stdout + run.stderr
         summary = json.loads(run.stdout.strip().splitlines()[-1])
