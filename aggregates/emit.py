@@ -80,31 +80,37 @@ class Emit:
                  headers: Any = None, schema_version: Any = None) -> None:
         # Never raises for bad values (only for a wrong call): the fold checks what a handler
         # emitted and dead-letters the message ``invalid_emit`` with a reason.
-        if len(args) > 2 or (len(args) == 2 and (type is not None
-                                                  or payload is not _NO_PAYLOAD)):
-            raise TypeError("use Emit(payload_object, type=...) or Emit(type_name, payload)")
-        if len(args) == 2:
+        n = len(args)
+        if n == 1 and payload is _NO_PAYLOAD:  # Emit(obj, ...) (the common forms first)
+            payload = args[0]
+            if isinstance(payload, str):
+                raise TypeError(f"Emit({payload!r}) needs a payload")
+            if type is None and not isinstance(payload, Mapping):
+                type = builtins.type(payload).__name__
+        elif n == 2 and type is None and payload is _NO_PAYLOAD:  # Emit("T", {...}, ...)
             type, payload = args
-        elif len(args) == 1 and payload is not _NO_PAYLOAD:  # Emit("T", payload={...})
+        elif n >= 2:
+            raise TypeError("use Emit(payload_object, type=...) or Emit(type_name, payload)")
+        elif n == 1:  # Emit("T", payload={...})
             if type is not None:
                 raise TypeError("Emit(): the message type is given twice")
             type = args[0]
-        elif len(args) == 1:
-            if isinstance(args[0], str):
-                raise TypeError(f"Emit({args[0]!r}) needs a payload")
-            payload = args[0]
-            if type is None and not isinstance(payload, Mapping):
-                type = builtins.type(payload).__name__
         elif payload is _NO_PAYLOAD or type is None:
             raise TypeError("Emit() needs a payload (and a type name for a dict payload)")
-        object.__setattr__(self, "type", "" if type is None else type)
-        object.__setattr__(self, "payload", payload)
-        object.__setattr__(self, "to", to)
-        object.__setattr__(self, "topic", topic)
-        object.__setattr__(self, "key", key)
-        object.__setattr__(self, "headers", {} if headers is None else headers)
-        object.__setattr__(self, "schema_version", schema_version)
+        # The slots are filled directly (a frozen dataclass refuses setattr): ~7 calls of
+        # ``object.__setattr__`` cost more than the rest of the constructor.
+        _set_type(self, "" if type is None else type)
+        _set_payload(self, payload)
+        _set_to(self, to)
+        _set_topic(self, topic)
+        _set_key(self, key)
+        _set_headers(self, {} if headers is None else headers)
+        _set_schema_version(self, schema_version)
 
+
+_set_type, _set_payload, _set_to, _set_topic, _set_key, _set_headers, _set_schema_version = (
+    Emit.__dict__[name].__set__
+    for name in ("type", "payload", "to", "topic", "key", "headers", "schema_version"))
 
 
 #: What a handler returns: the new state, or the new state and the messages it emits.

@@ -39,7 +39,7 @@ from aggregates.fold_steps import (
 from aggregates.handler_result import entries_size
 from aggregates.ids import payload_hash
 from aggregates.ordering import delivery_order
-from aggregates.outcomes import Outcome
+from aggregates.outcomes import Outcome, new_outcome
 from aggregates.reasons import Reason
 
 __all__ = ["Changes", "DeadLetter", "FoldResult", "Parked", "fold"]
@@ -133,13 +133,15 @@ class _Folder:
     # -- recording ------------------------------------------------------------------------
     def _out(self, msg: Message, kind: oc.OutcomeKind, from_parked: bool, reason: str | None = None,
              detail: str | None = None, emitted: tuple[str, ...] = ()) -> int:
-        outcome = Outcome(msg.message_id, msg.aggregate_type, msg.aggregate_id, kind, reason,
-                          detail, emitted, self.attempt, from_parked)
-        slot, self._cur_slot = self._cur_slot, None
+        outcome = new_outcome(msg.message_id, msg.aggregate_type, msg.aggregate_id, kind,
+                              reason, detail, emitted, self.attempt, from_parked)
+        slot = self._cur_slot
         if slot is None:
-            self.outcomes.append(outcome)
-            slot = len(self.outcomes) - 1
+            outcomes = self.outcomes
+            outcomes.append(outcome)
+            slot = len(outcomes) - 1
         else:
+            self._cur_slot = None
             self.outcomes[slot] = outcome
         if from_parked and kind != "parked":
             self.released.append(msg.message_id)
@@ -236,20 +238,29 @@ class _Folder:
     def _commit(self, msg: Message, from_parked: bool, phash: str, new_state: Any,
                 state_doc: dict[str, Any], entries: list[dict[str, Any]], added: int) -> None:
         """Apply the step in memory: state, dedup record, outbox, outcome."""
-        snap, changes = self.snap, self.changes
-        self.added_bytes += added
+        snap, changes, atype = self.snap, self.changes, self.atype
+        if added:
+            self.added_bytes += added
         snap.state = state_doc
-        snap.state_version = self.atype.state_version
+        snap.state_version = atype.state_version
         changes.state = state_doc
         self.applied = True
         self.state_obj = new_state
-        self.atype.dedup.record(snap.dedup, msg, phash)
-        ids = [e["id"] for e in entries]
-        snap.seq += len(entries)
-        snap.outbox_ids.extend(ids)
-        changes.outbox.extend(entries)
+        atype.dedup.record(snap.dedup, msg, phash)
+        if entries:
+            ids = tuple([e["id"] for e in entries])
+            snap.seq += len(entries)
+            snap.outbox_ids.extend(ids)
+            changes.outbox.extend(entries)
+        else:
+            ids = ()
         changes.seq = snap.seq
-        self._out(msg, "applied", from_parked, emitted=tuple(ids))
+        if self._cur_slot is None and not from_parked:  # _out(), inlined: the hot path
+            self.outcomes.append(new_outcome(msg.message_id, msg.aggregate_type,
+                                             msg.aggregate_id, "applied", None, None, ids,
+                                             self.attempt, False))
+        else:
+            self._out(msg, "applied", from_parked, emitted=ids)
         if self.waiting:
             key = source_key(msg)
             if key is not None:
@@ -286,18 +297,34 @@ class _Folder:
         new_state = len(bson.encode(state_doc))
         return self.snap.size_bytes - self._state0_bytes + new_state + self.added_bytes
 
+    def _fast_size(self) -> int:
+        """The fast pass's ``_size_with(state)`` with ``added_bytes`` = the new outbox
+        entries' :func:`entries_size` plus the inbox entries, from one BSON encoding: the
+        document ``{"e": entries, "s": state}`` is 4 + (1 + 2 + |entries array|) + (1 + 2 +
+        |state|) + 1 bytes, ``entries_size`` is 4 + (1 + 2 + |entries array|) + 1, so
+        ``entries_size + |state|`` is that encoding's length minus 3."""
+        snap, outbox = self.snap, self.changes.outbox
+        state, inbox = snap.state, snap.dedup.pending * _INBOX_ENTRY_BYTES
+        if state is None:  # as _size_with(None)
+            return snap.size_bytes + entries_size(outbox) + inbox
+        if outbox:
+            both = len(bson.encode({"e": outbox, "s": state})) - 3
+        else:
+            both = len(bson.encode(state))
+        return snap.size_bytes - self._state0_bytes + both + inbox
+
     def finish(self) -> None:
         dedup = self.snap.dedup
         if not self.strict and self.applied:
             try:
-                self.added_bytes = (entries_size(self.changes.outbox)
-                                    + dedup.pending * _INBOX_ENTRY_BYTES)
-                too_large = self._size_with(self.snap.state) > self.max_bytes
+                size = self._fast_size()
             except Exception:  # not BSON-encodable: the strict pass finds the message
                 raise _NeedStrict() from None
-            if too_large:
+            if size > self.max_bytes:
                 raise _NeedStrict()
-        self.snap.size_bytes = self._size_with(self.snap.state if self.applied else None)
+            self.snap.size_bytes = size
+        else:
+            self.snap.size_bytes = self._size_with(self.snap.state if self.applied else None)
         # The strategy's part of the write; entries leaving the document with it (never
         # one this write adds: docs/design.md "Dedup") are archived by the writer first.
         self.changes.dedup = self.atype.dedup.changes(dedup)

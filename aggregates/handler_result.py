@@ -26,48 +26,64 @@ def outbox_entries(atype: AggregateType[Any], snap: Snapshot, msg: Message,
                    emits: Sequence[Emit], now: datetime) -> list[dict[str, Any]]:
     """The outbox entries for what a handler emitted while applying ``msg`` to ``snap``
     (ids: docs/design.md "Outbox ids"); raises :class:`EmitError` naming the bad one."""
+    if not emits:
+        return []
     out: list[dict[str, Any]] = []
+    # Per message, not per emit: the parts every entry of this step shares.
+    type_name, agg_id, cause = atype.name, snap.aggregate_id, msg.message_id
+    correlation = msg.correlation_id or cause
+    seq0 = snap.seq + 1
     for i, e in enumerate(emits):
-        if not isinstance(e, Emit):
+        if type(e) is not Emit and not isinstance(e, Emit):
             raise EmitError(f"handler emitted {type(e).__name__}, expected Emit")
-        if not isinstance(e.type, str) or not e.type:
+        etype = e.type
+        if not isinstance(etype, str) or not etype:
             raise EmitError(f"Emit #{i}: the type must be a non-empty string (a dict "
-                            f"payload needs a type name); got {e.type!r}")
-        if isinstance(e.payload, dict):
-            payload, trusted = e.payload, False
-        else:  # a payload object (pydantic model, dataclass), dumped JSON-safe
+                            f"payload needs a type name); got {etype!r}")
+        payload: Any = e.payload
+        if isinstance(payload, dict):
+            # The handler's own dict: copied (shallow), so the entry does not change if the
+            # handler keeps and mutates it.
+            payload, trusted = dict(payload), False
+        else:  # a payload object (pydantic model, dataclass), dumped JSON-safe: a new dict
             try:
-                payload, trusted = dump_payload_checked(e.payload)
+                payload, trusted = dump_payload_checked(payload)
             except Exception as exc:
                 raise EmitError(
-                    f"Emit({e.type!r}) #{i}: the payload must be a dict, a pydantic model "
+                    f"Emit({etype!r}) #{i}: the payload must be a dict, a pydantic model "
                     f"or a dataclass instance that dumps to JSON; "
                     f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
-        problem = None if _plain(e) else _emit_problem(e)
-        if problem is not None:
-            raise EmitError(f"Emit({e.type!r}) #{i}: {problem}")
+        to, headers, sv = e.to, e.headers, e.schema_version
+        # _plain(e), inlined for the common address (an ASCII pair): the hot path.
+        if (e.topic is not None or e.key is not None or sv is not None or headers
+                or not (to is None
+                        or (type(to) in _PAIRS and len(to) == 2
+                            and _ascii_text(to[0]) and _ascii_text(to[1]))
+                        or _plain(e))):
+            problem = _emit_problem(e)
+            if problem is not None:
+                raise EmitError(f"Emit({etype!r}) #{i}: {problem}")
         if not trusted:
             try:
                 check_field_names(payload, f"emit[{i}].payload")
             except InvalidFieldName as exc:
                 raise EmitError(str(exc)) from None
-        seq = snap.seq + i + 1
         entry: dict[str, Any] = {
-            "id": emitted_message_id(atype.name, snap.aggregate_id, msg.message_id, i),
-            "type": e.type,
+            "id": emitted_message_id(type_name, agg_id, cause, i),
+            "type": etype,
             "topic": e.topic or atype.topic,
-            "key": e.key or snap.aggregate_id,
-            "payload": dict(payload),
-            "headers": dict(e.headers),
-            "causation_id": msg.message_id,
-            "correlation_id": msg.correlation_id or msg.message_id,
-            "source": {"type": atype.name, "id": snap.aggregate_id, "seq": seq},
+            "key": e.key or agg_id,
+            "payload": payload,
+            "headers": dict(headers) if headers else {},
+            "causation_id": cause,
+            "correlation_id": correlation,
+            "source": {"type": type_name, "id": agg_id, "seq": seq0 + i},
             "created_at": now,
         }
-        if e.to is not None:  # an AggregateRef is a (type, id) tuple too
-            entry["target"] = {"type": e.to[0], "id": e.to[1]}
-        if e.schema_version is not None and e.schema_version != 1:
-            entry["schema_version"] = e.schema_version
+        if to is not None:  # an AggregateRef is a (type, id) tuple too
+            entry["target"] = {"type": to[0], "id": to[1]}
+        if sv is not None and sv != 1:
+            entry["schema_version"] = sv
         out.append(entry)
     return out
 
@@ -87,6 +103,11 @@ def _text(value: Any) -> bool:
     except UnicodeEncodeError:
         return False
     return True
+
+
+def _ascii_text(value: Any) -> bool:
+    """A non-empty ASCII ``str`` (so :func:`_text` holds); False says nothing."""
+    return type(value) is str and value != "" and value.isascii()
 
 
 def _plain(e: Emit) -> bool:
