@@ -2,8 +2,11 @@
 
 Rows arrive repartitioned by aggregate key and sorted within each aggregate (see
 :mod:`spark.pipeline`). Per Arrow batch the rows become :class:`Message` objects (the final
-:meth:`Message.from_dict` check happens here) or dead letters; the messages go to
-:meth:`StoreWriter.process` and one outcome row per message comes back.
+envelope check happens here: :func:`spark.messages.fast_message` builds the common valid
+envelope with cheap checks, anything else goes to :meth:`Message.from_dict`, which builds
+the same message or names the failure) or dead letters; the messages go to
+:meth:`StoreWriter.process` and one outcome row per message comes back, as Arrow columns
+built column by column.
 
 An aggregate's messages may span two Arrow batches: the trailing run of the last aggregate
 in a batch is carried into the next one, so it is read and written once — unless the run is
@@ -24,7 +27,6 @@ letter.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,7 +42,8 @@ from aggregates.outcomes import Outcome
 from aggregates.reasons import Reason
 from aggregates.settings import AggboxSettings
 from aggregates.writer import StoreWriter, utc_now
-from spark.schema import OUTCOME_COLUMNS, outcome_row
+from spark.messages import fast_message, json_loads
+from spark.schema import OUTCOME_COLUMNS, outcome_columns
 from spark.validate import LONE_SURROGATE_DETAIL
 
 __all__ = ["WriterTask", "get_client", "get_registry", "write_partition"]
@@ -172,13 +175,15 @@ class _Partition:
                             f"the record nests arrays/objects {depth} levels deep; at most "
                             f"{MAX_RECORD_DEPTH} are accepted: flatten the payload")
                     else:
-                        decoded = json.loads(raw)
+                        decoded = json_loads(raw)
                 except (ValueError, RecursionError) as exc:  # JSON the JVM accepted but
                     decoded = None                          # Python does not
                     reason, detail = Reason.INVALID_JSON, f"not valid JSON: {exc}"
                 if decoded is not None:
                     try:
-                        msg = Message.from_dict(decoded, max_payload_bytes=max_payload)
+                        msg = fast_message(decoded, raw, max_payload)
+                        if msg is None:  # anything uncommon: the complete check decides
+                            msg = Message.from_dict(decoded, max_payload_bytes=max_payload)
                     except EnvelopeError as exc:
                         reason, detail = _envelope_reason(exc), str(exc)
                     except Exception as exc:  # never let one row fail the whole task
@@ -222,10 +227,9 @@ class _Partition:
     def to_arrow(self, outcomes: list[Outcome]) -> Any:
         import pyarrow as pa
 
-        rows = [outcome_row(o, task_attempt=self.task_attempt) for o in outcomes]
-        columns = list(zip(*rows, strict=True)) if rows else [()] * len(OUTCOME_COLUMNS)
+        columns = outcome_columns(outcomes, task_attempt=self.task_attempt)
         return pa.RecordBatch.from_arrays(
-            [pa.array(list(c), type=t) for c, t in zip(columns, _arrow_types(), strict=True)],
+            [pa.array(c, type=t) for c, t in zip(columns, _arrow_types(), strict=True)],
             names=list(OUTCOME_COLUMNS),
         )
 

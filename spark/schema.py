@@ -7,6 +7,7 @@ payload shapes, and a string keeps one schema for all of them.
 
 from __future__ import annotations
 
+from operator import attrgetter
 from typing import Final
 
 from pyspark.sql.types import (
@@ -31,6 +32,7 @@ __all__ = [
     "OUTCOME_SCHEMA",
     "SOURCE_SCHEMA",
     "envelope_schema",
+    "outcome_columns",
     "outcome_row",
     "spark_type",
 ]
@@ -101,3 +103,27 @@ def outcome_row(o: Outcome, *, task_attempt: int) -> tuple[object, ...]:
     """An :class:`Outcome` as a tuple in :data:`OUTCOME_SCHEMA` order."""
     return (o.message_id, o.aggregate_type or None, o.aggregate_id or None, o.outcome,
             o.reason, o.detail, list(o.emitted_ids), o.attempt, o.from_parked, task_attempt)
+
+
+_COLUMN_GETTERS: Final = tuple(attrgetter(name) for name in (
+    "message_id", "aggregate_type", "aggregate_id", "outcome", "reason", "detail",
+    "emitted_ids", "attempt", "from_parked"))
+
+
+def outcome_columns(outcomes: list[Outcome], *, task_attempt: int) -> list[list[object]]:
+    """Outcomes as columns in :data:`OUTCOME_SCHEMA` order: column ``i`` holds
+    ``outcome_row(o)[i]`` of every outcome (``emitted_ids`` as tuples), built column by
+    column rather than row by row and transposed."""
+    mid, atype, aid, kind, reason, detail, emitted, attempt, parked = _COLUMN_GETTERS
+    return [
+        list(map(mid, outcomes)),
+        [v or None for v in map(atype, outcomes)],
+        [v or None for v in map(aid, outcomes)],
+        list(map(kind, outcomes)),
+        list(map(reason, outcomes)),
+        list(map(detail, outcomes)),
+        list(map(emitted, outcomes)),  # tuples: Arrow reads them as lists
+        list(map(attempt, outcomes)),
+        list(map(parked, outcomes)),
+        [task_attempt] * len(outcomes),
+    ]

@@ -25,9 +25,10 @@ reason                     when
 
 Rows that pass get the full :meth:`aggregates.envelope.Message.from_dict` check in the
 executor (the same code every other entry point uses: unknown fields, ``occurred_at``,
-``source``, headers, string rules, payload key names, BSON size); a failure there is a dead
-letter with the same reason codes and the same detail texts (e.g. a numeric
-``occurred_at`` outside :data:`~aggregates.envelope.MIN_EPOCH_MILLIS` …
+``source``, headers, string rules, payload key names, BSON size; common valid envelopes are
+proven to pass it by :func:`spark.messages.fast_message`, built identically, without running
+it); a failure there is a dead letter with the same reason codes and the same detail texts
+(e.g. a numeric ``occurred_at`` outside :data:`~aggregates.envelope.MIN_EPOCH_MILLIS` …
 :data:`~aggregates.envelope.MAX_EPOCH_MILLIS`, a lone surrogate escape in a string field).
 Every Spark expression here is total: it yields NULL, never an error, for any input, and
 recursive ones (parsing, ``schema_of_variant``, ``to_json``) only see records that passed

@@ -11,7 +11,7 @@ from pyspark.sql.types import MapType, StringType, StructType, TimestampType
 from aggregates.envelope import ENVELOPE_FIELDS
 from aggregates.errors import ConfigurationError
 from aggregates.outcomes import Outcome
-from spark.schema import OUTCOME_COLUMNS, envelope_schema, outcome_row
+from spark.schema import OUTCOME_COLUMNS, envelope_schema, outcome_columns, outcome_row
 from spark.session import kafka_package, kafka_token_provider_fallback, local_master
 from spark.settings import SparkSettings
 from spark.sources import detect_format
@@ -37,6 +37,18 @@ def test_outcome_rows_follow_the_outcome_schema() -> None:
         "message_id": "m1", "aggregate_type": "Account", "aggregate_id": "a1",
         "outcome": "applied", "reason": None, "detail": None, "emitted_ids": ["e1", "e2"],
         "attempt": 2, "from_parked": False, "task_attempt": 1}
+
+
+def test_outcome_columns_are_the_outcome_rows_by_column() -> None:
+    outcomes = [Outcome("m1", "Account", "a1", "applied", None, None, ("e1", "e2"), 2),
+                Outcome("m2", "", "", "dead_lettered", "invalid_json", "not JSON"),
+                Outcome("m3", "Account", "a2", "duplicate", from_parked=True)]
+    rows = [outcome_row(o, task_attempt=3) for o in outcomes]
+    columns = outcome_columns(outcomes, task_attempt=3)
+    assert len(columns) == len(OUTCOME_COLUMNS)
+    assert [[list(v) if isinstance(v, tuple) else v for v in c] for c in columns] == [
+        list(c) for c in zip(*rows, strict=True)]
+    assert outcome_columns([], task_attempt=0) == [[] for _ in OUTCOME_COLUMNS]
 
 
 @pytest.mark.parametrize(("master", "expected"), [
