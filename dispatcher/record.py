@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from bson.tz_util import utc as _BSON_UTC
+
 from aggregates.envelope import KIND_EVENT, KIND_HEADER, KIND_INPUT, MAX_ID_LENGTH, Message
 from aggregates.errors import AggboxError, EnvelopeError
 
@@ -153,6 +155,9 @@ def _id_ok(value: Any) -> bool:
 
 
 def _utc_iso(value: datetime) -> str:
+    tz = value.tzinfo
+    if (tz is _BSON_UTC or tz is UTC) and not value.microsecond % 1000:
+        return value.isoformat()  # what a tz-aware read gives: UTC, whole milliseconds
     dt = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
     return dt.replace(microsecond=dt.microsecond // 1000 * 1000).isoformat()
 

@@ -34,7 +34,7 @@ from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 
-from aggregates.document import F_OUTBOX
+from aggregates.document import F_OUTBOX, F_TYPE
 from dispatcher.timing import REAL_TIME, Timing, pause
 
 __all__ = [
@@ -59,6 +59,10 @@ PIPELINE: Final[list[dict[str, Any]]] = [
         "operationType": {"$in": ["insert", "update", "replace"]},
         f"fullDocument.{F_OUTBOX}.0": {"$exists": True},
     }},
+    # Only what the dispatcher reads: the looked-up document's id, type and outbox (its
+    # state, dedup record … are neither sent nor decoded), and the event's own fields.
+    {"$project": {"operationType": 1, "clusterTime": 1, "fullDocument._id": 1,
+                  f"fullDocument.{F_TYPE}": 1, f"fullDocument.{F_OUTBOX}": 1}},
 ]
 
 
@@ -163,8 +167,8 @@ class StreamFollower:
         return self._stream.resume_token if self._stream is not None else None
 
     async def read(self) -> StreamBatch:
-        """Up to ``batch_size`` events; waits at most about ``pacing_s`` when there are none
-        (never spins)."""
+        """Up to ``batch_size`` events — what one ``getMore`` returned, not more; waits at
+        most about ``pacing_s`` when there are none (never spins)."""
         assert self._stream is not None, "open() first"
         self.reads += 1
         started = self.timing.monotonic()
@@ -201,6 +205,8 @@ class StreamFollower:
             doc = event.get("fullDocument")
             if isinstance(doc, Mapping) and doc.get(F_OUTBOX):
                 docs.append(doc)
+            if _buffered(self._stream) == 0:
+                break  # the server's batch is used up: publish it now, no extra getMore
         if ended:
             self._ended = StreamBatch([], 0, None, ended=True,
                                       end_token=end_token or self._stream.resume_token)
@@ -222,6 +228,15 @@ class StreamFollower:
         if stream is not None:
             with contextlib.suppress(Exception):  # a broken cursor must not mask the error
                 await stream.close()
+
+
+def _buffered(stream: Any) -> int | None:
+    """Events the stream holds locally (from its last ``getMore``); ``None`` when unknown.
+
+    Reading on after the batch is used up costs a ``getMore`` that, on MongoDB, waits up to
+    ``max_await_time_ms`` for nothing — latency for every entry of the batch."""
+    data = getattr(getattr(stream, "_cursor", None), "_data", None)
+    return len(data) if data is not None else None
 
 
 def latest_documents(docs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

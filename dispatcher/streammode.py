@@ -6,7 +6,10 @@ else at the server's current time), so nothing written meanwhile is missed. An u
 token (codes in :data:`~dispatcher.stream.TOKEN_UNUSABLE`) means a new stream at the current
 time and a full sweep; an ``invalidate`` event a new stream ``start_after`` it and a full
 sweep at once; a read error a reopen from the last token (rewound before the failed read).
-After each published batch with no retry pending, the resume token is saved.
+After each published batch with no retry pending, the resume token is saved — once the
+batch's ``$pull`` is done. With ``drain`` (the worker's), that pull runs on while the next
+batch is read: the next step waits for it (``drain``, which raises its error) before it
+saves the previous batch's token and publishes anything new.
 """
 
 from __future__ import annotations
@@ -53,7 +56,8 @@ class StreamMode:
                  request_sweep: Callable[[str], None],
                  publish: Callable[[list[Mapping[str, Any]]], Awaitable[None]],
                  retry_pending: Callable[[], bool],
-                 on_contact: Callable[[], None]) -> None:
+                 on_contact: Callable[[], None],
+                 drain: Callable[[], Awaitable[None]] | None = None) -> None:
         self.db = db
         self.follower = follower
         self.checkpoints = checkpoints
@@ -66,6 +70,9 @@ class StreamMode:
         self._publish = publish
         self._retry_pending = retry_pending
         self._contact = on_contact
+        self._drain = drain
+        #: token of the last published batch whose pull may still be running (with drain)
+        self._unsaved: Mapping[str, Any] | None = None
         self.restarts = 0
         self.invalidations = 0
         self._start_after: Mapping[str, Any] | None = None
@@ -145,13 +152,17 @@ class StreamMode:
         if batch is None:
             return True
         self._observe(batch)
+        await self._settle()
         if batch.documents:
             # An insert event carries the document as inserted and a looked-up one may
             # predate our last pull: entries published already are recognised by the
             # in-flight set (pulled again, not republished).
             await self._publish(latest_documents(batch.documents))
             if not self._retry_pending() and not batch.ended:
-                await self.checkpoint()
+                if self._drain is None:
+                    await self.checkpoint()
+                else:  # saved by the next step, once this batch's pull is done
+                    self._unsaved = self.follower.resume_token
         elif (not self._retry_pending() and not batch.ended
               and self._monotonic() - self._last_idle_checkpoint > _IDLE_CHECKPOINT_S):
             self._last_idle_checkpoint = self._monotonic()
@@ -223,13 +234,32 @@ class StreamMode:
         self._contact()
 
     # -- checkpoints --------------------------------------------------------------------
+    async def _settle(self) -> None:
+        """Wait for the previous batch's pull (raising its error: then its token is not
+        saved), then save that batch's token."""
+        if self._drain is None:
+            return
+        token, self._unsaved = self._unsaved, None
+        await self._drain()
+        if token is not None and not self._retry_pending():
+            await self._save(token)
+
     async def checkpoint(self) -> None:
-        if await self.checkpoints.save(self.follower.resume_token, owner=self.owner):
+        await self._save(self.follower.resume_token)
+
+    async def _save(self, token: Mapping[str, Any] | None) -> None:
+        if await self.checkpoints.save(token, owner=self.owner):
             self._contact()
             self.faults.hit("after_checkpoint")
 
     async def final_checkpoint(self, *, sweep_pending: bool) -> None:
         """On leaving stream mode: save the token unless a retry or a sweep is pending."""
+        try:
+            await self._settle()
+        except PyMongoError as exc:
+            log.warning("%s: pull before the final checkpoint failed: %s", self.name, exc,
+                        extra={"collection": self.name})
+            return
         if self._retry_pending() or sweep_pending:
             return
         try:
@@ -239,4 +269,5 @@ class StreamMode:
                         extra={"collection": self.name})
 
     async def close(self) -> None:
+        self._unsaved = None  # a later activation never saves a token of this one
         await self.follower.close()

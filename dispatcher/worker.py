@@ -27,6 +27,7 @@ watches.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -109,8 +110,9 @@ class CollectionWorker:
         self.stream = StreamMode(
             db, self.follower, Checkpoints(db[s.checkpoint_collection], key), name=collection,
             owner=owner, faults=faults, metrics=metrics, timing=timing,
-            request_sweep=self.sweeps.request, publish=self._publish,
-            retry_pending=lambda: self.retries.pending, on_contact=self._contact)
+            request_sweep=self.sweeps.request, publish=self._publish_streamed,
+            retry_pending=lambda: self.retries.pending, on_contact=self._contact,
+            drain=self.cycle.drain)
         self._counts = WorkerStats()
         self.mode: str = "standby"
         self.last_active_mode: str | None = None
@@ -163,6 +165,8 @@ class CollectionWorker:
             renewal, self._renewal = self._renewal, None
             renewal.cancel()
             await asyncio.gather(renewal, return_exceptions=True)
+            with contextlib.suppress(Exception):  # a failed pull: the entries stay pending
+                await self.cycle.drain()
             await self.stream.close()
         return True
 
@@ -304,6 +308,11 @@ class CollectionWorker:
 
     async def _publish(self, docs: list[Mapping[str, Any]]) -> None:
         self._absorb(await self.cycle.run(docs))
+
+    async def _publish_streamed(self, docs: list[Mapping[str, Any]]) -> None:
+        """Stream mode: the batch's ``$pull`` runs on while the next batch is read (stream
+        mode waits for it before it publishes again or saves the checkpoint)."""
+        self._absorb(await self.cycle.run(docs, wait=False))
 
     # -- what to do before reading anything new -----------------------------------------
     async def _pending(self) -> bool:

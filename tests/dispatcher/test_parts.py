@@ -270,3 +270,80 @@ def test_invalidate_reopens_after_the_event_with_a_sweep() -> None:
         assert follower.opened[-1] == {"start_after": {"_data": "inv"}}
 
     asyncio.run(main())
+
+
+def test_with_drain_a_batch_token_is_saved_only_after_its_pull() -> None:
+    from dispatcher.stream import StreamBatch
+    from dispatcher.streammode import StreamMode
+
+    async def main() -> None:
+        doc = {"_id": "o1", "outbox": [{"id": "m1"}]}
+        follower = ScriptedFollower(*[StreamBatch([doc], 1, None) for _ in range(3)])
+        cps = MemoryCheckpoints()
+        published: list[Any] = []
+        failing = [False]
+
+        async def publish(docs: list[Any]) -> None:
+            published.extend(docs)
+
+        async def drain() -> None:  # the running pull of the previous batch
+            if failing[0]:
+                raise AutoReconnect("pull failed")
+
+        mode = StreamMode(FakeDb(), follower, cps, name="orders",  # type: ignore[arg-type]
+                          owner="me", faults=Faults(), metrics=Metrics(),
+                          timing=FakeTime().timing, request_sweep=lambda _: None,
+                          publish=publish, retry_pending=lambda: False,
+                          on_contact=lambda: None, drain=drain)
+        await mode.start()
+        await mode.step()  # published; its pull may still run: no checkpoint yet
+        assert len(published) == 1 and cps.saved == []
+        follower.resume_token = {"_data": "t1"}
+        await mode.step()  # the first pull is done: its token is saved, then the next batch
+        assert len(published) == 2 and cps.saved == [{"_data": "t0"}]
+        failing[0] = True
+        with pytest.raises(AutoReconnect):
+            await mode.step()  # the second pull failed: nothing new, no checkpoint past it
+        assert len(published) == 2 and cps.saved == [{"_data": "t0"}]
+
+    asyncio.run(main())
+
+
+def test_a_read_returns_what_one_getmore_brought() -> None:
+    from collections import deque
+
+    from dispatcher.stream import StreamFollower
+
+    class Cursor:
+        def __init__(self) -> None:
+            self._data: deque[dict[str, Any]] = deque()
+
+    class Stream:  # pymongo's AsyncChangeStream, as far as read() looks
+        def __init__(self, *batches: list[dict[str, Any]]) -> None:
+            self.batches = list(batches)
+            self._cursor = Cursor()
+            self.alive = True
+            self.resume_token: dict[str, Any] = {"_data": "s"}
+            self.getmores = 0
+
+        async def try_next(self) -> dict[str, Any] | None:
+            if not self._cursor._data:
+                self.getmores += 1
+                self._cursor._data.extend(self.batches.pop(0) if self.batches else [])
+            if not self._cursor._data:
+                return None
+            event = self._cursor._data.popleft()
+            self.resume_token = event["_id"]
+            return event
+
+    def event(i: int) -> dict[str, Any]:
+        return {"_id": {"_data": str(i)}, "operationType": "update",
+                "fullDocument": {"_id": f"d{i}", "outbox": [{"id": f"m{i}"}]}}
+
+    stream = Stream([event(1), event(2)], [event(3)])
+    follower = StreamFollower(None, batch_size=10, pacing_s=0.001)  # type: ignore[arg-type]
+    follower._stream = stream  # type: ignore[assignment]
+    first = asyncio.run(follower.read())
+    assert [d["_id"] for d in first.documents] == ["d1", "d2"] and stream.getmores == 1
+    second = asyncio.run(follower.read())
+    assert [d["_id"] for d in second.documents] == ["d3"] and stream.getmores == 2
