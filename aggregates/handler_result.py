@@ -16,6 +16,7 @@ from aggregates.aggregate import AggregateRef, AggregateType, Emit, dump_payload
 from aggregates.document import Snapshot
 from aggregates.envelope import MAX_SCHEMA_VERSION, Message
 from aggregates.errors import AggboxError, HandlerError, InvalidFieldName
+from aggregates.fastbuild import storable_text
 from aggregates.fieldnames import check_field_names
 from aggregates.ids import emitted_message_id
 
@@ -92,21 +93,8 @@ class EmitError(AggboxError):
     """A handler emitted something that cannot go into the outbox."""
 
 
-def _text(value: Any) -> bool:
-    """A non-empty string MongoDB can store (no lone surrogates)."""
-    if not isinstance(value, str) or not value:
-        return False
-    if value.isascii():
-        return True
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def _ascii_text(value: Any) -> bool:
-    """A non-empty ASCII ``str`` (so :func:`_text` holds); False says nothing."""
+    """A non-empty ASCII ``str`` (so :func:`storable_text` holds); False says nothing."""
     return type(value) is str and value != "" and value.isascii()
 
 
@@ -117,8 +105,8 @@ def _plain(e: Emit) -> bool:
     if e.topic is not None or e.key is not None or e.schema_version is not None or e.headers:
         return False
     to = e.to
-    return to is None or (type(to) in _PAIRS and len(to) == 2 and _text(to[0])
-                          and _text(to[1]))
+    return to is None or (type(to) in _PAIRS and len(to) == 2 and storable_text(to[0])
+                          and storable_text(to[1]))
 
 
 _PAIRS = (AggregateRef, tuple)
@@ -129,11 +117,11 @@ def _emit_problem(e: Emit) -> str | None:
     checked by the caller), or None."""
     to = e.to
     if to is not None and not (isinstance(to, tuple | list) and len(to) == 2
-                               and _text(to[0]) and _text(to[1])):
+                               and storable_text(to[0]) and storable_text(to[1])):
         return f"to must be (aggregate_type, aggregate_id), two non-empty strings; got {to!r}"
     for name in ("topic", "key"):
         value = getattr(e, name)
-        if value is not None and not _text(value):
+        if value is not None and not storable_text(value):
             return f"{name} must be None or a non-empty string; got {value!r}"
     sv = e.schema_version
     if sv is not None and (not isinstance(sv, int) or isinstance(sv, bool)
@@ -143,8 +131,8 @@ def _emit_problem(e: Emit) -> str | None:
     if not isinstance(headers, Mapping):
         return f"headers must be a mapping of str → str; got {type(headers).__name__}"
     for k, v in headers.items():
-        if not (_text(k) and k[:1] != "$" and "\x00" not in k and isinstance(v, str)
-                and (v == "" or _text(v))):
+        if not (storable_text(k) and k[:1] != "$" and "\x00" not in k and isinstance(v, str)
+                and (v == "" or storable_text(v))):
             return f"headers must be a mapping of str → str; got {k!r}: {v!r}"
     return None
 

@@ -86,3 +86,37 @@ def test_one_encoding_gives_both_sizes(state: dict[str, Any], entries: list[Any]
     from aggregates.handler_result import entries_size
     both = len(bson.encode({"e": entries, "s": state})) - 3
     assert both == entries_size(entries) + len(bson.encode(state))
+
+
+def test_slot_builder_builds_what_the_constructor_builds() -> None:
+    from dataclasses import dataclass
+
+    import pytest
+
+    from aggregates.fastbuild import slot_builder, storable_text, utf8_encodable
+    from aggregates.outcomes import Outcome, new_outcome
+
+    args = ("m", "T", "a", "applied", None, None, ("e",), 2, True)
+    built, made = new_outcome(*args), Outcome(*args)  # type: ignore[arg-type]
+    assert built == made and type(built) is Outcome and repr(built) == repr(made)
+
+    @dataclass(frozen=True, slots=True)
+    class P:
+        a: int
+        b: str
+
+    with pytest.raises(TypeError, match=r"fields are \('a', 'b'\)"):
+        slot_builder(P, ("b", "a"))  # a reordered class fails at import, not silently
+
+    @dataclass(frozen=True, slots=True)
+    class Q:
+        a: int
+
+        def __post_init__(self) -> None:
+            pass
+
+    with pytest.raises(TypeError, match="__post_init__"):
+        slot_builder(Q, ("a",))
+    assert [storable_text(v) for v in ("x", "", "\ud800", 3, "é")] == [
+        True, False, False, False, True]
+    assert utf8_encodable("") and not utf8_encodable("a\udfff")
