@@ -19,6 +19,7 @@ from aggregates.errors import AggboxError, HandlerError, InvalidFieldName
 from aggregates.fastbuild import storable_text
 from aggregates.fieldnames import check_field_names
 from aggregates.ids import emitted_message_id
+from aggregates.tracecontext import trace_headers
 
 __all__ = ["EmitError", "entries_size", "normalise_result", "outbox_entries"]
 
@@ -34,6 +35,8 @@ def outbox_entries(atype: AggregateType[Any], snap: Snapshot, msg: Message,
     type_name, agg_id, cause = atype.name, snap.aggregate_id, msg.message_id
     correlation = msg.correlation_id or cause
     seq0 = snap.seq + 1
+    # The input's W3C trace context goes on with what it causes (aggregates/tracecontext.py).
+    trace = trace_headers(msg.headers) if msg.headers else None
     for i, e in enumerate(emits):
         if type(e) is not Emit and not isinstance(e, Emit):
             raise EmitError(f"handler emitted {type(e).__name__}, expected Emit")
@@ -75,7 +78,8 @@ def outbox_entries(atype: AggregateType[Any], snap: Snapshot, msg: Message,
             "topic": e.topic or atype.topic,
             "key": e.key or agg_id,
             "payload": payload,
-            "headers": dict(headers) if headers else {},
+            "headers": ({**trace, **headers} if trace else dict(headers) if headers
+                        else {}),
             "causation_id": cause,
             "correlation_id": correlation,
             "source": {"type": type_name, "id": agg_id, "seq": seq0 + i},

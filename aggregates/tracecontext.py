@@ -1,0 +1,42 @@
+"""W3C trace context carried from an input message to the entries it causes (pure).
+
+An input's ``traceparent`` (and its ``tracestate``) header is copied into the headers of
+every outbox entry its handling emits, so the records the dispatcher publishes continue the
+trace even when no tracer runs in aggbox's process (docs/design.md "Outbox ids" — trace
+context). Only a well-formed ``traceparent`` (W3C Trace Context, level 1) is carried; a
+header the handler sets on its ``Emit`` wins."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Final
+
+__all__ = ["TRACEPARENT", "TRACESTATE", "trace_headers"]
+
+TRACEPARENT: Final = "traceparent"
+TRACESTATE: Final = "tracestate"
+
+#: version-traceid-parentid-flags, lower-case hex; a future version may append fields.
+_TRACEPARENT: Final = re.compile(
+    r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-[^\s]*)?\Z")
+_ZERO_TRACE: Final = "0" * 32
+_ZERO_PARENT: Final = "0" * 16
+#: The spec lets a carrier truncate tracestate beyond 512 characters; we drop it instead.
+_MAX_TRACESTATE: Final = 512
+
+
+def trace_headers(headers: Mapping[str, str]) -> dict[str, str] | None:
+    """The trace-context headers of an input message worth carrying, or ``None``."""
+    parent = headers.get(TRACEPARENT)
+    if not isinstance(parent, str):
+        return None
+    m = _TRACEPARENT.match(parent)
+    if (m is None or m.group(1) == "ff" or (m.group(1) == "00" and m.group(5))
+            or m.group(2) == _ZERO_TRACE or m.group(3) == _ZERO_PARENT):
+        return None
+    out = {TRACEPARENT: parent}
+    state = headers.get(TRACESTATE)
+    if isinstance(state, str) and state and len(state) <= _MAX_TRACESTATE:
+        out[TRACESTATE] = state
+    return out
