@@ -58,12 +58,10 @@ def outbox_entries(atype: AggregateType[Any], snap: Snapshot, msg: Message,
                     f"or a dataclass instance that dumps to JSON; "
                     f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
         to, headers, sv = e.to, e.headers, e.schema_version
-        # _plain(e), inlined for the common address (an ASCII pair): the hot path.
+        # The common emit (no topic, key, headers or schema version; a good address) needs
+        # no further checks: the hot path.
         if (e.topic is not None or e.key is not None or sv is not None or headers
-                or not (to is None
-                        or (type(to) in _PAIRS and len(to) == 2
-                            and _ascii_text(to[0]) and _ascii_text(to[1]))
-                        or _plain(e))):
+                or not _address_ok(to)):
             problem = _emit_problem(e)
             if problem is not None:
                 raise EmitError(f"Emit({etype!r}) #{i}: {problem}")
@@ -97,20 +95,10 @@ class EmitError(AggboxError):
     """A handler emitted something that cannot go into the outbox."""
 
 
-def _ascii_text(value: Any) -> bool:
-    """A non-empty ASCII ``str`` (so :func:`storable_text` holds); False says nothing."""
-    return type(value) is str and value != "" and value.isascii()
-
-
-def _plain(e: Emit) -> bool:
-    """An emit with nothing to check beyond type, payload and address (the common case): no
-    topic, key, headers or schema version; its address, if any, is an ``atype.ref(...)``
-    or a tuple of two storable strings."""
-    if e.topic is not None or e.key is not None or e.schema_version is not None or e.headers:
-        return False
-    to = e.to
-    return to is None or (type(to) in _PAIRS and len(to) == 2 and storable_text(to[0])
-                          and storable_text(to[1]))
+def _address_ok(to: object) -> bool:
+    """No address, or an ``atype.ref(...)`` / tuple of two storable strings."""
+    return to is None or (type(to) in _PAIRS and len(to) == 2  # type: ignore[arg-type]
+                          and storable_text(to[0]) and storable_text(to[1]))  # type: ignore[index]
 
 
 _PAIRS = (AggregateRef, tuple)

@@ -50,8 +50,10 @@ class MemoryCollection(_Collection):  # type: ignore[misc]
                    bypass_document_validation: bool = False, session: Any = None,
                    comment: Any = None, let: Any = None) -> BulkWriteResult:
         if bypass_document_validation or session is not None or let is not None:
-            raise NotImplementedError("memory_database: bulk_write supports the operations "
-                                      "and `ordered` only")
+            raise NotImplementedError(
+                "memory_database: bulk_write supports the operations and `ordered` only (no "
+                "bypass_document_validation, session or let); run a test that needs them "
+                "against a real server")
         result: dict[str, Any] = {"writeErrors": [], "writeConcernErrors": [],
                                   "nInserted": 0, "nUpserted": 0, "nMatched": 0,
                                   "nModified": 0, "nRemoved": 0, "upserted": []}
@@ -118,7 +120,8 @@ def _no_extras(op: Any, *names: str) -> None:
     used = [n for n in names if _arg(op, n) is not None]
     if used:
         raise NotImplementedError(f"memory_database: {type(op).__name__} with {used} is not "
-                                  "supported")
+                                  "supported (the writer never sends it); run a test that "
+                                  "needs it against a real server")
 
 
 def _describe(op: Any) -> dict[str, Any]:

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 import types
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -27,12 +26,12 @@ from aggregates.errors import ConfigurationError
 from aggregates.fold import DeadLetter
 from aggregates.reasons import Reason
 from aggregates.testing import message
+from tests.aggregates.cli import Run, run_cli
 
 pytestmark = pytest.mark.mongo
 
 DOMAIN = "aggbox_cli_test_domain"  # module name given to --aggregates
 
-Run = Callable[..., tuple[int, str, str]]
 
 
 # -- a small aggregate type that blocks on handler errors --------------------------------------
@@ -86,10 +85,6 @@ def domain(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
 def cli(db: Any, mongo_uri: str, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> Iterator[Run]:
     """``run(*argv) -> (exit code, stdout, stderr)`` against this test's database."""
-    monkeypatch.setenv("AGGBOX_MONGODB_URI", mongo_uri)
-    monkeypatch.setenv("AGGBOX_DATABASE", db.name)
-    monkeypatch.delenv("AGGBOX_CONFIG", raising=False)
-    monkeypatch.setenv("COLUMNS", "250")  # rich wraps tables at the terminal width
     # Admin commands must never start a server of their own.
     import aggbox.servers.mongo as servers
 
@@ -97,18 +92,7 @@ def cli(db: Any, mongo_uri: str, monkeypatch: pytest.MonkeyPatch,
         raise AssertionError("an admin command tried to start a local MongoDB")
 
     monkeypatch.setattr(servers, "start_local_mongodb", no_server)
-    root = logging.getLogger()  # main() reconfigures logging; restore pytest's handlers
-    handlers, level = root.handlers[:], root.level
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        rc = main(list(argv))
-        out = capsys.readouterr()
-        return rc, out.out, out.err
-
-    yield run
-    root.handlers[:] = handlers
-    root.setLevel(level)
+    yield from run_cli(db, mongo_uri, monkeypatch, capsys)
 
 
 def store_writer(db: Any, reg: Registry) -> StoreWriter:

@@ -5,8 +5,7 @@ raw input lines, and ``aggbox migrate keys`` on stored data of the old format.""
 from __future__ import annotations
 
 import json
-import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -36,6 +35,7 @@ from aggregates.keys import (
 from aggregates.parking import parked_id
 from aggregates.reasons import Reason
 from aggregates.testing import memory_database
+from tests.aggregates.cli import Run, run_cli
 from tests.aggregates.contract import NOW, kinds, writer
 from tests.aggregates.domain import msg, registry
 
@@ -311,7 +311,6 @@ def test_unmigrated_data_is_read_compatibly(db: Any) -> None:
 
 
 # -- the command --------------------------------------------------------------------------------
-Run = Callable[..., tuple[int, str, str]]
 
 
 @pytest.fixture
@@ -319,26 +318,10 @@ def cli(db: Any, mongo_uri: str, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> Iterator[Run]:
     """``run(*argv) -> (exit code, stdout, stderr)`` against this test's database."""
     import aggbox.cli
-    from aggbox.cli import main
 
     # Only the commands used here: the other components' command modules have their tests.
     monkeypatch.setattr(aggbox.cli, "SUBCOMMAND_MODULES", ("aggbox.admin", "aggbox.migrate"))
-    monkeypatch.setenv("AGGBOX_MONGODB_URI", mongo_uri)
-    monkeypatch.setenv("AGGBOX_DATABASE", db.name)
-    monkeypatch.delenv("AGGBOX_CONFIG", raising=False)
-    monkeypatch.setenv("COLUMNS", "250")
-    root = logging.getLogger()  # main() reconfigures logging; restore pytest's handlers
-    handlers, level = root.handlers[:], root.level
-
-    def run(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        rc = main(list(argv))
-        out = capsys.readouterr()
-        return rc, out.out, out.err
-
-    yield run
-    root.handlers[:] = handlers
-    root.setLevel(level)
+    yield from run_cli(db, mongo_uri, monkeypatch, capsys)
 
 
 @pytest.mark.mongo
