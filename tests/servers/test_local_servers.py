@@ -125,7 +125,8 @@ def test_change_stream_from_operation_time_with_update_lookup(
     with coll.watch(
         start_at_operation_time=start, full_document="updateLookup", batch_size=100
     ) as stream:
-        # only operationType and fullDocument are reliable on every server kind (SERVERS.md);
+        # only operationType and fullDocument are reliable on every server kind
+        # (docs/design.md "Where mongo-java-server differs");
         # try_next() with our own pacing, as getMore does not wait on mongo-java-server
         deadline = time.monotonic() + 20
         update: Doc | None = None
