@@ -175,8 +175,9 @@ def _high_water(coll: Collection[Any], out: KeyMigration) -> None:
 
 # -- command line ------------------------------------------------------------------------------
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``aggbox migrate keys``."""
+    """Add ``aggbox migrate keys`` and ``aggbox migrate partitions``."""
     from aggbox.admin import _EPILOG, _Formatter, _group, _store_options
+    from aggbox.migrate_partitions import register_partitions
 
     mg = subparsers.add_parser(
         "migrate", help="rewrite stored data written by older aggbox versions",
@@ -200,6 +201,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--dry-run", action="store_true", help="count, change nothing")
     p.add_argument("--json", action="store_true", help="print the counts as JSON")
     p.set_defaults(func=_cmd_keys)
+    register_partitions(sub)  # ``aggbox migrate partitions``, in its own module
 
 
 def _cmd_keys(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from aggregates.dedup import (
     DedupRecord,
 )
 from aggregates.keys import read_hw
+from aggregates.partitions import F_PARTITION
 
 # Field names of the aggregate document. The dispatcher imports these too.
 F_ID: Final = "_id"
@@ -31,6 +32,8 @@ F_SEQ: Final = "_seq"
 F_OUTBOX: Final = "outbox"
 F_BLOCKED: Final = "_blocked"
 F_TYPE: Final = "_type"
+# The partition (written once, at insert) is defined with its hash, in aggregates.partitions,
+# and re-exported here.
 
 
 @dataclass(slots=True)
@@ -95,5 +98,5 @@ def snapshot_from_document(doc: Mapping[str, Any] | None, aggregate_id: str) -> 
 
 
 __all__ = ["F_ARCHIVE_FLOOR", "F_ARCHIVE_UNDATED", "F_BLOCKED", "F_HW", "F_ID", "F_INBOX",
-           "F_INBOX_FLOOR", "F_INBOX_UNDATED", "F_OUTBOX", "F_SEQ", "F_STATE",
+           "F_INBOX_FLOOR", "F_INBOX_UNDATED", "F_OUTBOX", "F_PARTITION", "F_SEQ", "F_STATE",
            "F_STATE_VERSION", "F_TYPE", "F_VERSION", "Snapshot", "snapshot_from_document"]

@@ -10,6 +10,7 @@ from aggregates.aggregate import AggregateType
 from aggregates.document import (
     F_BLOCKED,
     F_OUTBOX,
+    F_PARTITION,
     F_SEQ,
     F_STATE,
     F_STATE_VERSION,
@@ -18,6 +19,7 @@ from aggregates.document import (
     Snapshot,
 )
 from aggregates.fold_result import Changes
+from aggregates.partitions import partition_of
 
 __all__ = ["build_update"]
 
@@ -39,7 +41,9 @@ def build_update(atype: AggregateType[Any], snap: Snapshot, ch: Changes) -> Upda
     set_.update(ch.dedup.set)
     update: dict[str, Any] = {"$inc": {F_VERSION: 1}}
     if not snap.exists:
-        update["$setOnInsert"] = {F_TYPE: atype.name}
+        # Written once: the partition never changes (docs/design.md "Document layout").
+        update["$setOnInsert"] = {F_TYPE: atype.name,
+                                  F_PARTITION: partition_of(snap.aggregate_id)}
     if set_:
         update["$set"] = set_
     push: dict[str, Any] = {}

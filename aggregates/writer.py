@@ -33,7 +33,7 @@ from pymongo.database import Database
 from aggregates.aggregate import Registry
 from aggregates.chunks import Work, chunks
 from aggregates.deadletters import DeadLetterStore
-from aggregates.document import F_OUTBOX, F_VERSION
+from aggregates.document import F_OUTBOX, F_PARTITION, F_VERSION
 from aggregates.envelope import Message
 from aggregates.fold_result import DeadLetter, Parked
 from aggregates.outcomes import Outcome
@@ -89,13 +89,19 @@ class StoreWriter:
 
         ``{_id: 1, _v: 1}`` unique: MongoDB answers ``{_id, _v}`` from the ``_id`` index
         anyway; mongo-java-server only uses an index whose keys equal the filter's keys and
-        would scan the collection otherwise (harmless on MongoDB)."""
+        would scan the collection otherwise (harmless on MongoDB). ``{"outbox.0": 1}`` and
+        ``{_p: 1, "outbox.0": 1}`` (sparse): the dispatcher's sweeps, of all documents and of
+        one partition's."""
         for atype in self.registry:
             coll = self.db[atype.collection]
             coll.create_index([("_id", ASCENDING), (F_VERSION, ASCENDING)], unique=True,
                               name="aggbox_id_v")
             coll.create_index([(f"{F_OUTBOX}.0", ASCENDING)], sparse=True,
                               name="aggbox_outbox_pending")
+            # The dispatcher's sweep of one partition's pending outboxes. Sparse: a
+            # document is indexed when any key exists, i.e. every document with a _p.
+            coll.create_index([(F_PARTITION, ASCENDING), (f"{F_OUTBOX}.0", ASCENDING)],
+                              sparse=True, name="aggbox_partition_pending")
         self.dead_letters.ensure_indexes()
         self.parking.ensure_indexes()
         for atype in self.registry:
