@@ -2,6 +2,7 @@
 
 - ``aggbox.commands.run``      — ``aggbox run``, ``aggbox stream`` (the Spark pipeline)
 - ``aggbox.commands.dispatch`` — ``aggbox dispatch`` (the outbox dispatcher)
+- ``aggbox.commands.dispatch_status`` — ``aggbox dispatch-status`` (who dispatches what)
 - ``aggbox.admin.register``    — ``aggbox deadletters …``, ``aggbox parked …``, ``aggbox indexes``
 - ``aggbox.demo.register``     — ``aggbox demo``
 
@@ -29,7 +30,7 @@ from typing import Any
 from aggregates.errors import AggboxError
 
 SUBCOMMAND_MODULES = (
-    "aggbox.commands.run", "aggbox.commands.dispatch",
+    "aggbox.commands.run", "aggbox.commands.dispatch", "aggbox.commands.dispatch_status",
     "aggbox.admin", "aggbox.demo", "aggbox.configref",
     "aggbox.reasonref",
     "aggbox.local",

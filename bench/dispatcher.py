@@ -9,14 +9,29 @@ one run.
     running as its own process (``python -m aggbox.commands.dispatch``) with default
     settings, in stream mode and in polling mode. "Publish" is the broker's LogAppendTime of
     the record; "commit" the entry's ``created_at`` (taken by the writer just before its write).
+(d) scale-out: the same backlog (``--scale-docs`` × ``--scale-per`` entries, written by the
+    StoreWriter) drained by ONE dispatcher process, then — on a fresh server, database and
+    topic — by TWO processes (default settings but ``--instance-id``, ``--lease-ttl 30``, the
+    publisher and topic). The processes are started on an empty collection first; only when
+    the partition leases are split evenly (1: 256, 2: 128 each, read from
+    ``aggbox_dispatcher_partitions``) and a warm-up backlog (a quarter of the size) is drained
+    are they frozen (SIGSTOP), the backlog written, and released (SIGCONT): the clock runs
+    from the release to the broker LogAppendTime of the last record, so neither the
+    hand-over nor the write is timed. CPU seconds (``/proc/<pid>/stat`` utime+stime) of each
+    instance, of the MongoDB server, of the Kafka broker and of this process are taken over
+    release → outbox empty: on a 2-core machine the ratio is bounded by CPU, not by the
+    dispatcher's design; these show where the time goes. ``--skip-scale`` leaves (d) out.
 
 Last line of output is JSON: ``dispatch_vs_raw_produce`` (throughput (a)/(b)),
 ``latency_p50_ms``, ``latency_p99_ms`` (stream mode), ``poll_latency_p50_ms``,
 ``poll_latency_p99_ms``, ``python_cpu_us_per_msg`` (CPU-µs per entry of this process —
 Python and librdkafka's threads, from getrusage — during (a); ``raw_produce_cpu_us_per_msg``
-the same for (b)), and the raw figures.
+the same for (b)), ``scale_2_vs_1`` (entries/s of (d) with 2 instances ÷ with 1),
+``scale_entries_per_s_1``, ``scale_entries_per_s_2``, ``scale_cpu_s_per_instance`` (CPU
+seconds of each of the 2 instances during (d)), and the raw figures.
 
 Usage: python bench/dispatcher.py [--docs 2000] [--per 10] [--rate 1000] [--seconds 8]
+       [--scale-docs 2000] [--scale-per 10] [--skip-scale]
 """
 # ruff: noqa: E402  (the path fix below must precede the project imports)
 
@@ -35,6 +50,7 @@ import json
 import os
 import platform
 import resource
+import signal
 import statistics
 import subprocess
 import threading
@@ -43,7 +59,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pymongo import MongoClient
@@ -56,12 +72,16 @@ from aggbox.servers import (
     start_local_mongodb,
 )
 from aggregates import AggboxSettings, AggregateType, Emit, Handled, Message, Registry, StoreWriter
+from aggregates.partitions import PARTITIONS
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.kafka import KafkaPublisher
 from dispatcher.record import OutboundRecord, build_record
 from dispatcher.settings import DispatcherSettings
 
 ROOT = Path(__file__).resolve().parents[1]
+# (d): the instances are frozen (SIGSTOP) while the backlog is written; their partition
+# leases must outlive that.
+SCALE_LEASE_TTL_S = 30
 
 
 @dataclass(frozen=True)
@@ -221,20 +241,10 @@ def latency(mongo: LocalMongo, kafka: LocalKafka, mode: str, rate: int, seconds:
     create_topic(kafka.bootstrap_servers, topic, partitions=3,
                  config={"message.timestamp.type": "LogAppendTime"})
     log = tmp / f"dispatcher-{mode}.log"
-    env = {**os.environ, "AGGBOX_MONGODB_URI": mongo.uri, "AGGBOX_DATABASE": db.name}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "aggbox.commands.dispatch", "--log-level",
-         os.environ.get("BENCH_DISPATCHER_LOG_LEVEL", "INFO"), "--collection", "emitters",
-         "--publisher", "kafka",
-         "--bootstrap-servers", kafka.bootstrap_servers, "--topic-template",
-         prefix + "-{aggregate_type}", "--metrics-port", "0", "--mode", mode],
-        cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)  # noqa: SIM115
+    proc = spawn_dispatcher(mongo, kafka.bootstrap_servers, db.name, prefix, log, "--mode",
+                            mode)
     try:
-        deadline = time.monotonic() + 30
-        while db.aggbox_dispatcher_leases.find_one() is None:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError(f"dispatcher did not start; log: {log}")
-            time.sleep(0.05)
+        wait_for_leases(db, {}, [proc], log)
         time.sleep(1.0)
         # Steady load: every tick, `per_tick` documents emit one entry each.
         ticks_per_s = 20
@@ -268,6 +278,203 @@ def latency(mongo: LocalMongo, kafka: LocalKafka, mode: str, rate: int, seconds:
     print(f"  (c) {mode}: {expected} entries at {achieved:.0f}/s: p50 {out['p50_ms']} ms, "
           f"p99 {out['p99_ms']} ms, max {out['max_ms']} ms")
     return out
+
+
+def spawn_dispatcher(mongo: LocalMongo, bootstrap: str, database: str, prefix: str,
+                     log: Path, *extra: str) -> subprocess.Popen[bytes]:
+    """``python -m aggbox.commands.dispatch`` on ``emitters`` with default settings but for
+    the publisher, topic template, metrics port and ``extra``; output to ``log``."""
+    env = {**os.environ, "AGGBOX_MONGODB_URI": mongo.uri, "AGGBOX_DATABASE": database}
+    return subprocess.Popen(
+        [sys.executable, "-m", "aggbox.commands.dispatch", "--log-level",
+         os.environ.get("BENCH_DISPATCHER_LOG_LEVEL", "INFO"), "--collection", "emitters",
+         "--publisher", "kafka", "--bootstrap-servers", bootstrap, "--topic-template",
+         prefix + "-{aggregate_type}", "--metrics-port", "0", *extra],
+        cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+
+
+def lease_owners(db: Any) -> dict[str, int]:
+    """Partitions of ``emitters`` per owner whose lease has not expired."""
+    now = datetime.now(UTC)
+    owners: dict[str, int] = {}
+    for d in db.aggbox_dispatcher_partitions.find(
+            {"scope": f"{db.name}.emitters", "owner": {"$ne": None}},
+            {"owner": 1, "expires_at": 1}):
+        if d.get("expires_at") is not None and d["expires_at"] > now:
+            owners[d["owner"]] = owners.get(d["owner"], 0) + 1
+    return owners
+
+
+def wait_for_leases(db: Any, expected: dict[str, int], procs: list[subprocess.Popen[bytes]],
+                    log: Path, timeout: float = 60.0) -> float:
+    """Until the partition leases are held as ``expected`` (owner → count; empty: any owner
+    holds one); returns the seconds it took."""
+    t = time.monotonic()
+    while True:
+        owners = lease_owners(db)
+        if (owners == expected) if expected else owners:
+            return time.monotonic() - t
+        if time.monotonic() - t > timeout or any(p.poll() is not None for p in procs):
+            raise RuntimeError(f"dispatcher(s) did not take their partitions (held: "
+                               f"{owners}, wanted {expected or 'any'}); log: {log}")
+        time.sleep(0.05)
+
+
+def cpu_ticks(pid: int | None) -> int | None:
+    """utime + stime of ``pid`` in clock ticks (all its threads), from /proc/<pid>/stat."""
+    if pid is None:
+        return None
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # fields from the 3rd (state) on
+    return int(fields[11]) + int(fields[12])
+
+
+def outbox_left(db: Any) -> int:
+    return int(db.emitters.count_documents({"outbox.0": {"$exists": True}}))
+
+
+def wait_drained(db: Any, procs: list[subprocess.Popen[bytes]], log: Path,
+                 timeout: float = 300.0, every: float = 0.1) -> float:
+    """Until no document has a pending entry; returns time.time() when seen empty."""
+    deadline = time.monotonic() + timeout
+    while outbox_left(db):
+        if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+            raise RuntimeError(f"outbox not drained ({outbox_left(db)} documents left); "
+                               f"log: {log}")
+        time.sleep(every)
+    return time.time()
+
+
+def append_times(bootstrap: str, topic: str, expected: int) -> list[int]:
+    """The broker LogAppendTime (ms) of every record of ``topic`` (``expected`` of them)."""
+    from confluent_kafka import (
+        OFFSET_BEGINNING,
+        TIMESTAMP_LOG_APPEND_TIME,
+        Consumer,
+        TopicPartition,
+    )
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
+                  "enable.auto.commit": False})
+    parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+    times: list[int] = []
+    deadline = time.monotonic() + 120
+    while len(times) < expected and time.monotonic() < deadline:
+        for msg in c.consume(1000, 0.5):
+            if msg.error():
+                continue
+            kind, ts_ms = msg.timestamp()
+            assert kind == TIMESTAMP_LOG_APPEND_TIME, kind
+            times.append(ts_ms)
+    c.close()
+    return times
+
+
+def scale_run(kafka: LocalKafka, n_inst: int, n_docs: int, per: int,
+              tmp: Path) -> dict[str, Any]:
+    """(d) for ``n_inst`` dispatcher processes: returns entries/s and CPU seconds."""
+    with local_mongo() as mongo:
+        client: MongoClient[dict[str, Any]] = MongoClient(mongo.uri, tz_aware=True)
+        db = client[f"bench_scale_{n_inst}"]
+        client.drop_database(db.name)
+        StoreWriter(db, registry, settings=AggboxSettings(database=db.name)).ensure_indexes()
+        prefix = f"scale{n_inst}" + uuid.uuid4().hex[:6]
+        topic = f"{prefix}-Emitter"
+        create_topic(kafka.bootstrap_servers, topic, partitions=6,
+                     config={"message.timestamp.type": "LogAppendTime"})
+        ids = [f"{prefix}-{i}" for i in range(n_inst)]
+        logs = [tmp / f"dispatcher-scale{n_inst}-{i}.log" for i in range(n_inst)]
+        # The lease TTL bounds how long a partition of a stopped (SIGSTOP) instance stays
+        # its own: it must outlast the write below, so it is not the 3 s of a quick test.
+        procs = [spawn_dispatcher(mongo, kafka.bootstrap_servers, db.name, prefix, log,
+                                  "--instance-id", iid,
+                                  "--lease-ttl", str(SCALE_LEASE_TTL_S))
+                 for iid, log in zip(ids, logs, strict=True)]
+        try:
+            share = PARTITIONS // n_inst
+            split_s = wait_for_leases(db, dict.fromkeys(ids, share), procs, logs[0])
+            print(f"  (d) {n_inst} instance(s): leases split ({share} partitions per "
+                  f"instance) after {split_s:.1f} s")
+            # Warm-up on other documents (JVM of the server, the instances' code paths).
+            warm = [f"warm-{i:06d}" for i in range(max(1, n_docs // 4))]
+            write_entries(db, warm, per, "warm")
+            wait_drained(db, procs, logs[0])
+            warm_records = len(warm) * per
+            # Freeze the instances while the backlog is written, so that neither the write
+            # nor its CPU is in the timed window and every entry is pending when it starts.
+            for p in procs:
+                p.send_signal(signal.SIGSTOP)
+            docs = [f"agg-{i:06d}" for i in range(n_docs)]
+            t = time.perf_counter()
+            total = write_entries(db, docs, per, "scale")
+            write_s = time.perf_counter() - t
+            if any(lease_owners(db).get(i, 0) != share for i in ids):
+                print(f"  (d) warning: leases changed during the write: {lease_owners(db)}")
+            pids = {**{i: p.pid for i, p in zip(ids, procs, strict=True)},
+                    "mongo": mongo.pid,
+                    "kafka": getattr(getattr(kafka, "_process", None), "pid", None)}
+            cpu0 = {k: cpu_ticks(v) for k, v in pids.items()}
+            self0 = process_cpu_s()
+            t0 = time.time()
+            for p in procs:
+                p.send_signal(signal.SIGCONT)
+            t_empty = wait_drained(db, procs, logs[0])
+            cpu1 = {k: cpu_ticks(v) for k, v in pids.items()}
+            self_s = process_cpu_s() - self0
+            wall = t_empty - t0
+        finally:
+            for p in procs:
+                p.send_signal(signal.SIGCONT)
+                p.terminate()
+            codes = [p.wait(60) for p in procs]
+            client.close()
+    times = append_times(kafka.bootstrap_servers, topic, warm_records + total)
+    if len(times) < warm_records + total:
+        raise RuntimeError(f"(d): consumed {len(times)} of {warm_records + total}")
+    times = sorted(times)[warm_records:]  # the warm-up's records come first
+    last = times[-1] / 1000
+    elapsed = last - t0  # release of the frozen instances → broker append of the last entry
+    tick = os.sysconf("SC_CLK_TCK")
+    cpu: dict[str, float] = {}
+    for k in pids:
+        before, after = cpu0[k], cpu1[k]
+        if before is not None and after is not None:
+            cpu[k] = (after - before) / tick
+    inst_cpu = [round(cpu[i], 2) for i in ids]
+    out: dict[str, Any] = {
+        "instances": n_inst, "entries": total, "documents": n_docs, "per_document": per,
+        "write_s": round(write_s, 2), "leases_split_s": round(split_s, 1),
+        "elapsed_s": round(elapsed, 3), "entries_per_s": round(total / elapsed),
+        "first_to_last_append_s": round((times[-1] - times[0]) / 1000, 3),
+        "drained_s": round(wall, 3), "cpu_s_per_instance": inst_cpu,
+        "cpu_ms_per_1000_entries_per_instance": [round(c / total * 1e6, 1) for c in inst_cpu],
+        "cpu_s_instances": round(sum(inst_cpu), 2),
+        "cpu_s_mongo": round(cpu["mongo"], 2) if "mongo" in cpu else None,
+        "cpu_s_kafka": round(cpu["kafka"], 2) if "kafka" in cpu else None,
+        "cpu_s_bench": round(self_s, 2), "exit_codes": codes,
+    }
+    busy = sum(cpu.values()) + self_s
+    print(f"  (d) {n_inst} instance(s): {total} entries in {elapsed:.2f} s = "
+          f"{out['entries_per_s']:,}/s (first→last append {out['first_to_last_append_s']} s, "
+          f"outbox empty after {wall:.2f} s; backlog written in {write_s:.1f} s)")
+    print(f"      CPU s over {wall:.2f} s (2 cores = {2 * wall:.2f} CPU-s): instances "
+          f"{inst_cpu} ({out['cpu_ms_per_1000_entries_per_instance']} ms per 1,000 entries), "
+          f"mongo {out['cpu_s_mongo']}, kafka {out['cpu_s_kafka']}, bench {out['cpu_s_bench']}"
+          f" — total {busy:.2f}; dispatchers exited {codes}")
+    return out
+
+
+def scale(kafka: LocalKafka, n_docs: int, per: int, tmp: Path) -> dict[str, Any]:
+    """(d): the same backlog drained by one instance, then by two."""
+    one = scale_run(kafka, 1, n_docs, per, tmp)
+    two = scale_run(kafka, 2, n_docs, per, tmp)
+    ratio = round(two["entries_per_s"] / one["entries_per_s"], 3)
+    print(f"  (d) scale 2 vs 1: {ratio}")
+    return {"scale_2_vs_1": ratio, "one": one, "two": two}
 
 
 def consume_latencies(bootstrap: str, topic: str, expected: int, out: dict[str, Any]) -> None:
@@ -304,14 +511,17 @@ def main() -> None:
     ap.add_argument("--per", type=int, default=10)
     ap.add_argument("--rate", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=8.0)
-    ap.add_argument("--only", choices=["throughput", "stream", "poll"], default=None,
+    ap.add_argument("--scale-docs", type=int, default=2000, help="(d): documents")
+    ap.add_argument("--scale-per", type=int, default=10, help="(d): entries per document")
+    ap.add_argument("--skip-scale", action="store_true", help="leave (d) out")
+    ap.add_argument("--only", choices=["throughput", "stream", "poll", "scale"], default=None,
                     help="run one phase only (for profiling)")
     args = ap.parse_args()
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"aggbox-bench-{uuid.uuid4().hex[:6]}"
     tmp.mkdir(parents=True)
     print(f"python {platform.python_version()}, {os.cpu_count()} CPUs")
     nothing: dict[str, Any] = {}
-    tp, stream, poll = nothing, nothing, nothing
+    tp, stream, poll, sc = nothing, nothing, nothing, nothing
     with start_local_kafka() as kafka:
         warm_up(kafka.bootstrap_servers)
         if args.only in (None, "throughput"):
@@ -324,6 +534,9 @@ def main() -> None:
         if args.only in (None, "poll"):
             with local_mongo() as mongo:
                 poll = latency(mongo, kafka, "poll", args.rate, args.seconds, tmp)
+        if args.only == "scale" or (args.only is None and not args.skip_scale):
+            sc = scale(kafka, args.scale_docs, args.scale_per, tmp)
+    print(f"dispatcher logs: {tmp}")
     result = {
         "dispatch_vs_raw_produce": tp.get("dispatch_vs_raw_produce"),
         "latency_p50_ms": stream.get("p50_ms"),
@@ -331,7 +544,11 @@ def main() -> None:
         "poll_latency_p50_ms": poll.get("p50_ms"),
         "poll_latency_p99_ms": poll.get("p99_ms"),
         "python_cpu_us_per_msg": tp.get("python_cpu_us_per_msg"),
-        "throughput": tp, "stream": stream, "poll": poll,
+        "scale_2_vs_1": sc.get("scale_2_vs_1"),
+        "scale_entries_per_s_1": sc.get("one", {}).get("entries_per_s"),
+        "scale_entries_per_s_2": sc.get("two", {}).get("entries_per_s"),
+        "scale_cpu_s_per_instance": sc.get("two", {}).get("cpu_s_per_instance"),
+        "throughput": tp, "stream": stream, "poll": poll, "scale": sc,
     }
     print(json.dumps(result))
 

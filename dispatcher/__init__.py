@@ -1,7 +1,9 @@
 """The outbox dispatcher: ``aggbox dispatch`` turns outbox entries into broker messages.
 
-Per collection, one active instance (a lease; others wait as standbys) opens a change stream
-(or polls, on servers without change streams), sweeps documents with a pending outbox,
+Each collection is split into partitions (a stable hash of the aggregate id); every running
+instance holds leases on a fair share of them, balanced without a coordinator, and opens one
+change stream filtered to its partitions (or polls, on servers without change streams),
+sweeps its documents with a pending outbox,
 publishes each document's entries in order keyed by aggregate id, ``$pull``s exactly the
 acknowledged ids and saves the stream's resume token. At-least-once with stable ids: a crash
 anywhere republishes, never loses. See docs/design.md "The dispatcher".
@@ -11,9 +13,12 @@ Modules: :mod:`~dispatcher.settings` (section ``[dispatcher]``), :mod:`~dispatch
 stdout; the interface for more), :mod:`~dispatcher.cycle` (publish → dead-letter → pull),
 :mod:`~dispatcher.inflight`, :mod:`~dispatcher.sweep` (sweeps and their schedule),
 :mod:`~dispatcher.stream` (change stream + checkpoints), :mod:`~dispatcher.streammode`
-(stream mode: restarts, invalidations, checkpoints), :mod:`~dispatcher.lease` and
-:mod:`~dispatcher.leasekeeper` (standby, renewal), :mod:`~dispatcher.retries` (backoff and
-documents to retry), :mod:`~dispatcher.worker` (one collection: what comes next),
+(stream mode: restarts, invalidations, checkpoints), :mod:`~dispatcher.balance`
+(which partitions to hold: the pure rule), :mod:`~dispatcher.partlease` (partition leases and
+heartbeats as stored), :mod:`~dispatcher.balancer` (the lease rounds),
+:mod:`~dispatcher.selection` (the partitions as query filters),
+:mod:`~dispatcher.retries` (backoff and documents to retry), :mod:`~dispatcher.worker`
+(one collection: what comes next),
 :mod:`~dispatcher.backlog` (backlog gauges), :mod:`~dispatcher.metrics` (Prometheus +
 ``/healthz`` over aiohttp), :mod:`~dispatcher.errors` (fatal store errors),
 :mod:`~dispatcher.timing` (injected clock, sleep and jitter), :mod:`~dispatcher.faults`

@@ -25,9 +25,14 @@ _PIPELINE: list[dict[str, Any]] = [
 
 
 async def measure_backlog(coll: AsyncCollection[Any], metrics: Metrics, name: str,
-                          *, now: datetime | None = None) -> Mapping[str, Any]:
-    """Pending entries, documents and the oldest entry's age, into the gauges."""
-    rows = await (await coll.aggregate(_PIPELINE)).to_list()
+                          *, now: datetime | None = None,
+                          where: Mapping[str, Any] | None = None) -> Mapping[str, Any]:
+    """Pending entries, documents and the oldest entry's age (of the partitions ``where``
+    selects, if given: this instance's share), into the gauges."""
+    stages = _PIPELINE
+    if where:
+        stages = [{"$match": {**PENDING, **where}}, *_PIPELINE[1:]]
+    rows = await (await coll.aggregate(stages)).to_list()
     row = rows[0] if rows else {"n": 0, "docs": 0, "oldest": None}
     age = 0.0
     oldest = row.get("oldest")

@@ -6,9 +6,9 @@ signals.
 
 SIGTERM/SIGINT (or :meth:`Dispatcher.request_stop`): workers stop reading, the batch in
 flight finishes (at most ``shutdown_timeout_s``; beyond that it is abandoned — nothing of it
-was pulled, so it is published again after a restart), the resume token is saved, leases
-are released so a standby takes over at once, and :meth:`run` returns 0. A second signal
-abandons in-flight work immediately.
+was pulled, so it is published again after a restart), the resume token is saved,
+partition leases are released so the other instances take them over at once, and
+:meth:`run` returns 0. A second signal abandons in-flight work immediately.
 
 With ``once=True``, :meth:`run` raises :class:`OnceGaveUp` when a collection makes no
 progress for ``once_timeout_s`` (MongoDB or the broker unreachable): the command line prints
@@ -39,8 +39,8 @@ from aggregates.errors import AggboxError, ConfigurationError
 from aggregates.settings import AggboxSettings
 from dispatcher.errors import FatalStoreError, check_fatal
 from dispatcher.faults import Faults
-from dispatcher.lease import default_instance_id
 from dispatcher.metrics import Health, Metrics, MetricsServer
+from dispatcher.partlease import default_instance_id
 from dispatcher.publishers import Publisher, create_publisher
 from dispatcher.record import check_template
 from dispatcher.settings import DispatcherSettings

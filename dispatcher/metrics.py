@@ -72,9 +72,17 @@ class Metrics:
         self.stream_lag = Gauge(p + "stream_lag_seconds", "Server time of the newest "
                                 "change event handled, behind now (0 when caught up).",
                                 ["collection"], registry=r)
-        self.lease_active = Gauge(p + "lease_active", "1 while this instance holds the "
-                                  "collection's lease (active), 0 as standby.",
+        self.lease_active = Gauge(p + "lease_active", "1 while this instance publishes "
+                                  "some partitions of the collection (active), 0 while it "
+                                  "holds none (standby).",
                                   ["collection"], registry=r)
+        self.partitions_owned = Gauge(
+            p + "partitions_owned", "Partitions of the collection this instance holds a "
+            "lease on.", ["collection"], registry=r)
+        self.handovers = Counter(
+            p + "partition_handovers", "Partition leases changing hands at this instance "
+            "(kind: claimed_new, claimed_released, claimed_expired, released, lost).",
+            ["collection", "kind"], registry=r)
         self.mode = Gauge(p + "mode", "1 for the mode the worker runs in.",
                           ["collection", "mode"], registry=r)
         self.latency = Histogram(p + "commit_to_publish_seconds", "Time from an entry's "

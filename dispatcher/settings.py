@@ -92,23 +92,38 @@ class DispatcherSettings(SectionSettings):
     )
     lease_ttl_s: float = Field(
         10.0, gt=0,
-        description="Lease lifetime. A standby takes over at most lease_ttl_s + its own "
-        "renewal period after the active dispatcher dies (kill -9); an active one that cannot "
-        "renew within it stops publishing.",
+        description="Partition lease lifetime. The partitions of an instance that dies (kill "
+        "-9) are taken over at most lease_ttl_s + a renewal period + takeover_grace_s later; "
+        "an instance that cannot renew within it stops publishing them.",
     )
     lease_renew_s: float | None = Field(
-        None, gt=0, description="Renewal period of the lease (default: a third of lease_ttl_s)."
+        None, gt=0,
+        description="Period of the lease rounds: heartbeat, renewal, balancing (default: a "
+        "third of lease_ttl_s)."
     )
     instance_id: str | None = Field(
-        None, description="Name of this dispatcher in the lease (default: host-pid-random)."
+        None, description="Name of this dispatcher in its heartbeat and leases (default: "
+        "host-pid-random); must be unique among running instances."
     )
     checkpoint_collection: str = Field(
         "aggbox_dispatcher_checkpoints",
         description="Collection of resume tokens (one document per watched collection).",
     )
-    lease_collection: str = Field(
-        "aggbox_dispatcher_leases",
-        description="Collection of leases (one document per watched collection).",
+    partition_collection: str = Field(
+        "aggbox_dispatcher_partitions",
+        description="Collection of partition leases (one document per watched collection "
+        "and partition; docs/design.md \"Scale-out\").",
+    )
+    member_collection: str = Field(
+        "aggbox_dispatcher_members",
+        description="Collection of instance heartbeats (one document per running instance "
+        "and watched collection).",
+    )
+    takeover_grace_s: float = Field(
+        2.0, ge=0,
+        description="A partition taken over after its previous holder's lease expired (a "
+        "crash, a pause) is published only this long after the claim: time for records the "
+        "previous holder had already handed to its producer to settle.",
     )
     backoff_initial_ms: float = Field(
         200.0, gt=0, description="First pause after a broker or store failure."

@@ -24,7 +24,7 @@ from __future__ import annotations
 import calendar
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -45,6 +45,7 @@ __all__ = [
     "StreamBatch",
     "StreamFollower",
     "latest_documents",
+    "pipeline",
     "server_time",
 ]
 
@@ -64,6 +65,13 @@ PIPELINE: Final[list[dict[str, Any]]] = [
     {"$project": {"operationType": 1, "clusterTime": 1, "fullDocument._id": 1,
                   f"fullDocument.{F_TYPE}": 1, f"fullDocument.{F_OUTBOX}": 1}},
 ]
+
+
+def pipeline(where: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """:data:`PIPELINE` with ``where`` added to its ``$match``."""
+    if not where:
+        return PIPELINE
+    return [{"$match": {**PIPELINE[0]["$match"], **where}}, *PIPELINE[1:]]
 
 
 async def server_time(db: AsyncDatabase[Any]) -> Timestamp:
@@ -86,12 +94,16 @@ async def server_time(db: AsyncDatabase[Any]) -> Timestamp:
 class Checkpoints:
     """Resume tokens in ``aggbox_dispatcher_checkpoints``, one document per collection."""
 
-    def __init__(self, coll: AsyncCollection[Any], key: str) -> None:
+    def __init__(self, coll: AsyncCollection[Any], key: str | None) -> None:
         self.coll = coll
+        #: ``None``: nothing is stored (a worker publishing a share of the partitions)
         self.key = key
         self._last: Any = None
 
     async def load(self) -> Mapping[str, Any] | None:
+        if self.key is None:
+            self._last = None
+            return None
         doc = await self.coll.find_one({"_id": self.key})
         token = doc.get("token") if doc else None
         self._last = token
@@ -100,6 +112,9 @@ class Checkpoints:
     async def save(self, token: Mapping[str, Any] | None, *, owner: str) -> bool:
         """Persist ``token`` unless it is the one saved last. ``True`` when written."""
         if token is None or token == self._last:
+            return False
+        if self.key is None:
+            self._last = dict(token)
             return False
         await self.coll.update_one(
             {"_id": self.key},
@@ -110,7 +125,8 @@ class Checkpoints:
         return True
 
     async def clear(self) -> None:
-        await self.coll.delete_one({"_id": self.key})
+        if self.key is not None:
+            await self.coll.delete_one({"_id": self.key})
         self._last = None
 
 
@@ -129,8 +145,11 @@ class StreamFollower:
     """An open change stream on one collection, read in paced batches."""
 
     def __init__(self, coll: AsyncCollection[Any], *, batch_size: int, pacing_s: float,
-                 timing: Timing = REAL_TIME) -> None:
+                 timing: Timing = REAL_TIME,
+                 where: Callable[[], Mapping[str, Any]] = dict) -> None:
         self.coll = coll
+        #: extra ``$match`` conditions on the event (the worker's partitions), read at open
+        self._where = where
         self.batch_size = batch_size
         self.pacing_s = pacing_s
         self.timing = timing
@@ -157,7 +176,7 @@ class StreamFollower:
         else:
             kwargs["start_at_operation_time"] = start_at
         self._stream = await self.coll.watch(
-            PIPELINE, full_document="updateLookup", batch_size=self.batch_size,
+            pipeline(self._where()), full_document="updateLookup", batch_size=self.batch_size,
             max_await_time_ms=max(1, int(self.pacing_s * 1000)), **kwargs)
 
     @property

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,12 +38,14 @@ class SweepResult:
 
 
 async def sweep(coll: AsyncCollection[Any], cycle: Cycle, *, page_size: int,
-                stop: asyncio.Event | None = None) -> SweepResult:
+                stop: asyncio.Event | None = None,
+                where: Mapping[str, Any] | None = None) -> SweepResult:
+    """Publish every pending document (of the partitions ``where`` selects, if given)."""
     out = SweepResult()
     last: Any = None
     try:
         while True:
-            query = dict(PENDING)
+            query = {**PENDING, **(where or {})}
             if last is not None:
                 query["_id"] = {"$gt": last}
             page = await coll.find(query, {F_OUTBOX: 1, F_TYPE: 1}).sort("_id", 1).limit(
@@ -77,9 +79,10 @@ class Sweeps:
     the next one starts over and the totals add up until one completes."""
 
     def __init__(self, coll: AsyncCollection[Any], cycle: Cycle, *, name: str, page_size: int,
-                 interval_s: float, stop: asyncio.Event, metrics: Metrics, timing: Timing
-                 ) -> None:
+                 interval_s: float, stop: asyncio.Event, metrics: Metrics, timing: Timing,
+                 where: Callable[[], Mapping[str, Any]] = dict) -> None:
         self.coll = coll
+        self._where = where
         self.cycle = cycle
         self.name = name
         self.page_size = page_size
@@ -111,7 +114,8 @@ class Sweeps:
         reason = self.reason or "periodic"
         self.metrics.sweeps.labels(self.name, reason).inc()
         self.count += 1
-        res = await sweep(self.coll, self.cycle, page_size=self.page_size, stop=self.stop)
+        res = await sweep(self.coll, self.cycle, page_size=self.page_size, stop=self.stop,
+                          where=self._where())
         on_contact()
         if self._partial is None:
             self._partial = CycleResult()

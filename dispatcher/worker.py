@@ -1,8 +1,11 @@
-"""One collection's dispatcher: standby until it holds the lease, then stream (or poll) mode.
+"""One collection's dispatcher: standby until it holds partitions, then stream (or poll) mode
+on them, started over whenever its set of partitions changes.
 
 The worker only decides *what* to do next; each part is its own object, testable alone:
 
-- :class:`~dispatcher.leasekeeper.LeaseKeeper` — standby until the lease is ours, renewal;
+- :class:`~dispatcher.balancer.Balancer` — the partition leases: heartbeat, renewal,
+  claims and hand-overs (the worker publishes :meth:`~dispatcher.balancer.Balancer.active`,
+  selected by :class:`~dispatcher.selection.Selection`, and starts over when it changes);
 - :class:`~dispatcher.streammode.StreamMode` — the change stream, its restarts and the
   resume-token checkpoints (docs/design.md "The dispatcher", steps 1, 3, 4);
 - :class:`~dispatcher.sweep.Sweeps` — start-up, recovery, periodic and ``--once`` sweeps;
@@ -38,15 +41,16 @@ from pymongo.errors import OperationFailure, PyMongoError
 
 from aggregates.document import F_OUTBOX, F_TYPE
 from dispatcher.backlog import measure_backlog
+from dispatcher.balancer import Balancer
 from dispatcher.cycle import Cycle, CycleResult
 from dispatcher.errors import FatalStoreError, check_fatal, one_line
 from dispatcher.faults import Faults
 from dispatcher.inflight import InFlight
-from dispatcher.lease import Lease
-from dispatcher.leasekeeper import LeaseKeeper
 from dispatcher.metrics import Health, Metrics
+from dispatcher.partlease import PartitionLeases
 from dispatcher.publishers.base import Publisher
 from dispatcher.retries import Retries
+from dispatcher.selection import Selection
 from dispatcher.settings import DispatcherSettings
 from dispatcher.stream import CHANGE_STREAMS_UNSUPPORTED, Checkpoints, StreamFollower
 from dispatcher.streammode import StreamMode
@@ -87,11 +91,18 @@ class CollectionWorker:
         self.db, self.coll, self.name = db, db[collection], collection
         self.metrics, self.health, self.faults = metrics, health, faults
         self.stop, self.once, self.timing = stop, once, timing
-        key = f"{db.name}.{collection}"
-        self.lease = Lease(db[s.lease_collection], key, owner, ttl_s=s.lease_ttl_s)
-        self.keeper = LeaseKeeper(self.lease, name=collection, interval_s=s.renew_interval_s,
-                                  health=health, stop=stop, timing=timing,
-                                  on_contact=self._contact, on_error=self._note_error)
+        self.scope = key = f"{db.name}.{collection}"
+        self.leases = PartitionLeases(db[s.partition_collection], db[s.member_collection],
+                                      database=db.name, collection=collection, owner=owner,
+                                      ttl_s=s.lease_ttl_s, grace_s=s.takeover_grace_s)
+        self.balancer = Balancer(self.leases, name=collection, interval_s=s.renew_interval_s,
+                                 health=health, metrics=metrics, stop=stop, timing=timing,
+                                 on_contact=self._contact, on_error=self._note_error,
+                                 published=lambda: self._counts.published,
+                                 publishing=lambda: self.selection.partitions)
+        #: the partitions published in the current activation (empty while standby)
+        self.selection = Selection()
+        self.selection.set(())
         self.inflight = InFlight(done_capacity=s.done_cache_size)
         self.retries = Retries(initial_s=s.backoff_initial_ms / 1000,
                                max_s=s.backoff_max_ms / 1000, timing=timing)
@@ -99,14 +110,16 @@ class CollectionWorker:
             self.coll, publisher=publisher, inflight=self.inflight,
             dead_letters=db[dead_letter_collection], topic_template=s.topic_template,
             max_batch_records=s.max_batch_records, metrics=metrics, faults=faults,
-            lease_held=lambda: self.lease.held, source_type=source_type,
+            lease_held=lambda: self.balancer.holds(self.selection.partitions),
+            source_type=source_type,
             backoff_initial_s=s.backoff_initial_ms / 1000,
             backoff_max_s=s.backoff_max_ms / 1000, timing=timing)
         self.sweeps = Sweeps(self.coll, self.cycle, name=collection, page_size=s.batch_size,
                              interval_s=s.sweep_interval_s, stop=stop, metrics=metrics,
-                             timing=timing)
+                             timing=timing, where=self.selection.query)
         self.follower = StreamFollower(self.coll, batch_size=s.batch_size,
-                                       pacing_s=s.pacing_ms / 1000, timing=timing)
+                                       pacing_s=s.pacing_ms / 1000, timing=timing,
+                                       where=self.selection.stream_match)
         self.stream = StreamMode(
             db, self.follower, Checkpoints(db[s.checkpoint_collection], key), name=collection,
             owner=owner, faults=faults, metrics=metrics, timing=timing,
@@ -117,7 +130,6 @@ class CollectionWorker:
         self.mode: str = "standby"
         self.last_active_mode: str | None = None
         self._drained = False
-        self._renewal: asyncio.Task[None] | None = None
         #: last time this worker got anywhere (``--once`` gives up after once_timeout_s
         #: without): a server answer while standby, published entries or a completed sweep
         self.progress_at = timing.monotonic()
@@ -133,25 +145,34 @@ class CollectionWorker:
 
     # -- lifecycle ----------------------------------------------------------------------
     async def run(self) -> None:
-        """Standby, active, standby … until stopped. Raises :class:`FatalStoreError` on a
-        store error no retry can fix."""
+        """Wait for partitions, publish them, start over whenever the set changes … until
+        stopped. Raises :class:`FatalStoreError` on a store error no retry can fix."""
         self._set_standby()
+        self.balancer.start()
         try:
             while not self.stop.is_set() and not self._drained:
-                if not await self.keeper.wait():
+                partitions = await self.balancer.wait_active()
+                if partitions is None:
                     break
-                if not await self._hold_lease():
+                self._select(partitions)
+                if not await self._hold():
                     continue  # a store error while starting: backed off, try again
-                if not self.stop.is_set() and not self._drained:
-                    log.warning("%s: lease lost; publishing stopped, back to standby",
-                                self.name, extra={"collection": self.name})
+                self._select(())
                 self._set_standby()
         finally:
             await self._shutdown()
 
-    async def _hold_lease(self) -> bool:
-        """Active while the lease holds. ``False`` after a store error (backed off)."""
-        self._renewal = asyncio.create_task(self.keeper.renew(), name=f"lease-{self.name}")
+    def _select(self, partitions: frozenset[int] | tuple[()]) -> None:
+        """Publish these partitions from now on (the stream, sweeps, retries and gauges
+        select them). The resume token is kept only for the whole collection: a share of it
+        starts its stream at the current time (with the sweep that always accompanies a new
+        stream)."""
+        self.selection.set(partitions)
+        self.stream.checkpoints.key = self.scope if self.selection.full else None
+
+    async def _hold(self) -> bool:
+        """Active while the partition set holds. ``False`` after a store error (backed
+        off)."""
         try:
             await self._active()
         except _LeaseLost:
@@ -162,12 +183,11 @@ class CollectionWorker:
             await pause(self.timing, self.retries.wait_s(), self.stop)
             return False
         finally:
-            renewal, self._renewal = self._renewal, None
-            renewal.cancel()
-            await asyncio.gather(renewal, return_exceptions=True)
             with contextlib.suppress(Exception):  # a failed pull: the entries stay pending
                 await self.cycle.drain()
             await self.stream.close()
+            # Nothing of this set is being published any more: the surplus may go now.
+            await self.balancer.handover()
         return True
 
     def _set_standby(self) -> None:
@@ -177,12 +197,7 @@ class CollectionWorker:
 
     async def _shutdown(self) -> None:
         await self.stream.close()
-        if self.lease.holder == self.lease.owner:
-            try:
-                await self.lease.release()
-            except PyMongoError as exc:
-                log.warning("%s: could not release the lease (%s); it expires by itself",
-                            self.name, exc, extra={"collection": self.name})
+        await self.balancer.close()
         self.metrics.lease_active.labels(self.name).set(0)
         self.health.beat(self.name, role="stopped")
 
@@ -206,13 +221,10 @@ class CollectionWorker:
     def _keep_going(self) -> bool:
         if self.stop.is_set() or self._drained:
             return False
-        renewal = self._renewal
-        if renewal is not None and renewal.done() and not renewal.cancelled():
-            exc = renewal.exception()
-            if exc is not None:
-                raise exc  # a fatal error while renewing
-        if not self.lease.held:
-            raise _LeaseLost()
+        self.balancer.check()  # a fatal error in a lease round
+        b = self.balancer
+        if b.release_wanted or b.active() != self.selection.partitions:
+            raise _LeaseLost()  # lost, gained or handing over partitions: start over
         return True
 
     # -- active: mode choice ------------------------------------------------------------
@@ -228,8 +240,10 @@ class CollectionWorker:
         self.mode = self.last_active_mode = mode
         self.metrics.set_mode(self.name, mode)
         self.health.beat(self.name, role="active", mode=mode)
-        log.info("%s: active (%s mode)", self.name, mode, extra={"collection": self.name,
-                                                                 "mode": mode})
+        n = len(self.selection.partitions)
+        log.info("%s: active (%s mode) on %s", self.name, mode,
+                 "every partition" if self.selection.full else f"{n} partition(s)",
+                 extra={"collection": self.name, "mode": mode, "partitions": n})
         if mode == "stream":
             await self._loop(self.stream.step)
             await self.stream.final_checkpoint(sweep_pending=self.sweeps.reason is not None)
@@ -336,7 +350,8 @@ class CollectionWorker:
         """Run these documents again; if that fails, keep them for the next attempt instead
         of leaving them to the periodic sweep (and never checkpoint past them)."""
         try:
-            docs = await self.coll.find({"_id": {"$in": keys}, **PENDING},
+            docs = await self.coll.find({"_id": {"$in": keys}, **PENDING,
+                                         **self.selection.query()},
                                         {F_OUTBOX: 1, F_TYPE: 1}).to_list()
             self._contact()
             await self._publish(docs)
@@ -348,7 +363,7 @@ class CollectionWorker:
     async def _poll_step(self) -> bool:
         self.metrics.sweeps.labels(self.name, "poll").inc()
         res = await sweep(self.coll, self.cycle, page_size=self.settings.batch_size,
-                          stop=self.stop)
+                          stop=self.stop, where=self.selection.query())
         self._contact()
         self._absorb(res.cycle)
         if res.documents == 0:
@@ -373,6 +388,7 @@ class CollectionWorker:
     # -- metrics ------------------------------------------------------------------------
     async def measure_backlog(self) -> Mapping[str, Any]:
         """Pending entries, documents and the oldest entry's age, into the gauges."""
-        out = await measure_backlog(self.coll, self.metrics, self.name)
+        out = await measure_backlog(self.coll, self.metrics, self.name,
+                                    where=self.selection.query())
         self._contact()
         return out

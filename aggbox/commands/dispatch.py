@@ -36,8 +36,10 @@ Watches each collection with a change stream (or polls, on servers without chang
 streams), sweeps for pending entries at start-up and periodically, publishes the entries
 of each aggregate in order keyed by aggregate id, pulls exactly the published ids, and
 saves the stream's resume token. At-least-once: after a crash entries are published again
-with the same ids; nothing is lost. One instance per collection is active (a lease); start
-more as standbys. SIGTERM/SIGINT stop gracefully (exit code 0).
+with the same ids; nothing is lost. To scale out, start more instances: each collection's
+256 partitions are shared among the running instances (leases, balanced without a
+coordinator; `aggbox dispatch-status` shows who holds what). SIGTERM/SIGINT stop gracefully
+(exit code 0) and hand the partitions over at once.
 
 Settings come from (lowest to highest priority) defaults, the config file (sections
 [dispatcher] and [aggbox]), environment variables (AGGBOX_DISPATCHER_<NAME>,
@@ -75,6 +77,7 @@ _OPTIONS: list[SettingOption] = [
     SettingOption("--poll-interval-ms", _D, "poll_interval_ms", {"type": _F, "metavar": _S}),
     SettingOption("--sweep-interval", _D, "sweep_interval_s", {"type": _F, "metavar": _N}),
     SettingOption("--lease-ttl", _D, "lease_ttl_s", {"type": _F, "metavar": _N}),
+    SettingOption("--takeover-grace", _D, "takeover_grace_s", {"type": _F, "metavar": _N}),
     SettingOption("--instance-id", _D, "instance_id", {"metavar": "NAME"}),
     SettingOption("--backoff-initial-ms", _D, "backoff_initial_ms", {"type": _F, "metavar": _S}),
     SettingOption("--backoff-max-ms", _D, "backoff_max_ms", {"type": _F, "metavar": _S}),

@@ -13,6 +13,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from pymongo.database import Database
 from aggbox.servers import LocalMongo
 from aggregates import AggboxSettings, StoreWriter
 from aggregates.ops import DeadLetterStore
+from aggregates.partitions import PARTITIONS, partition_of
 from dispatcher.daemon import Dispatcher
 from dispatcher.faults import Faults
 from dispatcher.publishers.base import PublishResult
@@ -243,49 +245,73 @@ def test_permanent_rejections_are_dead_lettered_pulled_and_do_not_block(
         {"collection": "emitters", "reason": "message_too_large"}) == 2
 
 
-def test_only_the_lease_holder_publishes_and_a_lost_lease_stops_publishing(
+def test_two_instances_share_the_partitions_and_a_lost_lease_stops_publishing(
         writer: StoreWriter, ddb: Database[Any], store: AggboxSettings) -> None:
     pub_a, pub_b = ListPublisher(), ListPublisher()
-    a = Dispatcher(settings(instance_id="A", lease_ttl_s=1.2), store=store, publisher=pub_a)
-    b = Dispatcher(settings(instance_id="B", lease_ttl_s=1.2), store=store, publisher=pub_b)
-    leases = ddb.aggbox_dispatcher_leases
-    key = f"{ddb.name}.emitters"
+    over = dict(lease_ttl_s=1.5, takeover_grace_s=0.2)
+    a = Dispatcher(settings(instance_id="A", **over), store=store, publisher=pub_a)
+    b = Dispatcher(settings(instance_id="B", **over), store=store, publisher=pub_b)
+    leases = ddb.aggbox_dispatcher_partitions
+    scope = f"{ddb.name}.emitters"
+
+    def owned() -> dict[str, int]:
+        return dict(Counter(d["owner"] for d in leases.find(
+            {"scope": scope, "expires_at": {"$gt": _in(0)}, "owner": {"$ne": None}})))
+
+    def publishing(d: Dispatcher) -> frozenset[int]:
+        w = d.workers[0]
+        return w.selection.partitions if w.mode != "standby" else frozenset()
 
     async def body() -> None:
-        await wait_for(lambda: a.workers[0].mode == "stream", 10, "A active")
+        await wait_for(lambda: len(publishing(a)) == PARTITIONS, 10, "A on every partition")
         task_b = asyncio.create_task(b.run())
         try:
-            await wait_for(lambda: b.health.workers.get("emitters") is not None
-                           and b.health.workers["emitters"].role == "standby", 10, "B standby")
-            first = await asyncio.to_thread(emit, writer, docs(3), n=2)
-            await wait_for(lambda: pending_entries(ddb) == 0, 20, "A publishes")
-            assert len(pub_a.records) == 6 and pub_b.records == []
-            # Someone else takes the lease (as after a long pause of A): A must stop.
-            leases.update_one({"_id": key}, {"$set": {"owner": "intruder",
-                                                      "expires_at": _in(3600)}})
-            await wait_for(lambda: a.workers[0].mode == "standby", 10, "A gives up")
-            held = await asyncio.to_thread(emit, writer, docs(3), n=1)
-            # Both asked for the lease (and were refused) twice since: still nobody publishes.
-            checks = a.workers[0].keeper.checks, b.workers[0].keeper.checks
-            await wait_for(lambda: a.workers[0].keeper.checks >= checks[0] + 2
-                           and b.workers[0].keeper.checks >= checks[1] + 2, 10,
-                           "two lease checks each")
-            assert pending_entries(ddb) == 3  # nobody publishes without the lease
-            assert len(pub_a.records) == 6 and pub_b.records == []
-            # The intruder's lease expires: one of A and B takes over and delivers.
-            leases.update_one({"_id": key}, {"$set": {"expires_at": _in(-1)}})
+            half = PARTITIONS // 2
+            await wait_for(lambda: owned() == {"A": half, "B": half}
+                           and len(publishing(a)) == half == len(publishing(b)), 20,
+                           "an even split")
+            assert not publishing(a) & publishing(b)
+            first = await asyncio.to_thread(emit, writer, docs(40), n=2)
+            await wait_for(lambda: pending_entries(ddb) == 0, 20, "both publish")
+            # Each entry was published by the instance holding its aggregate's partition.
+            for pub, d in ((pub_a, a), (pub_b, b)):
+                assert {partition_of(r.key) for r in pub.records} <= publishing(d)
+            counts = check_delivery(pub_a.delivered() + pub_b.delivered(), first)
+            assert counts["duplicates"] == 0 and pub_a.records and pub_b.records
+            # Someone else takes one partition (as after a long pause of its holder): the
+            # holder stops publishing it at its next round, and so does everybody else.
+            p = partition_of("a000")
+            holder = a if p in publishing(a) else b
+            leases.update_one({"scope": scope, "partition": p},
+                              {"$set": {"owner": "intruder", "expires_at": _in(3600)},
+                               "$inc": {"epoch": 1}})
+            await wait_for(lambda: p not in publishing(holder), 10, "the holder lets go")
+            sent = len(pub_a.records) + len(pub_b.records)
+            held = await asyncio.to_thread(emit, writer, ["a000"], n=1)
+            rounds = holder.workers[0].balancer.rounds
+            await wait_for(lambda: holder.workers[0].balancer.rounds >= rounds + 2, 10,
+                           "two more lease rounds")
+            assert pending_entries(ddb) == 1  # nobody publishes a partition it does not hold
+            assert len(pub_a.records) + len(pub_b.records) == sent
+            # The intruder's lease expires: the instance below its quota takes it back.
+            leases.update_one({"scope": scope, "partition": p},
+                              {"$set": {"expires_at": _in(-1)}})
             await wait_for(lambda: pending_entries(ddb) == 0, 20, "takeover")
             check_delivery(pub_a.delivered() + pub_b.delivered(), merge(first, held))
-            lease = leases.find_one({"_id": key})
-            assert lease is not None and lease["owner"] in ("A", "B")
+            lease = leases.find_one({"scope": scope, "partition": p})
+            assert lease is not None and lease["owner"] == holder.instance_id
+            assert lease["handover"] == "expired" and lease["previous"] == "intruder"
         finally:
             b.request_stop()
             assert await task_b == 0
 
     asyncio.run(run_while(a, body))
-    # Graceful stops release the lease at once (a standby need not wait for expiry).
-    lease = leases.find_one({"_id": key})
-    assert lease is not None and lease["expires_at"].year == 1970
+    # Graceful stops release every lease at once (nobody need wait for an expiry) and
+    # remove the heartbeats.
+    assert leases.count_documents({"scope": scope}) == PARTITIONS
+    assert all(d["owner"] is None and d["expires_at"].year == 1970
+               for d in leases.find({"scope": scope}))
+    assert ddb.aggbox_dispatcher_members.count_documents({"scope": scope}) == 0
 
 
 def _in(seconds: float) -> Any:
@@ -348,11 +374,19 @@ def test_backlog_gauges_measure_pending_entries_and_their_age(
                              settings=d.settings, publisher=d.publisher,
                              dead_letter_collection="dl", metrics=d.metrics, health=d.health,
                              faults=d.faults, stop=asyncio.Event(), owner="x")
+        w._select(frozenset({partition_of("a001")}))  # a share: only its documents count
+        share = await w.measure_backlog()
+        w._select(())  # standby: nothing of its own
+        idle = await w.measure_backlog()
+        w._select(frozenset(range(PARTITIONS)))  # as when it holds every partition
         out = await w.measure_backlog()
         await client.close()
-        return out
+        return out, share, idle
 
-    out = asyncio.run(measure())
+    out, share, idle = asyncio.run(measure())
+    in_share = sum(partition_of(a) == partition_of("a001") for a in docs(3))
+    assert (share["entries"], share["documents"]) == (4 * in_share, in_share)
+    assert (idle["entries"], idle["documents"]) == (0, 0)
     assert (out["entries"], out["documents"]) == (12, 3)
     assert 0 <= out["oldest_age_s"] < 600
     assert d.metrics.registry.get_sample_value(
@@ -396,8 +430,9 @@ def test_sigterm_stops_the_process_gracefully_with_exit_code_0(
                   "--metrics-port", "0", "--pacing-ms", "10", "--instance-id", "proc-1"],
                  mongodb_uri=dmongo.uri, database=ddb.name, log=log)
     try:
-        wait_sync(lambda: ddb.aggbox_dispatcher_leases.find_one({"owner": "proc-1"}) is not None
-                  or proc.poll() is not None, 30, "the dispatcher to take the lease")
+        wait_sync(lambda: ddb.aggbox_dispatcher_partitions.count_documents(
+                      {"owner": "proc-1"}) == PARTITIONS
+                  or proc.poll() is not None, 30, "the dispatcher to take every partition")
         assert proc.poll() is None, log.read_text()
         emitted = emit(writer, docs(5), n=3)
         wait_sync(lambda: pending_entries(ddb) == 0, 30, "publication")
@@ -410,8 +445,8 @@ def test_sigterm_stops_the_process_gracefully_with_exit_code_0(
                     for e in jsonl_envelopes(out)], emitted)
     text = log.read_text()
     assert "SIGTERM received" in text and "stopped" in text
-    lease = ddb.aggbox_dispatcher_leases.find_one({"_id": f"{ddb.name}.emitters"})
-    assert lease is not None and lease["expires_at"].year == 1970  # released
+    assert ddb.aggbox_dispatcher_partitions.count_documents(
+        {"scope": f"{ddb.name}.emitters", "owner": None}) == PARTITIONS  # released
     assert ddb.aggbox_dispatcher_checkpoints.find_one({"_id": f"{ddb.name}.emitters"})
 
 

@@ -1,5 +1,6 @@
 """The dispatcher with the real Kafka broker: ordering and headers, kill -9 at the worst
-moments, lease failover between processes, a broker outage, permanent rejections.
+moments, partitions shared by several processes through kill -9, a join and a graceful
+stop, a broker outage, permanent rejections.
 
 Delivery is always checked from the consumer side: every emitted entry arrives at least
 once, duplicates carry identical ids, and per aggregate the first occurrences are in
@@ -11,8 +12,11 @@ import asyncio
 import json
 import signal
 import subprocess
+import threading
 import time
 import uuid
+from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +26,8 @@ from pymongo.database import Database
 from aggbox.servers import LocalKafka, LocalMongo, create_topic
 from aggregates import AggboxSettings, Message, StoreWriter
 from aggregates.ops import DeadLetterStore
+from aggregates.partitions import PARTITIONS, partition_of
+from dispatcher.balance import fair
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.kafka import KafkaPublisher
 from dispatcher.record import HEADER_NAMES
@@ -159,8 +165,8 @@ def test_kill_9_between_publish_pull_and_checkpoint_loses_nothing(
         if fault.startswith("after_pull"):
             # Written while the dispatcher follows the stream: batches pulled, then
             # checkpointed — it dies between the two.
-            wait_sync(lambda: ddb.aggbox_dispatcher_leases.find_one({"owner": "victim"})
-                      is not None, 30, "the lease")
+            wait_sync(lambda: ddb.aggbox_dispatcher_partitions.count_documents(
+                {"owner": "victim"}) == PARTITIONS, 30, "every partition")
             for _ in range(8):
                 if proc.poll() is not None:
                     break
@@ -181,35 +187,89 @@ def test_kill_9_between_publish_pull_and_checkpoint_loses_nothing(
         assert counts["duplicates"] >= 1  # the acknowledged-but-unpulled batch came again
 
 
-def test_standby_takes_over_after_the_active_dispatcher_is_killed(
+def _owners(ddb: Database[Any]) -> dict[str, int]:
+    """Live partition leases per instance."""
+    now = datetime.now(UTC)
+    return dict(Counter(d["owner"] for d in ddb.aggbox_dispatcher_partitions.find(
+        {"scope": f"{ddb.name}.emitters", "owner": {"$ne": None}, "expires_at": {"$gt": now}})))
+
+
+def _evenly_spread(ddb: Database[Any], instances: set[str]) -> bool:
+    owners = _owners(ddb)
+    return set(owners) == instances and fair(owners, PARTITIONS)
+
+
+def test_instances_share_partitions_through_kill_join_and_graceful_stop(
         writer: StoreWriter, ddb: Database[Any], dmongo: LocalMongo,
         kafka_server: LocalKafka, topic: str, tmp_path: Path) -> None:
-    leases = ddb.aggbox_dispatcher_leases
-    procs: list[subprocess.Popen[bytes]] = []
+    """Three instances under continuous writes; one is killed (-9), a fourth joins, one stops
+    gracefully. Every entry arrives, a republish carries the same id, per aggregate the
+    topic never goes backwards except to republish entries of the killed instance's
+    partitions, and the partitions end evenly spread."""
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    rounds: list[dict[str, list[str]]] = []
+    stop_writing = threading.Event()
+
+    def start(name: str) -> None:
+        procs[name] = spawn(cli(topic, kafka_server, "--instance-id", name,
+                                "--takeover-grace", "0.5"),
+                            mongodb_uri=dmongo.uri, database=ddb.name,
+                            log=tmp_path / f"{name}.log")
+
+    def logs() -> str:
+        return "\n".join(f"--- {n}\n" + (tmp_path / f"{n}.log").read_text() for n in procs)
+
+    def write_continuously() -> None:
+        while not stop_writing.is_set():
+            rounds.append(emit(writer, docs(40), n=2))
+            time.sleep(0.05)
+
     try:
-        a = spawn(cli(topic, kafka_server, "--instance-id", "A"), mongodb_uri=dmongo.uri,
-                  database=ddb.name, log=tmp_path / "a.log")
-        procs.append(a)
-        wait_sync(lambda: leases.find_one({"owner": "A"}) is not None, 30, "A active")
-        b = spawn(cli(topic, kafka_server, "--instance-id", "B"), mongodb_uri=dmongo.uri,
-                  database=ddb.name, log=tmp_path / "b.log")
-        procs.append(b)
-        wait_sync(lambda: "standby" in (tmp_path / "b.log").read_text(), 30, "B standby")
-        first = emit(writer, docs(6), n=3)
-        wait_sync(lambda: pending_entries(ddb) == 0, 30, "A publishes")
-        a.kill()  # kill -9: no release, the lease must expire
-        assert a.wait(10) == -signal.SIGKILL
-        second = emit(writer, docs(6), n=2)
-        wait_sync(lambda: pending_entries(ddb) == 0, 30, "B takes over and publishes")
-        lease = leases.find_one({"_id": f"{ddb.name}.emitters"})
-        assert lease is not None and lease["owner"] == "B"
-        b.send_signal(signal.SIGTERM)
-        assert b.wait(30) == 0
+        for name in ("A", "B", "C"):
+            start(name)
+        wait_sync(lambda: _evenly_spread(ddb, {"A", "B", "C"}), 60, "A, B, C to share")
+        writer_thread = threading.Thread(target=write_continuously)
+        writer_thread.start()
+        try:
+            time.sleep(2)
+            killed = {d["partition"] for d in ddb.aggbox_dispatcher_partitions.find(
+                {"scope": f"{ddb.name}.emitters", "owner": "B"})}
+            procs["B"].kill()  # kill -9: no release, its leases must expire
+            assert procs["B"].wait(10) == -signal.SIGKILL
+            start("D")
+            wait_sync(lambda: _evenly_spread(ddb, {"A", "C", "D"}), 60,
+                      "A, C, D to share after B's leases expired")
+            time.sleep(1)
+            procs["C"].send_signal(signal.SIGTERM)
+            assert procs["C"].wait(30) == 0, logs()
+            wait_sync(lambda: _evenly_spread(ddb, {"A", "D"}), 60, "A and D to share")
+            time.sleep(1)
+        finally:
+            stop_writing.set()
+            writer_thread.join(60)
+        wait_sync(lambda: pending_entries(ddb) == 0, 60, "the outboxes to empty")
+        assert _evenly_spread(ddb, {"A", "D"})
+        for name in ("A", "D"):
+            procs[name].send_signal(signal.SIGTERM)
+            assert procs[name].wait(30) == 0, logs()
     finally:
-        for p in procs:
+        for p in procs.values():
             if p.poll() is None:
                 p.kill()
-    delivered(kafka_server.bootstrap_servers, topic, merge(first, second))
+    emitted = merge(*rounds)
+    expected = {m for ids in emitted.values() for m in ids}
+    got = consume(kafka_server.bootstrap_servers, f"{topic}-Emitter", expected)
+    check_delivery([c for c, _ in got], emitted)  # all there, first copies in order
+    id_of: dict[tuple[str, int], str] = {}
+    newest: dict[str, int] = {}
+    for agg, mid, seq in (c for c, _ in got):
+        assert id_of.setdefault((agg, seq), mid) == mid  # a republish has the same id
+        if seq < newest.get(agg, 0):
+            # Backwards only to republish what the killed instance had published but not
+            # yet pulled, in the partitions it held.
+            assert partition_of(agg) in killed, (agg, seq, newest[agg])
+        newest[agg] = max(newest.get(agg, 0), seq)
+    assert "Traceback" not in logs()
 
 
 def test_broker_down_for_30s_then_back_delivers_everything(

@@ -1,19 +1,23 @@
 """The collection worker's parts, each without the others and without a server: lease
-keeping, sweep schedule, the error model of a worker step — time injected."""
+rounds, sweep schedule, the error model of a worker step — time injected."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from pymongo import AsyncMongoClient
 from pymongo.errors import AutoReconnect, OperationFailure
 
+from dispatcher.balance import LeaseView
+from dispatcher.balancer import Balancer
 from dispatcher.errors import FatalStoreError, check_fatal, one_line
 from dispatcher.faults import Faults
-from dispatcher.leasekeeper import LeaseKeeper
 from dispatcher.metrics import Health, Metrics
+from dispatcher.partlease import Claimed
 from dispatcher.settings import DispatcherSettings
 from dispatcher.sweep import Sweeps
 from dispatcher.worker import CollectionWorker
@@ -23,50 +27,96 @@ AUTH_FAILED = OperationFailure("Authentication failed.", code=18,
                                details={"ok": 0, "code": 18, "codeName": "AuthenticationFailed"})
 
 
-class ScriptedLease:
-    """Answers ``acquire`` from a script: True/False, or an exception to raise."""
+class ScriptedLeases:
+    """A store of partition leases in memory whose heartbeat answers from a script (None:
+    fine, or an exception to raise); every lease is free and claims always succeed."""
 
-    def __init__(self, *answers: bool | Exception) -> None:
+    def __init__(self, *answers: Exception | None, partitions: int = 4) -> None:
         self.answers = list(answers)
-        self.holder: str | None = "other"
-        self.forgotten = False
+        self.owner = "me"
+        self.partitions = partitions
+        self.held: dict[int, float] = {}
+        self.released: list[int] = []
+        self.left = False
 
-    async def acquire(self) -> bool:
-        answer = self.answers.pop(0)
-        if isinstance(answer, Exception):
+    async def ensure(self) -> None:
+        return None
+
+    async def heartbeat(self, *, published: int = 0) -> None:
+        answer = self.answers.pop(0) if self.answers else None
+        if answer is not None:
             raise answer
-        return answer
 
-    def forget(self) -> None:
-        self.forgotten = True
+    async def renew(self) -> float:
+        return time.monotonic()
+
+    async def read(self) -> tuple[dict[str, datetime], dict[int, LeaseView]]:
+        return {}, {p: LeaseView(p, self.owner if p in self.held else None, _FAR)
+                    for p in range(self.partitions)}
+
+    def confirm(self, leases: Any, sent: float) -> set[int]:
+        return set()
+
+    async def claim(self, wanted: Any, seen: Any) -> list[Claimed]:
+        got = [Claimed(p, 1, "new", None) for p in wanted]
+        self.held.update({c.partition: time.monotonic() + 3600 for c in got})
+        return got
+
+    async def release(self, partitions: Any) -> None:
+        self.released += list(partitions)
+
+    async def leave(self) -> None:
+        self.left = True
+
+    def publishable(self) -> frozenset[int]:
+        return frozenset(self.held)
+
+    def holds(self, partitions: Any) -> bool:
+        return set(partitions) <= set(self.held)
+
+    def next_grace_end(self) -> float | None:
+        return None
+
+    def now(self) -> datetime:
+        return datetime.now(UTC)
 
 
-def keeper(lease: ScriptedLease, clock: FakeTime) -> tuple[LeaseKeeper, list[str]]:
+_FAR = datetime(2100, 1, 1, tzinfo=UTC)
+
+
+def balancer(leases: ScriptedLeases) -> tuple[Balancer, list[str]]:
     errors: list[str] = []
-    k = LeaseKeeper(lease, name="orders", interval_s=0.5, health=Health(),  # type: ignore[arg-type]
-                    stop=asyncio.Event(), timing=clock.timing, on_contact=lambda: None,
-                    on_error=errors.append)
-    return k, errors
+    b = Balancer(leases, name="orders", interval_s=0.01, health=Health(),  # type: ignore[arg-type]
+                 metrics=Metrics(), stop=asyncio.Event(), timing=FakeTime().timing,
+                 on_contact=lambda: None, on_error=errors.append)
+    return b, errors
 
 
-def test_standby_asks_every_interval_and_survives_transient_errors() -> None:
+def test_lease_rounds_survive_transient_errors_and_claim_the_whole_share() -> None:
     async def main() -> None:
-        clock = FakeTime()
-        k, errors = keeper(ScriptedLease(False, AutoReconnect("reset"), False, True), clock)
-        assert await k.wait() is True
-        assert clock.sleeps == [0.5, 0.5, 0.5]  # one pause after each refusal or error
-        assert k.checks == 3 and errors == ["AutoReconnect: reset"]
+        leases = ScriptedLeases(AutoReconnect("reset"), AutoReconnect("again"))
+        b, errors = balancer(leases)
+        b.start()
+        try:
+            assert await asyncio.wait_for(b.wait_active(), 10) == frozenset(range(4))
+        finally:
+            await b.close()
+        assert errors == ["AutoReconnect: reset", "AutoReconnect: again"]
+        assert b.quota == 4 and leases.left
 
     asyncio.run(main())
 
 
-def test_a_wrong_password_while_standby_is_fatal() -> None:
+def test_a_wrong_password_in_a_lease_round_is_fatal() -> None:
     async def main() -> None:
-        clock = FakeTime()
-        k, _ = keeper(ScriptedLease(False, AUTH_FAILED), clock)
-        with pytest.raises(FatalStoreError, match=r"orders: lease check: .*code 18.*password"):
-            await k.wait()
-        assert clock.sleeps == [0.5]
+        b, _ = balancer(ScriptedLeases(AUTH_FAILED))
+        b.start()
+        try:
+            with pytest.raises(FatalStoreError,
+                               match=r"orders: partition leases: .*code 18.*password"):
+                await asyncio.wait_for(b.wait_active(), 10)
+        finally:
+            await b.close()
 
     asyncio.run(main())
 

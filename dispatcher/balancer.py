@@ -1,0 +1,207 @@
+"""One collection's share of partitions, kept and balanced while the worker runs
+(docs/design.md "Scale-out: partitions and leases").
+
+A round, every renewal interval (sooner while the share is not settled): heartbeat, renew
+the leases this instance owns, read members and leases, apply :func:`dispatcher.balance.plan`
+— claim free partitions up to the quota, or ask the worker to stop publishing the surplus
+and release it once stopped (:meth:`Balancer.handover`). The worker publishes
+:meth:`Balancer.active` — the partitions held, past their takeover grace and not being
+handed over — and restarts its stream and sweep whenever that set changes.
+
+A store error in a round is logged and the round tried again at the next interval; the
+leases then lapse by themselves (the worker stops publishing what it no longer holds). A
+fatal one (:func:`dispatcher.errors.check_fatal`) ends the round loop, and the worker with
+it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from pymongo.errors import PyMongoError
+
+from aggregates.storeerrors import is_fatal
+from dispatcher.balance import plan
+from dispatcher.errors import check_fatal
+from dispatcher.metrics import Health, Metrics
+from dispatcher.partlease import PartitionLeases
+from dispatcher.timing import Timing
+
+__all__ = ["Balancer"]
+
+log = logging.getLogger("aggbox.dispatcher")
+
+#: Round period while the share is not settled (partitions to claim that others still
+#: hold, or a hand-over in progress), so joining instances get their share quickly.
+_UNSETTLED_S = 0.5
+
+
+class Balancer:
+    def __init__(self, leases: PartitionLeases, *, name: str, interval_s: float,
+                 health: Health, metrics: Metrics, stop: asyncio.Event, timing: Timing,
+                 on_contact: Callable[[], None], on_error: Callable[[str], None],
+                 published: Callable[[], int] = lambda: 0,
+                 publishing: Callable[[], frozenset[int]] = frozenset) -> None:
+        self.leases = leases
+        self.name = name
+        self.interval_s = interval_s
+        self.health = health
+        self.metrics = metrics
+        self.stop = stop
+        self.timing = timing
+        self._contact = on_contact
+        self._error = on_error
+        self._published = published
+        #: what the worker publishes right now (a surplus outside it is released at once)
+        self._publishing = publishing
+        #: partitions the worker must stop publishing before they are released
+        self.release_wanted: frozenset[int] = frozenset()
+        #: set after each round that changed something the worker should look at
+        self.changed = asyncio.Event()
+        self.rounds = 0
+        self.quota = 0
+        self.members: tuple[str, ...] = ()
+        self._settled = False
+        self._task: asyncio.Task[None] | None = None
+
+    # -- what the worker reads ---------------------------------------------------------------
+    def active(self) -> frozenset[int]:
+        """Partitions to publish now."""
+        return self.leases.publishable() - self.release_wanted
+
+    def holds(self, partitions: frozenset[int]) -> bool:
+        return self.leases.holds(partitions)
+
+    def check(self) -> None:
+        """Raise the round loop's fatal error, if it ended with one."""
+        task = self._task
+        if task is not None and task.done() and not task.cancelled():
+            exc = task.exception()
+            if exc is not None:
+                raise exc
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name=f"balance-{self.name}")
+
+    async def close(self) -> None:
+        """Stop the rounds and leave: release every lease, remove the heartbeat."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        try:
+            await self.leases.leave()
+        except PyMongoError as exc:
+            if is_fatal(exc):  # the error that ended the worker: reported once, by it
+                return
+            log.warning("%s: could not release the partition leases (%s); they expire by "
+                        "themselves", self.name, exc, extra={"collection": self.name})
+        self.metrics.partitions_owned.labels(self.name).set(0)
+
+    async def wait_active(self) -> frozenset[int] | None:
+        """Until there is something to publish (the set) or stop is requested (``None``).
+        Pending hand-overs are done meanwhile (nothing is published here)."""
+        announced = False
+        while not self.stop.is_set():
+            self.check()
+            if self.release_wanted:
+                await self.handover()
+            active = self.active()
+            if active:
+                return active
+            self.health.beat(self.name, role="standby", mode="standby")
+            if not announced and self.rounds:
+                log.info("%s: no partition to publish (quota %d among %d instance(s))",
+                         self.name, self.quota, len(self.members),
+                         extra={"collection": self.name})
+                announced = True
+            self.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), self.interval_s)
+        return None
+
+    async def handover(self) -> None:
+        """Release the partitions the last round asked for. Call only once nothing of them
+        is being published (the worker left its active loop and drained)."""
+        parts, self.release_wanted = self.release_wanted, frozenset()
+        if not parts:
+            return
+        try:
+            await self.leases.release(parts)
+        except PyMongoError as exc:
+            check_fatal(exc, f"{self.name}: lease release")
+            log.warning("%s: releasing %d partition(s) failed (%s); they expire by themselves",
+                        self.name, len(parts), exc, extra={"collection": self.name})
+            self.leases.forget_some(parts)
+            return
+        self.metrics.handovers.labels(self.name, "released").inc(len(parts))
+        self.metrics.partitions_owned.labels(self.name).set(len(self.leases.held))
+        log.info("%s: handed over %d partition(s)", self.name, len(parts),
+                 extra={"collection": self.name, "released": len(parts)})
+
+    # -- rounds ------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                await self.round()
+            except PyMongoError as exc:
+                check_fatal(exc, f"{self.name}: partition leases")
+                self._error(f"{type(exc).__name__}: {exc}")
+                log.warning("%s: partition lease round failed: %s", self.name, exc,
+                            extra={"collection": self.name})
+                self._settled = True  # back to the normal period: no tight retry loop
+            await asyncio.sleep(self._next_delay())
+
+    def _next_delay(self) -> float:
+        delay = self.interval_s if self._settled else min(self.interval_s, _UNSETTLED_S)
+        grace_end = self.leases.next_grace_end()
+        if grace_end is not None:
+            delay = min(delay, max(0.0, grace_end - self.timing.monotonic()) + 0.01)
+        return delay
+
+    async def round(self) -> None:
+        """One round (public for tests)."""
+        leases = self.leases
+        before = self.active()
+        await leases.ensure()
+        await leases.heartbeat(published=self._published())
+        sent = await leases.renew()
+        members, views = await leases.read()
+        self._contact()
+        self.rounds += 1
+        lost = leases.confirm(views, sent)
+        if lost:
+            self.metrics.handovers.labels(self.name, "lost").inc(len(lost))
+            log.warning("%s: %d partition(s) taken over by others after our lease expired",
+                        self.name, len(lost), extra={"collection": self.name})
+        decided = plan(me=leases.owner, now=leases.now(), members=members, leases=views,
+                       partitions=leases.partitions)
+        self.quota, self.members = decided.quota, decided.members
+        surplus = self.release_wanted | decided.release
+        # What the worker does not publish (e.g. claimed, still in its grace) goes at once;
+        # the rest once the worker stopped publishing it (handover).
+        idle = surplus - self._publishing()
+        self.release_wanted = surplus - idle
+        if idle:
+            self.release_wanted, wanted = idle, self.release_wanted
+            await self.handover()
+            self.release_wanted = wanted
+        claimed = await leases.claim(decided.claim, views) if decided.claim else []
+        for c in claimed:
+            self.metrics.handovers.labels(self.name, f"claimed_{c.handover}").inc()
+        if any(c.handover != "new" for c in claimed):
+            log.info("%s: took over %d partition(s) (%s)", self.name,
+                     sum(c.handover != "new" for c in claimed),
+                     ", ".join(sorted({f"{c.handover} from {c.previous}" if c.previous
+                                       else c.handover for c in claimed})),
+                     extra={"collection": self.name})
+        held = len(leases.held)
+        self._settled = held == decided.quota and not self.release_wanted
+        self.metrics.partitions_owned.labels(self.name).set(held)
+        if self.active() != before or self.release_wanted:
+            self.changed.set()

@@ -1,0 +1,368 @@
+"""``aggbox dispatch-status``: who dispatches which partitions of a collection, how far
+behind each partition is, and the last hand-over (docs/operations.md, "Dispatcher status").
+
+Read-only and synchronous (``pymongo``): :func:`read_status` reads the partition leases
+(``partition_collection``, authoritative for ownership: a partition belongs to the owner
+of its *live* lease), the member documents (``member_collection``: host, pid, heartbeat)
+and, with ONE aggregation on the collection, the pending outbox entries per partition.
+:func:`format_status` turns the result into a compact text table (pure);
+:meth:`DispatchStatus.as_dict` is the ``--json`` form.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from pymongo.database import Database
+
+from aggregates.document import F_OUTBOX
+from aggregates.partitions import F_PARTITION, PARTITIONS
+from dispatcher.sweep import PENDING
+
+__all__ = [
+    "DEFAULT_MEMBER_COLLECTION",
+    "DEFAULT_PARTITION_COLLECTION",
+    "DispatchStatus",
+    "Handover",
+    "InstanceStatus",
+    "PartitionLag",
+    "compress_ranges",
+    "format_age",
+    "format_status",
+    "is_fair",
+    "read_status",
+]
+
+#: The defaults of the dispatcher settings ``partition_collection`` and ``member_collection``.
+DEFAULT_PARTITION_COLLECTION = "aggbox_dispatcher_partitions"
+DEFAULT_MEMBER_COLLECTION = "aggbox_dispatcher_members"
+
+#: How many partitions the text form lists by lag.
+TOP_LAGGING = 10
+
+#: Pending documents grouped by partition (documents without the field: partition 0).
+_LAG_PIPELINE: list[dict[str, Any]] = [
+    {"$match": PENDING},
+    {"$project": {"part": {"$ifNull": [f"${F_PARTITION}", 0]},
+                  "n": {"$size": f"${F_OUTBOX}"},
+                  "first": {"$arrayElemAt": [f"${F_OUTBOX}.created_at", 0]}}},
+    {"$group": {"_id": "$part", "n": {"$sum": "$n"}, "docs": {"$sum": 1},
+                "oldest": {"$min": "$first"}}},
+]
+
+
+# -- the result ------------------------------------------------------------------------------
+@dataclass(slots=True)
+class PartitionLag:
+    """The pending entries of one partition."""
+
+    partition: int
+    entries: int
+    documents: int
+    #: age of the oldest pending entry (the earliest first entry of a pending document)
+    oldest_age_s: float
+    #: owner of the partition's live lease, ``None`` when unowned
+    owner: str | None = None
+
+
+@dataclass(slots=True)
+class Handover:
+    """How the current owner of a partition got it."""
+
+    partition: int
+    previous: str | None
+    owner: str
+    #: ``released`` (gracefully by ``previous``) or ``expired`` (``previous``'s lease ran out)
+    kind: str
+    at: datetime
+    epoch: int | None = None
+
+
+@dataclass(slots=True)
+class InstanceStatus:
+    """One dispatcher instance of the collection."""
+
+    instance: str
+    host: str | None = None
+    pid: int | None = None
+    #: its member document has not expired
+    live: bool = False
+    heartbeat_age_s: float | None = None
+    started_at: datetime | None = None
+    published: int | None = None
+    #: partitions whose live lease it holds (authoritative)
+    partitions: list[int] = field(default_factory=list)
+    #: partitions its member document listed at the last heartbeat
+    reported: list[int] = field(default_factory=list)
+    pending_entries: int = 0
+    pending_documents: int = 0
+    oldest_age_s: float | None = None
+
+
+@dataclass(slots=True)
+class DispatchStatus:
+    """The dispatch state of one collection at ``now``."""
+
+    database: str
+    collection: str
+    now: datetime
+    partitions: int = PARTITIONS
+    instances: list[InstanceStatus] = field(default_factory=list)
+    #: partitions without a live lease
+    unowned: list[int] = field(default_factory=list)
+    #: partitions with pending entries, the oldest pending entry first
+    lag: list[PartitionLag] = field(default_factory=list)
+    last_handover: Handover | None = None
+    #: every partition held, live instances within one partition of each other
+    fair: bool = False
+
+    @property
+    def scope(self) -> str:
+        return f"{self.database}.{self.collection}"
+
+    @property
+    def pending_entries(self) -> int:
+        return sum(p.entries for p in self.lag)
+
+    @property
+    def pending_documents(self) -> int:
+        return sum(p.documents for p in self.lag)
+
+    @property
+    def oldest_age_s(self) -> float | None:
+        return max((p.oldest_age_s for p in self.lag), default=None)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready (datetimes as ISO 8601 strings)."""
+        return {
+            "database": self.database,
+            "collection": self.collection,
+            "scope": self.scope,
+            "now": self.now.isoformat(),
+            "partitions": self.partitions,
+            "fair": self.fair,
+            "pending_entries": self.pending_entries,
+            "pending_documents": self.pending_documents,
+            "oldest_age_s": self.oldest_age_s,
+            "instances": [{
+                "instance": i.instance, "host": i.host, "pid": i.pid, "live": i.live,
+                "heartbeat_age_s": i.heartbeat_age_s,
+                "started_at": _iso(i.started_at), "published": i.published,
+                "owned": len(i.partitions), "partitions": list(i.partitions),
+                "ranges": compress_ranges(i.partitions), "reported": list(i.reported),
+                "pending_entries": i.pending_entries,
+                "pending_documents": i.pending_documents, "oldest_age_s": i.oldest_age_s,
+            } for i in self.instances],
+            "unowned": list(self.unowned),
+            "lag": [{"partition": p.partition, "owner": p.owner, "entries": p.entries,
+                     "documents": p.documents, "oldest_age_s": p.oldest_age_s}
+                    for p in self.lag],
+            "last_handover": None if self.last_handover is None else {
+                "partition": self.last_handover.partition,
+                "previous": self.last_handover.previous,
+                "owner": self.last_handover.owner,
+                "kind": self.last_handover.kind,
+                "at": _iso(self.last_handover.at),
+                "epoch": self.last_handover.epoch,
+            },
+        }
+
+
+# -- reading ---------------------------------------------------------------------------------
+def read_status(db: Database[Any], collection: str, *,
+                partition_collection: str = DEFAULT_PARTITION_COLLECTION,
+                member_collection: str = DEFAULT_MEMBER_COLLECTION,
+                now: datetime | None = None, partitions: int = PARTITIONS) -> DispatchStatus:
+    """The dispatch state of ``collection`` in ``db``: three reads (leases, members, one
+    aggregation of the pending documents). ``now`` (default: this host's clock) decides
+    which leases and members are live and the ages."""
+    now = _utc(now) if now is not None else datetime.now(UTC)
+    scope = f"{db.name}.{collection}"
+    status = DispatchStatus(database=db.name, collection=collection, now=now,
+                            partitions=partitions)
+
+    owners: dict[int, str] = {}  # partition → owner of its live lease
+    latest: Handover | None = None
+    fields = {f: 1 for f in ("partition", "owner", "expires_at", "epoch", "previous",
+                             "handover", "handed_at", "since")}
+    for doc in db[partition_collection].find({"scope": scope}, fields):
+        p = doc.get("partition")
+        if not isinstance(p, int) or not 0 <= p < partitions:
+            continue
+        owner = doc.get("owner")
+        expires = _opt_utc(doc.get("expires_at"))
+        if isinstance(owner, str) and expires is not None and expires > now:
+            owners[p] = owner
+        kind = doc.get("handover")
+        at = _opt_utc(doc.get("handed_at")) or _opt_utc(doc.get("since"))
+        if kind in (None, "new") or at is None or not isinstance(owner, str):
+            continue  # never handed over, or released since (no current owner)
+        if latest is None or at > latest.at:
+            epoch = doc.get("epoch")
+            latest = Handover(partition=p, previous=doc.get("previous"), owner=owner,
+                              kind=str(kind), at=at,
+                              epoch=epoch if isinstance(epoch, int) else None)
+    status.last_handover = latest
+    status.unowned = [p for p in range(partitions) if p not in owners]
+
+    instances: dict[str, InstanceStatus] = {}
+    for doc in db[member_collection].find({"scope": scope}):
+        name = doc.get("instance")
+        if not isinstance(name, str):
+            continue
+        expires = _opt_utc(doc.get("expires_at"))
+        heartbeat = _opt_utc(doc.get("heartbeat_at"))
+        pid = doc.get("pid")
+        published = doc.get("published")
+        reported = doc.get("partitions")
+        instances[name] = InstanceStatus(
+            instance=name, host=doc.get("host"), pid=pid if isinstance(pid, int) else None,
+            live=expires is not None and expires > now,
+            heartbeat_age_s=_age(heartbeat, now),
+            started_at=_opt_utc(doc.get("started_at")),
+            published=published if isinstance(published, int) else None,
+            reported=sorted(x for x in reported if isinstance(x, int))
+            if isinstance(reported, list) else [])
+    for p, owner in sorted(owners.items()):
+        instances.setdefault(owner, InstanceStatus(instance=owner)).partitions.append(p)
+
+    lags: dict[int, PartitionLag] = {}
+    for row in db[collection].aggregate(_LAG_PIPELINE):
+        p = row.get("_id")
+        if isinstance(p, float) and p.is_integer():
+            p = int(p)
+        if not isinstance(p, int) or isinstance(p, bool):
+            p = 0  # not a partition number: counted with the documents written before it
+        lag = lags.setdefault(p, PartitionLag(partition=p, entries=0, documents=0,
+                                              oldest_age_s=0.0, owner=owners.get(p)))
+        lag.entries += int(row.get("n") or 0)
+        lag.documents += int(row.get("docs") or 0)
+        lag.oldest_age_s = max(lag.oldest_age_s,
+                               _age(_opt_utc(row.get("oldest")), now) or 0.0)
+    for lag in lags.values():
+        if lag.owner is not None:
+            inst = instances[lag.owner]
+            inst.pending_entries += lag.entries
+            inst.pending_documents += lag.documents
+            inst.oldest_age_s = max(inst.oldest_age_s or 0.0, lag.oldest_age_s)
+    status.lag = list(lags.values())
+    status.lag.sort(key=lambda x: (-x.oldest_age_s, -x.entries, x.partition))
+
+    status.instances = sorted(instances.values(), key=lambda i: i.instance)
+    status.fair = is_fair({i.instance: len(i.partitions) for i in status.instances if i.live},
+                          unowned=len(status.unowned))
+    return status
+
+
+def is_fair(owned: Mapping[str, int], *, unowned: int) -> bool:
+    """Every partition held and the live instances within one partition of each other."""
+    return bool(owned) and unowned == 0 and max(owned.values()) - min(owned.values()) <= 1
+
+
+def _utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+def _opt_utc(value: Any) -> datetime | None:
+    return _utc(value) if isinstance(value, datetime) else None
+
+
+def _age(value: datetime | None, now: datetime) -> float | None:
+    return None if value is None else max(0.0, (now - value).total_seconds())
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+# -- formatting (pure) -----------------------------------------------------------------------
+def compress_ranges(numbers: Iterable[int]) -> str:
+    """``[0, 1, 2, 3, 7, 9, 10]`` → ``"0-3, 7, 9-10"`` (sorted, duplicates ignored);
+    ``""`` for none."""
+    parts: list[str] = []
+    values = sorted(set(numbers))
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        parts.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return ", ".join(parts)
+
+
+def format_age(seconds: float | None) -> str:
+    """``3.2s``, ``4m05s``, ``2h07m``, ``3d04h``; ``-`` for none."""
+    if seconds is None:
+        return "-"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    s = int(seconds)
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _pending(entries: int, documents: int) -> str:
+    return (f"{entries} entr{'y' if entries == 1 else 'ies'} in {documents} "
+            f"doc{'' if documents == 1 else 's'}")
+
+
+def _columns(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+            for r in rows]
+
+
+def format_status(status: DispatchStatus, *, top: int = TOP_LAGGING) -> str:
+    """The text form: a header, one line per instance, the unowned partitions, the ``top``
+    partitions with the oldest pending entries and the last hand-over."""
+    live = [i for i in status.instances if i.live]
+    lines = [
+        f"{status.scope}: {status.partitions} partitions, {len(live)} live "
+        f"instance{'' if len(live) == 1 else 's'}, "
+        f"{'fair' if status.fair else 'NOT fair'}; pending: "
+        f"{_pending(status.pending_entries, status.pending_documents)}, oldest: "
+        f"{format_age(status.oldest_age_s)}"]
+    rows: list[list[str]] = []
+    for i in status.instances:
+        where = f"{i.host or '?'}:{i.pid if i.pid is not None else '?'}"
+        ranges = compress_ranges(i.partitions)
+        owned = f"partitions: {len(i.partitions)}" + (f" ({ranges})" if ranges else "")
+        if i.reported != i.partitions and (i.live or i.reported):
+            owned += f" [reported {len(i.reported)}]"
+        beat = ("heartbeat: -" if i.heartbeat_age_s is None
+                else f"heartbeat: {format_age(i.heartbeat_age_s)} ago")
+        rows.append([i.instance, "live" if i.live else "DEAD", where, beat, owned,
+                     f"pending: {_pending(i.pending_entries, i.pending_documents)}",
+                     f"oldest: {format_age(i.oldest_age_s)}"])
+    if rows:
+        lines.extend("  " + line for line in _columns(rows))
+    else:
+        lines.append("  no instances")
+    unowned = compress_ranges(status.unowned)
+    lines.append(f"unowned: {len(status.unowned)} ({unowned})" if unowned else "unowned: none")
+    if status.lag:
+        shown = status.lag[:top]
+        lines.append(f"lagging partitions ({len(shown)} of {len(status.lag)} with pending "
+                     "entries, oldest first):")
+        lines.extend("  " + line for line in _columns([
+            [f"partition {p.partition}", f"owner: {p.owner or 'NONE'}",
+             f"pending: {_pending(p.entries, p.documents)}",
+             f"oldest: {format_age(p.oldest_age_s)}"] for p in shown]))
+    else:
+        lines.append("lagging partitions: none (no pending entries)")
+    h = status.last_handover
+    if h is None:
+        lines.append("last hand-over: none")
+    else:
+        ago = format_age(_age(h.at, status.now))
+        lines.append(f"last hand-over: partition {h.partition}, {h.previous or '?'} → "
+                     f"{h.owner} ({h.kind}) at "
+                     f"{h.at.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%SZ')} ({ago} ago)")
+    return "\n".join(lines)
