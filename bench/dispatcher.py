@@ -348,19 +348,22 @@ def wait_drained(db: Any, procs: list[subprocess.Popen[bytes]], log: Path,
     return time.time()
 
 
-def append_times(bootstrap: str, topic: str, expected: int) -> list[int]:
-    """The broker LogAppendTime (ms) of every record of ``topic`` (``expected`` of them)."""
-    from confluent_kafka import (
-        OFFSET_BEGINNING,
-        TIMESTAMP_LOG_APPEND_TIME,
-        Consumer,
-        TopicPartition,
-    )
+def from_beginning(bootstrap: str, topic: str) -> Any:
+    """A consumer assigned to every partition of ``topic`` from its first offset."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, TopicPartition
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
                   "enable.auto.commit": False})
     parts = c.list_topics(topic, timeout=10).topics[topic].partitions
     c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+    return c
+
+
+def append_times(bootstrap: str, topic: str, expected: int) -> list[int]:
+    """The broker LogAppendTime (ms) of every record of ``topic`` (``expected`` of them)."""
+    from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
+
+    c = from_beginning(bootstrap, topic)
     times: list[int] = []
     deadline = time.monotonic() + 120
     while len(times) < expected and time.monotonic() < deadline:
@@ -478,17 +481,9 @@ def scale(kafka: LocalKafka, n_docs: int, per: int, tmp: Path) -> dict[str, Any]
 
 
 def consume_latencies(bootstrap: str, topic: str, expected: int, out: dict[str, Any]) -> None:
-    from confluent_kafka import (
-        OFFSET_BEGINNING,
-        TIMESTAMP_LOG_APPEND_TIME,
-        Consumer,
-        TopicPartition,
-    )
+    from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
-                  "enable.auto.commit": False})
-    parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-    c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in parts])
+    c = from_beginning(bootstrap, topic)
     seen: dict[str, float] = {}
     deadline = time.monotonic() + 120
     while len(seen) < expected and time.monotonic() < deadline:

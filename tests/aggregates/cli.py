@@ -35,3 +35,14 @@ def run_cli(db: Any, mongo_uri: str, monkeypatch: pytest.MonkeyPatch,
     yield run
     root.handlers[:] = handlers
     root.setLevel(level)
+
+
+@pytest.fixture(name="cli")
+def migrate_cli(db: Any, mongo_uri: str, monkeypatch: pytest.MonkeyPatch,
+                capsys: pytest.CaptureFixture[str]) -> Iterator[Run]:
+    """Fixture ``cli``: ``run(*argv)`` with only the admin and migrate commands (the other
+    components' command modules have their own tests). Import it into a test module."""
+    import aggbox.cli
+
+    monkeypatch.setattr(aggbox.cli, "SUBCOMMAND_MODULES", ("aggbox.admin", "aggbox.migrate"))
+    yield from run_cli(db, mongo_uri, monkeypatch, capsys)

@@ -5,7 +5,6 @@ raw input lines, and ``aggbox migrate keys`` on stored data of the old format.""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -35,7 +34,7 @@ from aggregates.keys import (
 from aggregates.parking import parked_id
 from aggregates.reasons import Reason
 from aggregates.testing import memory_database
-from tests.aggregates.cli import Run, run_cli
+from tests.aggregates.cli import Run, migrate_cli  # noqa: F401 (the cli fixture)
 from tests.aggregates.contract import NOW, kinds, writer
 from tests.aggregates.domain import msg, registry
 
@@ -311,17 +310,6 @@ def test_unmigrated_data_is_read_compatibly(db: Any) -> None:
 
 
 # -- the command --------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def cli(db: Any, mongo_uri: str, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> Iterator[Run]:
-    """``run(*argv) -> (exit code, stdout, stderr)`` against this test's database."""
-    import aggbox.cli
-
-    # Only the commands used here: the other components' command modules have their tests.
-    monkeypatch.setattr(aggbox.cli, "SUBCOMMAND_MODULES", ("aggbox.admin", "aggbox.migrate"))
-    yield from run_cli(db, mongo_uri, monkeypatch, capsys)
 
 
 @pytest.mark.mongo

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,7 +14,7 @@ from hypothesis import strategies as st
 from aggbox.migrate_partitions import migrate_partitions
 from aggregates.document import F_PARTITION as F_PARTITION_REEXPORTED
 from aggregates.partitions import F_PARTITION, PARTITIONS, partition_of
-from tests.aggregates.cli import Run, run_cli
+from tests.aggregates.cli import Run, migrate_cli  # noqa: F401 (the cli fixture)
 from tests.aggregates.contract import kinds, writer
 from tests.aggregates.domain import msg
 
@@ -155,16 +154,6 @@ def test_migrate_partitions_wait_retries_the_pending_documents(db: Any) -> None:
     [res] = migrate_partitions(db, ["counters"], wait=2.5, clock=lambda: now[0],
                                sleep=sleep)
     assert (res.migrated, res.pending) == (0, 1) and res.passes == 4
-
-
-@pytest.fixture
-def cli(db: Any, mongo_uri: str, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> Iterator[Run]:
-    """``run(*argv) -> (exit code, stdout, stderr)`` against this test's database."""
-    import aggbox.cli
-
-    monkeypatch.setattr(aggbox.cli, "SUBCOMMAND_MODULES", ("aggbox.admin", "aggbox.migrate"))
-    yield from run_cli(db, mongo_uri, monkeypatch, capsys)
 
 
 @pytest.mark.mongo
