@@ -36,7 +36,7 @@ from dispatcher.faults import Faults
 from dispatcher.inflight import InFlight
 from dispatcher.metrics import Metrics
 from dispatcher.publishers.base import Publisher, PublishResult
-from dispatcher.record import InvalidEntry, OutboundRecord, build_record
+from dispatcher.record import H_FENCE, InvalidEntry, OutboundRecord, build_record
 from dispatcher.timing import REAL_TIME, Timing, pause
 
 __all__ = ["INVALID_OUTBOX_ENTRY", "Cycle", "CycleResult"]
@@ -94,6 +94,7 @@ class Cycle:
         faults: Faults,
         lease_held: Callable[[], bool],
         source_type: str | None = None,
+        fence: Callable[[Mapping[str, Any]], str | None] | None = None,
         backoff_initial_s: float = 0.1,
         backoff_max_s: float = 5.0,
         timing: Timing = REAL_TIME,
@@ -108,6 +109,8 @@ class Cycle:
         self.metrics = metrics
         self.faults = faults
         self.lease_held = lease_held
+        #: a document → the ``fence`` header of its records (None: no header)
+        self.fence = fence
         self.source_type = source_type or coll.name
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
@@ -187,6 +190,11 @@ class Cycle:
                 records.append(InvalidEntry(str(entry.get("id")) if isinstance(entry, Mapping)
                                             else repr(entry),
                                             f"{type(exc).__name__}: {exc}", entry=entry))
+        fence = self.fence(doc) if self.fence is not None else None
+        if fence is not None:
+            for r in records:
+                if isinstance(r, OutboundRecord):
+                    r.headers[H_FENCE] = fence
         return _Doc(key, records, claim.stale)
 
     async def _send(self, docs: list[_Doc]) -> CycleResult:

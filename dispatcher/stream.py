@@ -34,7 +34,7 @@ from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 
-from aggregates.document import F_OUTBOX, F_TYPE
+from aggregates.document import F_OUTBOX, F_PARTITION, F_TYPE
 from dispatcher.timing import REAL_TIME, Timing, pause
 
 __all__ = [
@@ -63,7 +63,8 @@ PIPELINE: Final[list[dict[str, Any]]] = [
     # Only what the dispatcher reads: the looked-up document's id, type and outbox (its
     # state, dedup record … are neither sent nor decoded), and the event's own fields.
     {"$project": {"operationType": 1, "clusterTime": 1, "fullDocument._id": 1,
-                  f"fullDocument.{F_TYPE}": 1, f"fullDocument.{F_OUTBOX}": 1}},
+                  f"fullDocument.{F_TYPE}": 1, f"fullDocument.{F_OUTBOX}": 1,
+                  f"fullDocument.{F_PARTITION}": 1}},
 ]
 
 

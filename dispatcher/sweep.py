@@ -16,7 +16,7 @@ from typing import Any
 
 from pymongo.asynchronous.collection import AsyncCollection
 
-from aggregates.document import F_OUTBOX, F_TYPE
+from aggregates.document import F_OUTBOX, F_PARTITION, F_TYPE
 from dispatcher.cycle import Cycle, CycleResult
 from dispatcher.metrics import Metrics
 from dispatcher.timing import Timing
@@ -48,8 +48,8 @@ async def sweep(coll: AsyncCollection[Any], cycle: Cycle, *, page_size: int,
             query = {**PENDING, **(where or {})}
             if last is not None:
                 query["_id"] = {"$gt": last}
-            page = await coll.find(query, {F_OUTBOX: 1, F_TYPE: 1}).sort("_id", 1).limit(
-                page_size).to_list()
+            page = await coll.find(query, {F_OUTBOX: 1, F_TYPE: 1, F_PARTITION: 1}).sort(
+                "_id", 1).limit(page_size).to_list()
             if not page:
                 break
             out.documents += len(page)

@@ -39,7 +39,7 @@ from typing import Any
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import OperationFailure, PyMongoError
 
-from aggregates.document import F_OUTBOX, F_TYPE
+from aggregates.document import F_OUTBOX, F_PARTITION, F_TYPE
 from dispatcher.backlog import measure_backlog
 from dispatcher.balancer import Balancer
 from dispatcher.cycle import Cycle, CycleResult
@@ -111,7 +111,7 @@ class CollectionWorker:
             dead_letters=db[dead_letter_collection], topic_template=s.topic_template,
             max_batch_records=s.max_batch_records, metrics=metrics, faults=faults,
             lease_held=lambda: self.balancer.holds(self.selection.partitions),
-            source_type=source_type,
+            source_type=source_type, fence=self._fence,
             backoff_initial_s=s.backoff_initial_ms / 1000,
             backoff_max_s=s.backoff_max_ms / 1000, timing=timing)
         self.sweeps = Sweeps(self.coll, self.cycle, name=collection, page_size=s.batch_size,
@@ -200,6 +200,13 @@ class CollectionWorker:
         await self.balancer.close()
         self.metrics.lease_active.labels(self.name).set(0)
         self.health.beat(self.name, role="stopped")
+
+    def _fence(self, doc: Mapping[str, Any]) -> str | None:
+        """The ``fence`` header of a document's records: its partition (0 without ``_p``)
+        and the epoch of our lease on it."""
+        p = doc.get(F_PARTITION, 0)
+        epoch = self.leases.epochs.get(p) if isinstance(p, int) else None
+        return None if epoch is None else f"{p}:{epoch}"
 
     def _contact(self) -> None:
         self.health.contact(self.name)
@@ -352,7 +359,7 @@ class CollectionWorker:
         try:
             docs = await self.coll.find({"_id": {"$in": keys}, **PENDING,
                                          **self.selection.query()},
-                                        {F_OUTBOX: 1, F_TYPE: 1}).to_list()
+                                        {F_OUTBOX: 1, F_TYPE: 1, F_PARTITION: 1}).to_list()
             self._contact()
             await self._publish(docs)
         except BaseException:

@@ -30,7 +30,7 @@ from aggregates.partitions import PARTITIONS, partition_of
 from dispatcher.balance import fair
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.kafka import KafkaPublisher
-from dispatcher.record import HEADER_NAMES
+from dispatcher.record import H_FENCE, HEADER_NAMES
 from dispatcher.settings import DispatcherSettings
 from tests.dispatcher.helpers import (
     check_delivery,
@@ -262,8 +262,14 @@ def test_instances_share_partitions_through_kill_join_and_graceful_stop(
     check_delivery([c for c, _ in got], emitted)  # all there, first copies in order
     id_of: dict[tuple[str, int], str] = {}
     newest: dict[str, int] = {}
-    for agg, mid, seq in (c for c, _ in got):
+    fences: dict[str, int] = {}
+    for (agg, mid, seq), msg in got:
         assert id_of.setdefault((agg, seq), mid) == mid  # a republish has the same id
+        # The lease epoch in the fence header never goes back for one aggregate: no record
+        # of a previous holder arrived after one of the next holder.
+        partition, epoch = map(int, _headers(msg)[H_FENCE].split(":"))
+        assert partition == partition_of(agg) and epoch >= fences.get(agg, 0), (agg, epoch)
+        fences[agg] = epoch
         if seq < newest.get(agg, 0):
             # Backwards only to republish what the killed instance had published but not
             # yet pulled, in the partitions it held.
