@@ -245,10 +245,11 @@ def test_permanent_rejections_are_dead_lettered_pulled_and_do_not_block(
         {"collection": "emitters", "reason": "message_too_large"}) == 2
 
 
+@pytest.mark.parametrize("mode", ["stream", "poll"])
 def test_two_instances_share_the_partitions_and_a_lost_lease_stops_publishing(
-        writer: StoreWriter, ddb: Database[Any], store: AggboxSettings) -> None:
+        mode: str, writer: StoreWriter, ddb: Database[Any], store: AggboxSettings) -> None:
     pub_a, pub_b = ListPublisher(), ListPublisher()
-    over = dict(lease_ttl_s=1.5, takeover_grace_s=0.2)
+    over = dict(lease_ttl_s=1.5, takeover_grace_s=0.2, mode=mode)
     a = Dispatcher(settings(instance_id="A", **over), store=store, publisher=pub_a)
     b = Dispatcher(settings(instance_id="B", **over), store=store, publisher=pub_b)
     leases = ddb.aggbox_dispatcher_partitions
