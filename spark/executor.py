@@ -42,7 +42,7 @@ from aggregates.outcomes import Outcome
 from aggregates.reasons import Reason
 from aggregates.settings import AggboxSettings
 from aggregates.writer import StoreWriter, utc_now
-from spark.messages import fast_message, json_loads
+from spark.messages import fast_message, json_loads, with_record_trace
 from spark.schema import OUTCOME_COLUMNS, outcome_columns
 from spark.validate import LONE_SURROGATE_DETAIL
 
@@ -156,6 +156,8 @@ class _Partition:
         messages: list[Message] = []
         dead: list[tuple[DeadLetter, Outcome]] = []
         max_payload = self.settings.max_payload_bytes
+        # Kafka record headers (spark.sources.TRACE_HEADER_COLUMNS), when the source has them.
+        traceparents, tracestates = cols.get("_h_traceparent"), cols.get("_h_tracestate")
         for row, (raw, reason, detail, mid, atype, aid) in enumerate(zip(
             cols["_raw"], cols["_reason"], cols["_detail"], cols["_mid"], cols["_atype"],
             cols["_aid"], strict=True,
@@ -176,6 +178,10 @@ class _Partition:
                             f"{MAX_RECORD_DEPTH} are accepted: flatten the payload")
                     else:
                         decoded = json_loads(raw)
+                        if traceparents is not None and traceparents[row] is not None:
+                            decoded = with_record_trace(
+                                decoded, traceparents[row],
+                                tracestates[row] if tracestates is not None else None)
                 except (ValueError, RecursionError) as exc:  # JSON the JVM accepted but
                     decoded = None                          # Python does not
                     reason, detail = Reason.INVALID_JSON, f"not valid JSON: {exc}"

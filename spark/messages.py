@@ -44,8 +44,9 @@ from aggregates.envelope import (
 )
 from aggregates.errors import EnvelopeError
 from aggregates.fastbuild import slot_builder, utf8_encodable
+from aggregates.tracecontext import TRACEPARENT, TRACESTATE, trace_headers
 
-__all__ = ["fast_message", "json_loads"]
+__all__ = ["fast_message", "json_loads", "with_record_trace"]
 
 _FIELDS: Final = frozenset(ENVELOPE_FIELDS)
 #: An upper bound of BSON bytes per character of a payload's JSON text (the worst case is
@@ -207,3 +208,31 @@ def fast_message(decoded: Any, raw: str, max_payload_bytes: int) -> Message | No
         return None
     return _new_message(mid, mtype, atype, aid, payload, occurred_at, source, correlation_id,
                         causation_id, headers, version)
+
+
+def with_record_trace(decoded: Any, traceparent: str | None, tracestate: str | None) -> Any:
+    """``decoded`` with a Kafka record's ``traceparent``/``tracestate`` headers filled into
+    its ``headers`` (a new dict; ``decoded`` is not changed), or ``decoded`` itself.
+
+    The envelope is the authoritative message: a header it has wins, and an envelope with
+    its own ``traceparent`` keeps its trace context whole (a record's ``tracestate`` belongs
+    to the record's ``traceparent``). The record's headers are only used when its
+    ``traceparent`` is well-formed (:func:`aggregates.tracecontext.trace_headers`, which
+    also drops an empty or too long ``tracestate``). A record that is not a JSON object, or
+    whose ``headers`` is not an object, is returned as it is: its checks report it."""
+    if traceparent is None or type(decoded) is not dict:
+        return decoded
+    headers = decoded.get("headers")
+    if headers is None:
+        headers = {}
+    elif type(headers) is not dict or TRACEPARENT in headers:
+        return decoded
+    record = {TRACEPARENT: traceparent}
+    if tracestate is not None:
+        record[TRACESTATE] = tracestate
+    carried = trace_headers(record)
+    if carried is None:
+        return decoded
+    out = dict(decoded)
+    out["headers"] = {**carried, **headers}
+    return out

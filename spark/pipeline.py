@@ -55,7 +55,13 @@ from spark.results import (
 from spark.schema import OUTCOME_SCHEMA
 from spark.session import check_session
 from spark.settings import InputFormat, SparkSettings
-from spark.sources import StreamSource, add_line_order, read_batch, read_stream
+from spark.sources import (
+    TRACE_HEADER_COLUMNS,
+    StreamSource,
+    add_line_order,
+    read_batch,
+    read_stream,
+)
 from spark.validate import RegistryInfo, validate
 
 __all__ = [
@@ -138,7 +144,8 @@ class Pipeline:
         on it runs the writer again; :meth:`process` runs it exactly once."""
         checked = validate(raw, self.info, max_payload_bytes=self.settings.max_payload_bytes)
         ordered = order_within_aggregates(checked, self.spark_settings.shuffle_partitions)
-        rows = ordered.select("_raw", "_reason", "_detail", "_mid", "_atype", "_aid")
+        rows = ordered.select("_raw", "_reason", "_detail", "_mid", "_atype", "_aid",
+                              *[c for c in TRACE_HEADER_COLUMNS if c in ordered.columns])
         return rows.mapInArrow(functools.partial(write_partition, self.task()), OUTCOME_SCHEMA)
 
     def process(

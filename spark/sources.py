@@ -8,6 +8,11 @@ Position columns, the last tie-breaker when an aggregate's messages are ordered
   file order;
 - Kafka: ``_src`` = topic, ``_o1`` = partition, ``_o2`` = offset.
 
+A Kafka stream also has the nullable columns :data:`TRACE_HEADER_COLUMNS`: the record's
+``traceparent`` and ``tracestate`` *Kafka record headers* (only these two), which the executor
+adds to the envelope's ``headers`` unless the envelope has its own trace context
+(:func:`spark.messages.with_record_trace`).
+
 Blank lines in JSON Lines files are not records (Spark's JSON reader skips them too); every
 other line is one record, valid or not, whatever its bytes. A byte-order mark (U+FEFF) at the
 start of any line (or Kafka record) is dropped: Hadoop's reader drops one at the start of a
@@ -20,12 +25,13 @@ import glob
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final
 
 from aggregates.errors import ConfigurationError
 from spark.settings import InputFormat
 
 __all__ = [
+    "TRACE_HEADER_COLUMNS",
     "DirectorySource",
     "KafkaSource",
     "StreamSource",
@@ -34,6 +40,32 @@ __all__ = [
     "read_batch",
     "read_stream",
 ]
+
+
+#: The Kafka record headers carried (``traceparent``, ``tracestate``), as nullable string
+#: columns next to ``_raw``; only Kafka streams have them.
+TRACE_HEADER_COLUMNS: Final = ("_h_traceparent", "_h_tracestate")
+#: The longest record-header value carried, in bytes (tracecontext's tracestate limit).
+_MAX_TRACE_HEADER_BYTES: Final = 512
+
+
+def _record_header(name: str) -> Any:
+    """The Kafka record header ``name`` as text, or NULL: absent, repeated (the W3C spec
+    makes a repeated traceparent invalid), longer than 512 bytes, not valid UTF-8, or not
+    printable ASCII (all that traceparent and tracestate may hold). Its shape is checked
+    in the executor by :func:`aggregates.tracecontext.trace_headers`."""
+    from pyspark.sql import functions as F
+
+    # try_element_at: under ANSI mode Spark may evaluate every operand of AND (no
+    # short-circuit), and element_at of an empty array would fail the query.
+    found = f"filter(headers, h -> h.key = '{name}')"
+    value = f"try_element_at({found}, 1).value"
+    text = f"CAST({value} AS STRING)"
+    return F.expr(
+        f"CASE WHEN coalesce(size({found}), 0) = 1 "
+        f"AND coalesce(octet_length({value}) <= {_MAX_TRACE_HEADER_BYTES}, false) "
+        f"AND coalesce(is_valid_utf8({text}), false) "
+        f"THEN CASE WHEN {text} RLIKE '^[ -~]*$' THEN {text} END END")
 
 
 def detect_format(path: str) -> str:
@@ -133,8 +165,16 @@ StreamSource = KafkaSource | DirectorySource
 
 
 def read_stream(spark: Any, source: StreamSource) -> Any:
-    """A streaming DataFrame of ``_raw, _src, _o1`` (plus ``_o2`` for Kafka); for a
-    directory :func:`add_line_order` adds ``_o2`` inside each micro-batch."""
+    """A streaming DataFrame of ``_raw, _src, _o1`` (plus ``_o2`` and
+    :data:`TRACE_HEADER_COLUMNS` for Kafka); for a directory :func:`add_line_order` adds
+    ``_o2`` inside each micro-batch.
+
+    Kafka record headers: the trace context travels as two extra columns to the executor,
+    which merges it into the *decoded* envelope (:func:`spark.messages.with_record_trace`).
+    ``_raw`` is never rewritten in SQL: a JSON round trip would change the bytes kept for
+    dead letters (number spelling, duplicate keys, escapes) and could turn an invalid record
+    into a valid one or the reverse; with separate columns every record keeps exactly its
+    bytes and its one outcome."""
     from pyspark.sql import functions as F
 
     if isinstance(source, KafkaSource):
@@ -143,16 +183,22 @@ def read_stream(spark: Any, source: StreamSource) -> Any:
             .option("kafka.bootstrap.servers", source.bootstrap_servers)
             .option("subscribe", source.topic)
             .option("startingOffsets", source.starting_offsets)
+            .option("includeHeaders", "true")  # headers: array<struct<key, value: binary>>
         )
         if source.max_offsets_per_trigger:
             reader = reader.option("maxOffsetsPerTrigger", str(source.max_offsets_per_trigger))
         for k, v in source.options.items():
             reader = reader.option(k, v)
-        return reader.load().withColumn("value", F.col("value").cast("string")).select(
+        df = reader.load()
+        with_headers = "headers" in df.columns  # unless the options turned includeHeaders off
+        return df.withColumn("value", F.col("value").cast("string")).select(
             _without_bom("value").alias("_raw"),
             F.col("topic").alias("_src"),
             F.col("partition").cast("long").alias("_o1"),
             F.col("offset").alias("_o2"),
+            *[(_record_header(name) if with_headers else F.lit(None).cast("string")).alias(col)
+              for name, col in zip(("traceparent", "tracestate"), TRACE_HEADER_COLUMNS,
+                                   strict=True)],
         )
     reader = spark.readStream.format("text")
     if source.max_files_per_trigger:

@@ -47,6 +47,7 @@ from typing import Any, Final
 from aggregates.aggregate import Registry
 from aggregates.envelope import MAX_EPOCH_MILLIS, MAX_RECORD_DEPTH, MIN_EPOCH_MILLIS
 from aggregates.reasons import Reason
+from spark.sources import TRACE_HEADER_COLUMNS
 
 __all__ = [
     "LONE_SURROGATE_DETAIL",
@@ -157,19 +158,20 @@ class _Checks:
         return f"CASE {index} {whens} ELSE NULL END"
 
 
-def _projections(info: RegistryInfo, max_payload_bytes: int
+def _projections(info: RegistryInfo, max_payload_bytes: int, extra: Sequence[str] = ()
                  ) -> tuple[list[list[str]], _Checks]:
     """The projections to apply in turn (each may use the previous one's columns) and the
     checks."""
-    return _projection_columns(), _checks(info, max_payload_bytes)
+    return _projection_columns(extra), _checks(info, max_payload_bytes)
 
 
-def _projection_columns() -> list[list[str]]:
-    """The columns the checks use, in four projections (each may use the previous one's)."""
+def _projection_columns(extra: Sequence[str] = ()) -> list[list[str]]:
+    """The columns the checks use, in four projections (each may use the previous one's);
+    ``extra`` input columns are passed through."""
     # Encoding, size and depth are decided on the raw text; only records that pass are
     # parsed (a deep record would overflow the recursive VARIANT code, one over 16 MiB its
     # limit). Too large records under 16 MiB are parsed for their ids (outcome rows).
-    pre = ["_raw", "_src", "_o1", "_o2", "octet_length(_raw) AS _size",
+    pre = ["_raw", "_src", "_o1", "_o2", *extra, "octet_length(_raw) AS _size",
            "coalesce(NOT is_valid_utf8(_raw), false) AS _bad_utf8",
            f"coalesce({_LONE_SURROGATE}, false) AS _surrogate"]
     first = ["*",
@@ -260,8 +262,10 @@ def _unknown_aggregate_detail(names: list[str]) -> str:
 def validate(df: Any, info: RegistryInfo, *, max_payload_bytes: int) -> Any:
     """Add ``_reason``/``_detail`` (NULL for valid rows), the routing columns ``_mid``,
     ``_atype``, ``_aid`` and the ordering columns ``_stype``, ``_sid``, ``_seq`` (source type,
-    id, seq) and ``_ts`` (occurred_at). Returns exactly :data:`VALIDATED_COLUMNS`."""
-    stages, checks = _projections(info, max_payload_bytes)
+    id, seq) and ``_ts`` (occurred_at). Returns exactly :data:`VALIDATED_COLUMNS`, plus
+    the :data:`spark.sources.TRACE_HEADER_COLUMNS` the input has (Kafka), passed through."""
+    extra = [c for c in TRACE_HEADER_COLUMNS if c in df.columns]
+    stages, checks = _projections(info, max_payload_bytes, extra)
     parsed = df
     for stage in stages:
         parsed = parsed.selectExpr(*stage)
@@ -285,5 +289,5 @@ def validate(df: Any, info: RegistryInfo, *, max_payload_bytes: int) -> Any:
         f"{MIN_EPOCH_MILLIS} AND {MAX_EPOCH_MILLIS} THEN "
         "timestamp_millis(CAST(_d_occurred_at AS BIGINT)) END "
         "ELSE try_cast(_s_occurred_at AS TIMESTAMP) END AS _ts",
-        "_src", "_o1", "_o2",
+        "_src", "_o1", "_o2", *extra,
     )
