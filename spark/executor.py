@@ -149,6 +149,8 @@ class _Partition:
         self.carry_over_max = task.carry_over_max
         self.task_attempt = _task_attempt()
         self.carry: list[Message] = []
+        # Message id → type of this batch's dead letters (``Outcome`` carries no type).
+        self.dead_types: dict[str, str] = {}
 
     # -- one Arrow batch → messages and dead letters --------------------------------------
     def parse(self, batch: Any) -> tuple[list[Message], list[tuple[DeadLetter, Outcome]]]:
@@ -158,6 +160,8 @@ class _Partition:
         max_payload = self.settings.max_payload_bytes
         # Kafka record headers (spark.sources.TRACE_HEADER_COLUMNS), when the source has them.
         traceparents, tracestates = cols.get("_h_traceparent"), cols.get("_h_tracestate")
+        mtypes = cols.get("_mtype")  # absent when the caller selected no such column
+        self.dead_types = {}
         for row, (raw, reason, detail, mid, atype, aid) in enumerate(zip(
             cols["_raw"], cols["_reason"], cols["_detail"], cols["_mid"], cols["_atype"],
             cols["_aid"], strict=True,
@@ -205,6 +209,9 @@ class _Partition:
                                 atype, aid, message_id=None if msg else ident)
             dead.append((letter, Outcome(ident, atype or "", aid or "", "dead_lettered",
                                          reason, detail)))
+            mtype = msg.type if msg is not None else (mtypes[row] if mtypes else None)
+            if mtype:
+                self.dead_types[ident] = mtype
         return messages, dead
 
     # -- carry-over of the last aggregate's run ------------------------------------------
@@ -223,17 +230,23 @@ class _Partition:
         self.carry = todo[start:]
         return todo[:start]
 
-    def write(self, messages: list[Message], dead: list[tuple[DeadLetter, Outcome]]) -> Any:
+    def write(self, messages: list[Message],
+              dead: list[tuple[DeadLetter, Outcome]]) -> tuple[list[Outcome], dict[str, str]]:
+        """The outcomes, and the message types by message id (for ``message_type``;
+        released parked messages are not in it: their outcome rows have NULL there)."""
         outcomes = self.writer.process(messages) if messages else []
+        types = {m.message_id: m.type for m in messages}
         if dead:
             self.dead_store.write([d for d, _ in dead], now=utc_now())
             outcomes.extend(o for _, o in dead)
-        return outcomes
+            types.update(self.dead_types)
+        return outcomes, types
 
-    def to_arrow(self, outcomes: list[Outcome]) -> Any:
+    def to_arrow(self, outcomes: list[Outcome], types: dict[str, str]) -> Any:
         import pyarrow as pa
 
-        columns = outcome_columns(outcomes, task_attempt=self.task_attempt)
+        columns = outcome_columns(outcomes, task_attempt=self.task_attempt,
+                                  message_types=types)
         return pa.RecordBatch.from_arrays(
             [pa.array(c, type=t) for c, t in zip(columns, _arrow_types(), strict=True)],
             names=list(OUTCOME_COLUMNS),
@@ -249,7 +262,7 @@ def _arrow_types() -> list[Any]:
 
         _ARROW_TYPES.extend([pa.string(), pa.string(), pa.string(), pa.string(), pa.string(),
                              pa.string(), pa.list_(pa.string()), pa.int32(), pa.bool_(),
-                             pa.int32()])
+                             pa.int32(), pa.string()])
     return _ARROW_TYPES
 
 
@@ -263,8 +276,8 @@ def write_partition(task: WriterTask, batches: Iterator[Any]) -> Iterator[Any]:
         if part is None:
             part = _Partition(task)
         messages, dead = part.parse(batch)
-        outcomes = part.write(part.take(messages, final=False), dead)
+        outcomes, types = part.write(part.take(messages, final=False), dead)
         if outcomes:
-            yield part.to_arrow(outcomes)
+            yield part.to_arrow(outcomes, types)
     if part is not None and part.carry:
-        yield part.to_arrow(part.write(part.take([], final=True), []))
+        yield part.to_arrow(*part.write(part.take([], final=True), []))

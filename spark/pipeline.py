@@ -144,7 +144,7 @@ class Pipeline:
         on it runs the writer again; :meth:`process` runs it exactly once."""
         checked = validate(raw, self.info, max_payload_bytes=self.settings.max_payload_bytes)
         ordered = order_within_aggregates(checked, self.spark_settings.shuffle_partitions)
-        rows = ordered.select("_raw", "_reason", "_detail", "_mid", "_atype", "_aid",
+        rows = ordered.select("_raw", "_reason", "_detail", "_mid", "_atype", "_aid", "_mtype",
                               *[c for c in TRACE_HEADER_COLUMNS if c in ordered.columns])
         return rows.mapInArrow(functools.partial(write_partition, self.task()), OUTCOME_SCHEMA)
 
@@ -171,9 +171,9 @@ class Pipeline:
             outcomes = self.spark.read.schema(OUTCOME_SCHEMA).parquet(target)
         else:
             outcomes = outcomes.localCheckpoint(eager=True)
-        counts, reasons = count_outcomes(outcomes)
+        counts, reasons, by_type = count_outcomes(outcomes)
         return RunResult(run_id=run_id, input_count=input_count, counts=counts,
-                         reasons=reasons, outcomes=outcomes, outcomes_path=target,
+                         reasons=reasons, by_type=by_type, outcomes=outcomes, outcomes_path=target,
                          batch_id=batch_id, seconds=time.monotonic() - started)
 
     # -- batch ---------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -82,4 +83,19 @@ def summary_table(title: str, input_count: int, counts: dict[str, int],
     table.add_row("total", "", str(total), style="bold")
     if total != input_count:
         table.add_row("unaccounted", "BUG: report it", str(input_count - total), style="red")
+    return table
+
+
+def by_type_table(by_type: dict[tuple[str, str, str, str], int], *, top: int = 20) -> Table:
+    """Outcome rows by aggregate type, message type, outcome and reason: the ``top`` largest
+    counts, then how many more rows there are."""
+    table = Table(title="by aggregate and message type", title_justify="left")
+    for name in ("aggregate_type", "message_type", "outcome", "reason"):
+        table.add_column(name)
+    table.add_column("messages", justify="right")
+    rows = sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0]))
+    for (atype, mtype, outcome, reason), n in rows[:top]:
+        table.add_row(escape(atype), escape(mtype), outcome, escape(reason), str(n))
+    if len(rows) > top:
+        table.add_row(f"… {len(rows) - top} more", "", "", "", "", style="dim")
     return table

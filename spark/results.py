@@ -31,6 +31,9 @@ class RunResult:
     input_count: int
     counts: dict[str, int]
     reasons: dict[tuple[str, str], int]
+    #: (aggregate_type, message_type, outcome, reason) → count, "" for NULL; ``outcome`` is
+    #: ``released_<kind>`` for released parked messages, as in ``counts``.
+    by_type: dict[tuple[str, str, str, str], int] = field(default_factory=dict)
     outcomes: Any = None  # DataFrame of spark.schema.OUTCOME_SCHEMA (None once dropped)
     outcomes_path: str | None = None
     batch_id: int | None = None
@@ -93,15 +96,33 @@ class StreamResult:
         return out
 
     @property
+    def by_type(self) -> dict[tuple[str, str, str, str], int]:
+        out: dict[tuple[str, str, str, str], int] = {}
+        for b in self.batches:
+            for k, v in b.by_type.items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    @property
+    def seconds(self) -> float:
+        return sum(b.seconds for b in self.batches)
+
+    @property
     def ok(self) -> bool:
         return all(b.ok for b in self.batches)
 
 
 
-def count_outcomes(outcomes: Any) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+def count_outcomes(outcomes: Any) -> tuple[
+        dict[str, int], dict[tuple[str, str], int], dict[tuple[str, str, str, str], int]]:
+    """``counts`` (per outcome kind, ``released_<kind>``, ``total``), ``reasons`` (per
+    outcome and reason, input records only) and ``by_type`` (see :attr:`RunResult.by_type`),
+    from one Spark job: a single groupBy over every column they need."""
     counts: dict[str, int] = {k: 0 for k in OUTCOME_KINDS}
     reasons: dict[tuple[str, str], int] = {}
-    rows = outcomes.groupBy("outcome", "from_parked", "reason").count().collect()
+    by_type: dict[tuple[str, str, str, str], int] = {}
+    rows = outcomes.groupBy("outcome", "from_parked", "reason", "aggregate_type",
+                            "message_type").count().collect()
     for r in rows:
         n = int(r["count"])
         key = f"released_{r['outcome']}" if r["from_parked"] else str(r["outcome"])
@@ -109,5 +130,7 @@ def count_outcomes(outcomes: Any) -> tuple[dict[str, int], dict[tuple[str, str],
         if r["reason"] is not None and not r["from_parked"]:
             rk = (str(r["outcome"]), str(r["reason"]))
             reasons[rk] = reasons.get(rk, 0) + n
+        tk = (r["aggregate_type"] or "", r["message_type"] or "", key, r["reason"] or "")
+        by_type[tk] = by_type.get(tk, 0) + n
     counts["total"] = sum(counts[k] for k in OUTCOME_KINDS)
-    return counts, reasons
+    return counts, reasons, by_type

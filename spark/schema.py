@@ -7,6 +7,7 @@ payload shapes, and a string keeps one schema for all of them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from operator import attrgetter
 from typing import Final
 
@@ -93,16 +94,21 @@ OUTCOME_SCHEMA: Final = StructType(
         StructField("attempt", IntegerType(), False),
         StructField("from_parked", BooleanType(), False),
         StructField("task_attempt", IntegerType(), False),
+        # The message's ``type`` (NULL: a dead letter whose record names no string type, or
+        # a released parked message). Last, so that the columns before it keep positions.
+        StructField("message_type", StringType(), True),
     ]
 )
 
 OUTCOME_COLUMNS: Final = tuple(f.name for f in OUTCOME_SCHEMA.fields)
 
 
-def outcome_row(o: Outcome, *, task_attempt: int) -> tuple[object, ...]:
+def outcome_row(o: Outcome, *, task_attempt: int,
+                message_type: str | None = None) -> tuple[object, ...]:
     """An :class:`Outcome` as a tuple in :data:`OUTCOME_SCHEMA` order."""
     return (o.message_id, o.aggregate_type or None, o.aggregate_id or None, o.outcome,
-            o.reason, o.detail, list(o.emitted_ids), o.attempt, o.from_parked, task_attempt)
+            o.reason, o.detail, list(o.emitted_ids), o.attempt, o.from_parked, task_attempt,
+            message_type or None)
 
 
 _COLUMN_GETTERS: Final = tuple(attrgetter(name) for name in (
@@ -110,10 +116,12 @@ _COLUMN_GETTERS: Final = tuple(attrgetter(name) for name in (
     "emitted_ids", "attempt", "from_parked"))
 
 
-def outcome_columns(outcomes: list[Outcome], *, task_attempt: int) -> list[list[object]]:
+def outcome_columns(outcomes: list[Outcome], *, task_attempt: int,
+                    message_types: Mapping[str, str] | None = None) -> list[list[object]]:
     """Outcomes as columns in :data:`OUTCOME_SCHEMA` order: column ``i`` holds
     ``outcome_row(o)[i]`` of every outcome (``emitted_ids`` as tuples), built column by
-    column rather than row by row and transposed."""
+    column rather than row by row and transposed. ``message_types`` maps message id →
+    message type (:class:`Outcome` has no type; ids not in it get NULL)."""
     mid, atype, aid, kind, reason, detail, emitted, attempt, parked = _COLUMN_GETTERS
     return [
         list(map(mid, outcomes)),
@@ -126,4 +134,6 @@ def outcome_columns(outcomes: list[Outcome], *, task_attempt: int) -> list[list[
         list(map(attempt, outcomes)),
         list(map(parked, outcomes)),
         [task_attempt] * len(outcomes),
+        ([message_types.get(m) or None for m in map(mid, outcomes)] if message_types
+         else [None] * len(outcomes)),
     ]

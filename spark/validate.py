@@ -64,7 +64,7 @@ LONE_SURROGATE_DETAIL: Final = ("invalid message envelope: a string holds a lone
 
 #: Columns :func:`validate` returns.
 VALIDATED_COLUMNS: Final = ("_raw", "_reason", "_detail", "_mid", "_atype", "_aid", "_stype",
-                            "_sid", "_seq", "_ts", "_src", "_o1", "_o2")
+                            "_sid", "_seq", "_ts", "_src", "_o1", "_o2", "_mtype")
 
 #: Slack over ``max_payload_bytes`` before Spark rejects a record by its text size (JSON text
 #: and BSON sizes differ; the executor checks the payload's BSON size exactly).
@@ -261,7 +261,8 @@ def _unknown_aggregate_detail(names: list[str]) -> str:
 
 def validate(df: Any, info: RegistryInfo, *, max_payload_bytes: int) -> Any:
     """Add ``_reason``/``_detail`` (NULL for valid rows), the routing columns ``_mid``,
-    ``_atype``, ``_aid`` and the ordering columns ``_stype``, ``_sid``, ``_seq`` (source type,
+    ``_atype``, ``_aid``, the message type ``_mtype`` (for the outcome rows) and the ordering
+    columns ``_stype``, ``_sid``, ``_seq`` (source type,
     id, seq) and ``_ts`` (occurred_at). Returns exactly :data:`VALIDATED_COLUMNS`, plus
     the :data:`spark.sources.TRACE_HEADER_COLUMNS` the input has (Kafka), passed through."""
     extra = [c for c in TRACE_HEADER_COLUMNS if c in df.columns]
@@ -289,5 +290,7 @@ def validate(df: Any, info: RegistryInfo, *, max_payload_bytes: int) -> Any:
         f"{MIN_EPOCH_MILLIS} AND {MAX_EPOCH_MILLIS} THEN "
         "timestamp_millis(CAST(_d_occurred_at AS BIGINT)) END "
         "ELSE try_cast(_s_occurred_at AS TIMESTAMP) END AS _ts",
-        "_src", "_o1", "_o2", *extra,
+        "_src", "_o1", "_o2",
+        "CASE WHEN _t_type = 'STRING' THEN _s_type END AS _mtype",
+        *extra,
     )

@@ -111,6 +111,12 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                         help="also print the summary as one JSON line on stdout (last line)")
     parser.add_argument("--fail-on-dead-letters", action="store_true",
                         help="exit with status 3 when any record was dead-lettered or parked")
+    parser.add_argument("--metrics-file", metavar="PATH",
+                        help="write outcome counts by aggregate type, message type, outcome "
+                             "and reason to PATH in the Prometheus text format (atomically; "
+                             "a stream rewrites it after each micro-batch with the totals so "
+                             "far); push it with: curl --data-binary @PATH "
+                             "http://pushgateway:9091/metrics/job/aggbox")
 
 
 def register(subparsers: Any) -> None:
@@ -212,11 +218,32 @@ class _Context:
             self.spark.stop()
 
 
+def _by_type_rows(by_type: dict[tuple[str, str, str, str], int]) -> list[dict[str, Any]]:
+    """``by_type`` for the JSON summary, largest count first."""
+    return [{"aggregate_type": a, "message_type": m, "outcome": o, "reason": r, "count": n}
+            for (a, m, o, r), n in sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0]))]
+
+
+def _write_metrics(path: str | None, by_type: dict[tuple[str, str, str, str], int],
+                   input_count: int, seconds: float) -> None:
+    if not path:
+        return
+    import time
+
+    from spark.metrics_export import render_metrics, write_metrics_file
+
+    write_metrics_file(path, render_metrics(by_type, input_records=input_count,
+                                            run_seconds=seconds, timestamp=time.time()))
+
+
 def _finish(ctx: _Context, title: str, summary: dict[str, Any], input_count: int,
-            counts: dict[str, int], reasons: dict[tuple[str, str], int], ok: bool) -> int:
-    from spark.progress import summary_table
+            counts: dict[str, int], reasons: dict[tuple[str, str], int], ok: bool,
+            by_type: dict[tuple[str, str, str, str], int] | None = None) -> int:
+    from spark.progress import by_type_table, summary_table
 
     ctx.out.print(summary_table(title, input_count, counts, reasons))
+    if by_type:
+        ctx.out.print(by_type_table(by_type))
     if ctx.args.json:
         print(json.dumps(summary, default=str), file=sys.stdout, flush=True)
     if not ok:
@@ -286,12 +313,14 @@ def run_command(args: argparse.Namespace) -> int:
         summary = result.summary()
         summary.update(ok=result.ok, seconds=round(result.seconds, 3),
                        outcomes_path=result.outcomes_path,
-                       reasons={f"{o}/{r}": n for (o, r), n in result.reasons.items()})
+                       reasons={f"{o}/{r}": n for (o, r), n in result.reasons.items()},
+                       by_type=_by_type_rows(result.by_type))
+        _write_metrics(args.metrics_file, result.by_type, result.input_count, result.seconds)
         title = f"aggbox run {result.run_id} ({result.seconds:.1f} s)"
         if result.outcomes_path:
             title += f" — outcomes: {result.outcomes_path}"
         return _finish(ctx, title, summary, result.input_count, result.counts, result.reasons,
-                       result.ok)
+                       result.ok, result.by_type)
 
     return _guarded(ctx, "run", job)
 
@@ -327,10 +356,19 @@ def stream_command(args: argparse.Namespace) -> int:
             "was consumed so that a restart resumes instead of replaying the source"
         )
     def job() -> int:
-        from spark.pipeline import RunResult
+        from spark.pipeline import RunResult, StreamResult
         from spark.progress import spark_progress
 
+        totals = StreamResult()  # the micro-batches so far, for --metrics-file
+
         def on_batch(b: RunResult) -> None:
+            if args.metrics_file:
+                totals.batches.append(RunResult(
+                    run_id=b.run_id, input_count=b.input_count, counts=b.counts,
+                    reasons=b.reasons, by_type=b.by_type, batch_id=b.batch_id,
+                    seconds=b.seconds))
+                _write_metrics(args.metrics_file, totals.by_type, totals.input_count,
+                               totals.seconds)
             c = b.counts
             ctx.console.print(
                 f"micro-batch {b.batch_id}: input {b.input_count}, applied {c['applied']}, "
@@ -348,8 +386,9 @@ def stream_command(args: argparse.Namespace) -> int:
                                    "input": result.input_count, **result.counts,
                                    "ok": result.ok}
         summary["reasons"] = {f"{o}/{r}": n for (o, r), n in result.reasons.items()}
+        summary["by_type"] = _by_type_rows(result.by_type)
         title = f"aggbox stream {result.query_id}: {len(result.batches)} micro-batch(es)"
         return _finish(ctx, title, summary, result.input_count, result.counts, result.reasons,
-                       result.ok)
+                       result.ok, result.by_type)
 
     return _guarded(ctx, "stream", job)

@@ -37,7 +37,10 @@ def test_run_prints_a_summary_of_a_bad_input(spark_session: Any, db: Any, mongo_
     write_jsonl(tmp_path / "bad.jsonl", bad_lines())
     (tmp_path / "empty.jsonl").write_text("")
 
-    rc = main(["run", *cli(db, mongo_uri, "--input", str(tmp_path / "*.jsonl"), "--json")])
+    metrics = tmp_path / "metrics" / "aggbox.prom"
+    metrics.parent.mkdir()
+    rc = main(["run", *cli(db, mongo_uri, "--input", str(tmp_path / "*.jsonl"), "--json",
+                           "--metrics-file", str(metrics))])
 
     out = capsys.readouterr().out
     assert rc == 0
@@ -46,6 +49,22 @@ def test_run_prints_a_summary_of_a_bad_input(spark_session: Any, db: Any, mongo_
     assert summary["input"] == len(good) + bad and summary["ok"] is True
     assert summary["applied"] == len(good) and summary["dead_lettered"] == bad
     assert summary["reasons"]["dead_lettered/invalid_json"] == 2
+    # by_type: sums equal the counts; messages parsed carry their type, records that
+    # name no type have "".
+    by_type = summary["by_type"]
+    for kind in ("applied", "duplicate", "dead_lettered", "parked"):
+        assert sum(r["count"] for r in by_type if r["outcome"] == kind) == summary[kind], kind
+    assert all(r["message_type"] for r in by_type if r["outcome"] == "applied")
+    assert any(r["message_type"] == "" for r in by_type if r["reason"] == "invalid_json")
+    assert "by aggregate and message type" in out
+    # --metrics-file: the Prometheus text format with the same counts.
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = {f.name: f for f in text_string_to_metric_families(metrics.read_text())}
+    samples = families["aggbox_pipeline_outcomes"].samples
+    assert sum(s.value for s in samples) == summary["total"]
+    assert families["aggbox_pipeline_input_records"].samples[0].value == summary["input"]
+    assert list(metrics.parent.iterdir()) == [metrics]  # no temporary file left
     for text in ("dead_lettered", "invalid_envelope", "payload_too_large", "unknown_aggregate_type",
                  "handler_error", "total"):
         assert text in out, text

@@ -36,7 +36,8 @@ def test_outcome_rows_follow_the_outcome_schema() -> None:
     assert dict(zip(OUTCOME_COLUMNS, row, strict=True)) == {
         "message_id": "m1", "aggregate_type": "Account", "aggregate_id": "a1",
         "outcome": "applied", "reason": None, "detail": None, "emitted_ids": ["e1", "e2"],
-        "attempt": 2, "from_parked": False, "task_attempt": 1}
+        "attempt": 2, "from_parked": False, "task_attempt": 1, "message_type": None}
+    assert outcome_row(o, task_attempt=1, message_type="Deposit")[-1] == "Deposit"
 
 
 def test_outcome_columns_are_the_outcome_rows_by_column() -> None:
@@ -49,6 +50,9 @@ def test_outcome_columns_are_the_outcome_rows_by_column() -> None:
     assert [[list(v) if isinstance(v, tuple) else v for v in c] for c in columns] == [
         list(c) for c in zip(*rows, strict=True)]
     assert outcome_columns([], task_attempt=0) == [[] for _ in OUTCOME_COLUMNS]
+    typed = outcome_columns(outcomes, task_attempt=3, message_types={"m1": "Deposit"})
+    assert typed[OUTCOME_COLUMNS.index("message_type")] == ["Deposit", None, None]
+    assert OUTCOME_COLUMNS[-1] == "message_type"
 
 
 @pytest.mark.parametrize(("master", "expected"), [
