@@ -129,6 +129,9 @@ class Balancer:
         """Release the partitions the last round asked for. Call only once nothing of them
         is being published (the worker left its active loop and drained)."""
         parts, self.release_wanted = self.release_wanted, frozenset()
+        await self._release(parts)
+
+    async def _release(self, parts: frozenset[int]) -> None:
         if not parts:
             return
         try:
@@ -187,10 +190,7 @@ class Balancer:
         # the rest once the worker stopped publishing it (handover).
         idle = surplus - self._publishing()
         self.release_wanted = surplus - idle
-        if idle:
-            self.release_wanted, wanted = idle, self.release_wanted
-            await self.handover()
-            self.release_wanted = wanted
+        await self._release(idle)
         claimed = await leases.claim(decided.claim, views) if decided.claim else []
         for c in claimed:
             self.metrics.handovers.labels(self.name, f"claimed_{c.handover}").inc()

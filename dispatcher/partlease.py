@@ -251,7 +251,7 @@ class PartitionLeases:
 
     async def leave(self) -> None:
         """Graceful stop: release everything and remove the heartbeat."""
-        await self.release(list(self.held))
+        self.forget_some(list(self.held))
         await self.leases.update_many({"scope": self.scope, "owner": self.owner},
                                       {"$set": {"owner": None, "expires_at": _EPOCH,
                                                 "released_at": self._clock()}})

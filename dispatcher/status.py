@@ -11,7 +11,7 @@ and, with ONE aggregation on the collection, the pending outbox entries per part
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -20,6 +20,7 @@ from pymongo.database import Database
 
 from aggregates.document import F_OUTBOX
 from aggregates.partitions import F_PARTITION, PARTITIONS
+from dispatcher.balance import fair
 from dispatcher.sweep import PENDING
 
 __all__ = [
@@ -32,7 +33,6 @@ __all__ = [
     "compress_ranges",
     "format_age",
     "format_status",
-    "is_fair",
     "read_status",
 ]
 
@@ -252,14 +252,11 @@ def read_status(db: Database[Any], collection: str, *,
     status.lag.sort(key=lambda x: (-x.oldest_age_s, -x.entries, x.partition))
 
     status.instances = sorted(instances.values(), key=lambda i: i.instance)
-    status.fair = is_fair({i.instance: len(i.partitions) for i in status.instances if i.live},
-                          unowned=len(status.unowned))
+    # The balancing rule's own test: every partition held by a live instance, shares
+    # within one of each other.
+    status.fair = fair({i.instance: len(i.partitions) for i in status.instances if i.live},
+                       partitions)
     return status
-
-
-def is_fair(owned: Mapping[str, int], *, unowned: int) -> bool:
-    """Every partition held and the live instances within one partition of each other."""
-    return bool(owned) and unowned == 0 and max(owned.values()) - min(owned.values()) <= 1
 
 
 def _utc(value: datetime) -> datetime:
