@@ -58,6 +58,12 @@ class Reason(StrEnum):
     INVALID_OUTBOX_ENTRY = "invalid_outbox_entry"
     BROKER_UNAVAILABLE = "broker_unavailable"
     IO_ERROR = "io_error"
+    # The effect runner (dispatcher.effects).
+    EFFECT_REJECTED = "effect_rejected"
+    EFFECT_RETRYABLE = "effect_retryable"
+    EFFECT_TIMEOUT = "effect_timeout"
+    EFFECT_ERROR = "effect_error"
+    EFFECT_ATTEMPTS_EXHAUSTED = "effect_attempts_exhausted"
 
 
 class ReasonDoc(NamedTuple):
@@ -72,6 +78,8 @@ _DEAD = "dead-lettered"
 _PARKED = "parked"
 _DISPATCH_DEAD = "dead-lettered by the dispatcher"
 _DISPATCH_RETRY = "retried by the dispatcher"
+_EFFECT_DEAD = "effect failed: failure message to the aggregate, entry dead-lettered"
+_EFFECT_RETRY = "effect retried by the runner"
 
 #: One entry per :class:`Reason` member, in member order (a test checks it is complete).
 REASON_DOCS: Final[Mapping[Reason, ReasonDoc]] = {
@@ -215,4 +223,31 @@ REASON_DOCS: Final[Mapping[Reason, ReasonDoc]] = {
     Reason.IO_ERROR: ReasonDoc(
         _DISPATCH_RETRY, "the JSON-lines publisher could not write its file",
         "Check the directory's space and permissions."),
+    Reason.EFFECT_REJECTED: ReasonDoc(
+        _EFFECT_DEAD, "an effect function raised `PermanentEffectError` (a built-in: HTTP 4xx "
+        "other than 408/429, SMTP 5xx); the aggregate received the `on_failure` message",
+        "Read the error in the dead letter; fix the request data or the resource's "
+        "configuration. The aggregate already knows (its failure handler ran); emit the "
+        "effect again from a handler if it should be retried."),
+    Reason.EFFECT_RETRYABLE: ReasonDoc(
+        _EFFECT_RETRY, "an effect function raised `RetryableEffectError` (a built-in: HTTP 5xx, "
+        "408, 429, connection failure; SMTP 4xx)",
+        "Nothing while attempts remain; after `max_attempts` it becomes "
+        "`effect_attempts_exhausted`. Check the resource if `aggbox_effect_retries_total` "
+        "keeps rising."),
+    Reason.EFFECT_TIMEOUT: ReasonDoc(
+        _EFFECT_RETRY, "an effect call did not finish within the effect's `timeout_s`; whether "
+        "it took effect is unknown (the next attempt asks the query function first, if any)",
+        "Raise `timeout_s` if the resource is slow by nature; otherwise check it."),
+    Reason.EFFECT_ERROR: ReasonDoc(
+        _EFFECT_RETRY, "an effect or query function raised something other than an "
+        "`EffectError` (a bug or an unexpected answer); treated as retryable, the traceback "
+        "is in the log file",
+        "Fix the function (raise `RetryableEffectError`/`PermanentEffectError` for the "
+        "resource's answers) and deploy."),
+    Reason.EFFECT_ATTEMPTS_EXHAUSTED: ReasonDoc(
+        _EFFECT_DEAD, "an effect failed retryably `max_attempts` times (the detail has the last "
+        "error); the aggregate received the `on_failure` message",
+        "Check the resource; the aggregate already knows (its failure handler ran); emit "
+        "the effect again from a handler if it should be retried."),
 }

@@ -35,6 +35,8 @@ from typing import Any
 from pymongo import AsyncMongoClient
 from pymongo.errors import PyMongoError
 
+from aggregates.aggregate import Registry
+from aggregates.effects import Effects
 from aggregates.errors import AggboxError, ConfigurationError
 from aggregates.settings import AggboxSettings
 from dispatcher.errors import FatalStoreError, check_fatal
@@ -47,7 +49,8 @@ from dispatcher.settings import DispatcherSettings
 from dispatcher.timing import REAL_TIME, Timing
 from dispatcher.worker import CollectionWorker
 
-__all__ = ["Dispatcher", "FatalStoreError", "OnceGaveUp", "resolve_collections"]
+__all__ = ["Dispatcher", "FatalStoreError", "OnceGaveUp", "check_replies", "load_effects",
+           "resolve_collections"]
 
 log = logging.getLogger("aggbox.dispatcher")
 
@@ -75,6 +78,29 @@ def resolve_collections(settings: DispatcherSettings) -> list[tuple[str, str | N
     return [(n, types.get(n)) for n in names]
 
 
+def load_effects(settings: DispatcherSettings) -> Effects:
+    """The effects of the ``aggregates`` module plus the built-ins of ``settings.effects``."""
+    found = Effects.from_module(settings.aggregates) if settings.aggregates else Effects()
+    if settings.effects:
+        from dispatcher.effects.builtin import builtin_effects
+
+        found = found.merged(builtin_effects(settings.effects))
+    return found
+
+
+def check_replies(effects: Effects, registry: Registry) -> None:
+    """Every effect's result messages must have a handler in some aggregate type, or each
+    result would be dead-lettered (``unknown_message_type``)."""
+    handled = {t for atype in registry for t in atype.message_types}
+    for e in effects:
+        missing = [t for t in (e.on_success, e.on_failure) if t not in handled]
+        if missing:
+            raise ConfigurationError(
+                f"effect {e.type}: no aggregate type handles {' or '.join(missing)}; add a "
+                "handler for its result messages to the aggregate type that emits "
+                f"{e.type} (registered types: {registry.names})")
+
+
 class Dispatcher:
     """``aggbox dispatch`` as an object (tests and embedding use it directly)."""
 
@@ -88,12 +114,17 @@ class Dispatcher:
         faults: Faults | None = None,
         metrics: Metrics | None = None,
         timing: Timing = REAL_TIME,
+        effects: Effects | None = None,
     ) -> None:
         self.settings = settings or DispatcherSettings.load()
         self.store = store or AggboxSettings.load()
         check_template(self.settings.topic_template)
         self.collections = resolve_collections(self.settings)
         self.publisher = publisher or create_publisher(self.settings)
+        #: Effects executed instead of published (docs/design.md "Side effects"): those of
+        #: the `aggregates` module and the built-ins of `settings.effects`.
+        self.effects = effects if effects is not None else load_effects(self.settings)
+        self._sync_client: Any = None
         self.faults = faults if faults is not None else Faults()
         self.timing = timing
         self.metrics = metrics or Metrics()
@@ -181,6 +212,8 @@ class Dispatcher:
         db = client[self.store.database]
         rc = 0
         try:
+            if len(self.effects):
+                self.publisher = await self._effect_router(db)
             await self.publisher.start()
             if s.metrics_port and not once:
                 self.metrics_server = MetricsServer(self.metrics, self.health,
@@ -298,6 +331,42 @@ class Dispatcher:
             except PyMongoError as exc:
                 log.debug("backlog measurement of %s failed: %s", w.name, exc)
 
+    async def _effect_router(self, db: Any) -> Publisher:
+        """The publisher wrapped so that effect entries are executed (dispatcher.effects)."""
+        from pymongo import MongoClient
+
+        from aggregates.aggregate import Registry
+        from aggregates.writer import StoreWriter
+        from dispatcher.effects.attempts import Attempts
+        from dispatcher.effects.router import EffectRouter
+        from dispatcher.effects.runner import EffectRunner
+
+        if not self.settings.aggregates:
+            raise ConfigurationError(
+                "effects need the aggregate types their results are applied to: set "
+                "`aggregates` (--aggregates MODULE)")
+        registry = Registry.from_module(self.settings.aggregates)
+        check_replies(self.effects, registry)
+        uri = self.store.mongodb_uri
+        if not uri:
+            raise ConfigurationError(
+                "effects need mongodb_uri (--mongodb-uri, AGGBOX_MONGODB_URI) for the store "
+                "writer that applies their results")
+        self._sync_client = MongoClient(uri, tz_aware=True, appname="aggbox-effects")
+        writer = StoreWriter(self._sync_client[self.store.database], registry,
+                             settings=self.store.model_copy(update={"pipeline_depth": 1}))
+
+        async def reply(messages: list[Any]) -> list[Any]:
+            return await asyncio.to_thread(writer.process, messages)
+
+        attempts = Attempts(db, collection=self.settings.effect_collection)
+        await attempts.ensure_indexes()
+        runner = EffectRunner(attempts, reply, metrics=self.metrics, faults=self.faults)
+        log.info("effects executed by this dispatcher: %s",
+                 ", ".join(f"{e.type} ({e.kind}, {e.guarantee})" for e in self.effects))
+        return EffectRouter(self.publisher, runner, self.effects,
+                            concurrency=self.settings.effect_concurrency)
+
     async def _close(self) -> None:
         if self.metrics_server is not None:
             await self.metrics_server.close()
@@ -308,4 +377,7 @@ class Dispatcher:
         if self._own_client and self._client is not None:
             await self._client.close()
             self._client = None
+        if self._sync_client is not None:
+            self._sync_client.close()
+            self._sync_client = None
 

@@ -15,6 +15,12 @@ Points (in the order one batch goes through them):
 - ``after_pull`` — entries pulled from the outbox, resume token not yet saved;
 - ``after_checkpoint`` — resume token saved.
 
+Points of the effect runner (:mod:`dispatcher.effects.runner`), per effect entry:
+
+- ``effect_before_call`` — the attempt is recorded, the call not made yet;
+- ``effect_after_call`` — the call returned, its result not recorded yet;
+- ``effect_after_result`` — the result is recorded, the reply message not written yet.
+
 Actions:
 
 - ``kill`` — SIGKILL this process (as ``kill -9`` would);
@@ -50,7 +56,8 @@ __all__ = ["POINTS", "FaultRule", "Faults", "InjectedInvalidate"]
 log = logging.getLogger("aggbox.dispatcher.faults")
 
 POINTS: Final = ("stream_open", "stream_read", "before_publish", "after_publish", "after_pull",
-                 "after_checkpoint")
+                 "after_checkpoint", "effect_before_call", "effect_after_call",
+                 "effect_after_result")
 Action = Literal["kill", "exit", "history_lost", "invalid_token", "no_change_streams",
                  "invalidate"]
 ACTIONS: Final = ("kill", "exit", "history_lost", "invalid_token", "no_change_streams",

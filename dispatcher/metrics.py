@@ -100,6 +100,24 @@ class Metrics:
             p + "stream_invalidations", "Change streams ended by an invalidate event "
             "(collection dropped or renamed); each is followed by a new stream and a sweep.",
             ["collection"], registry=r)
+        # The effect runner (dispatcher.effects), by effect (message) type.
+        e = "aggbox_effect_"
+        self.effect_calls = Counter(e + "calls", "Effect calls made (attempts begun).",
+                                    ["type"], registry=r)
+        self.effect_retries = Counter(e + "retries", "Effect calls that failed retryably "
+                                      "(reason: effect_retryable, effect_timeout, "
+                                      "effect_error).", ["type", "reason"], registry=r)
+        self.effect_results = Counter(e + "results", "Effect results recorded (outcome: "
+                                      "succeeded, failed).", ["type", "outcome"], registry=r)
+        self.effect_failures = Counter(e + "failures", "Effects that failed for good (the "
+                                       "aggregate got the failure message; alert).",
+                                       ["type", "reason"], registry=r)
+        self.effect_recoveries = Counter(
+            e + "recoveries", "Attempts found without a result after a crash or an unknown "
+            "outcome (decision: query_done, query_not_done, call_again).",
+            ["type", "decision"], registry=r)
+        self.effect_latency = Histogram(e + "call_seconds", "Duration of effect calls.",
+                                        ["type"], buckets=_LATENCY_BUCKETS, registry=r)
 
     def set_mode(self, collection: str, mode: str) -> None:
         for m in ("stream", "poll", "standby"):

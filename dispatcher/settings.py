@@ -7,7 +7,7 @@ Store settings (URI, database, dead-letter collection) come from ``[aggbox]``
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
@@ -124,6 +124,22 @@ class DispatcherSettings(SectionSettings):
         description="A partition taken over after its previous holder's lease expired (a "
         "crash, a pause) is published only this long after the claim: time for records the "
         "previous holder had already handed to its producer to settle.",
+    )
+    effects: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="Built-in effects by emitted message type (tables "
+        "[dispatcher.effects.<Type>] with kind = \"http\" or \"smtp\"): entries of that type "
+        "are executed, not published (docs/side-effects.md). Effects written in Python are "
+        "found in the `aggregates` module (an `Effects` instance).",
+    )
+    effect_collection: str = Field(
+        "aggbox_effects",
+        description="Collection of effect attempt records (one document per effect entry).",
+    )
+    effect_concurrency: int = Field(
+        16, ge=1, le=1024,
+        description="Aggregates whose effect entries are executed at the same time, at most "
+        "(per instance; each aggregate's entries run one after the other).",
     )
     backoff_initial_ms: float = Field(
         200.0, gt=0, description="First pause after a broker or store failure."

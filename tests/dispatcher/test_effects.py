@@ -1,0 +1,319 @@
+"""The effect runner in process, against the local MongoDB, with effects written in Python:
+the result reaches the aggregate once, the entry leaves the outbox only after it, retries,
+timeouts, permanent failures and exhausted attempts end in a failure message plus a dead
+letter, an open attempt is settled by the query function, per-aggregate order holds, and
+the configuration is checked before anything runs. (Crashes of a real process and the
+built-in HTTP/SMTP effects: test_effect_crashes.py, test_effect_builtins.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections import Counter
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from pymongo.database import Database
+
+from aggregates import AggboxSettings, Message, StoreWriter
+from aggregates.effects import (
+    REPLY_SOURCE_TYPE,
+    EffectCall,
+    Effects,
+    PermanentEffectError,
+    RetryableEffectError,
+    reply_message_id,
+)
+from aggregates.envelope import Source
+from aggregates.errors import ConfigurationError
+from aggregates.ops import DeadLetterStore
+from dispatcher.daemon import Dispatcher
+from dispatcher.effects.attempts import attempt_key
+from dispatcher.settings import DispatcherSettings
+from tests.dispatcher.effectdomain import registry
+from tests.dispatcher.helpers import ListPublisher
+
+pytestmark = [pytest.mark.mongo, pytest.mark.timeout(120)]
+
+DOMAIN = "tests.dispatcher.effectdomain"
+
+
+class Resource:
+    """A shipping service in memory: counts calls and bookings per key; ``script`` maps a
+    call number (per key, from 1) to what happens instead of a booking."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+        self.booked: dict[str, str] = {}
+        self.script: dict[int, Callable[[], Any]] = {}
+        self.scripted: set[str] | None = None  # the keys the script applies to (None: all)
+        self.lock = threading.Lock()
+
+    def book(self, call: EffectCall) -> Mapping[str, Any]:
+        with self.lock:
+            self.calls[call.idempotency_key] += 1
+            n = self.calls[call.idempotency_key]
+        action = self.script.get(n)
+        if action is not None and (self.scripted is None
+                                   or call.idempotency_key in self.scripted):
+            return action()  # type: ignore[no-any-return]
+        tracking = f"T-{call.payload['order_id']}"
+        with self.lock:
+            self.booked[call.idempotency_key] = tracking
+        return {"tracking": tracking}
+
+    def find(self, call: EffectCall) -> Mapping[str, Any] | None:
+        found = self.booked.get(call.idempotency_key)
+        return None if found is None else {"tracking": found}
+
+
+def effects_for(resource: Resource, *, query: bool = False, timeout_s: float = 5.0,
+                max_attempts: int = 3) -> Effects:
+    effects = Effects()
+    effects.effect("BookShipment", on_success="ShipmentBooked", on_failure="ShipmentFailed",
+                   timeout_s=timeout_s, max_attempts=max_attempts)(resource.book)
+    if query:
+        effects.query("BookShipment")(resource.find)
+    return effects
+
+
+def settings(**over: Any) -> DispatcherSettings:
+    base: dict[str, Any] = dict(
+        aggregates=DOMAIN, metrics_port=0, pacing_ms=10, poll_interval_ms=50, lease_ttl_s=3,
+        backoff_initial_ms=20, backoff_max_ms=100, sweep_interval_s=30, once_timeout_s=30)
+    base.update(over)
+    return DispatcherSettings.load(**base)
+
+
+@pytest.fixture
+def ewriter(ddb: Database[Any], store: AggboxSettings) -> StoreWriter:
+    w = StoreWriter(ddb, registry, settings=store)
+    w.ensure_indexes()
+    return w
+
+
+def place(writer: StoreWriter, ids: list[str], *, atype: str = "Order",
+          **payload: Any) -> None:
+    outcomes = writer.process([Message(f"place-{i}", "PlaceOrder", atype, i, dict(payload),
+                                       source=Source("Client", i, 1)) for i in ids])
+    assert [o.outcome for o in outcomes] == ["applied"] * len(ids)
+
+
+def entry_ids(db: Database[Any], collection: str = "eorders") -> dict[str, list[str]]:
+    return {d["_id"]: [e["id"] for e in d.get("outbox", [])]
+            for d in db[collection].find({}, {"outbox": 1})}
+
+
+def state(db: Database[Any], aid: str, collection: str = "eorders") -> dict[str, Any]:
+    doc = db[collection].find_one({"_id": aid})
+    assert doc is not None
+    return dict(doc["state"])
+
+
+def run_once(store: AggboxSettings, effects: Effects, publisher: ListPublisher | None = None,
+             **over: Any) -> Dispatcher:
+    d = Dispatcher(settings(**over), store=store, publisher=publisher or ListPublisher(),
+                   effects=effects)
+    assert asyncio.run(d.run(once=True)) == 0
+    return d
+
+
+def letters(db: Database[Any], store: AggboxSettings) -> list[dict[str, Any]]:
+    return list(DeadLetterStore(db, collection=store.dead_letter_collection).list())
+
+
+@pytest.mark.parametrize(("atype", "collection"), [("Order", "eorders"),
+                                                   ("HwOrder", "hworders")])
+def test_result_applied_once_then_entry_pulled(
+        atype: str, collection: str, ewriter: StoreWriter, ddb: Database[Any],
+        store: AggboxSettings) -> None:
+    place(ewriter, ["o-1", "o/2.$x"], atype=atype)
+    ids = entry_ids(ddb, collection)
+    res = Resource()
+    d = run_once(store, effects_for(res))
+    for aid, (eid,) in ids.items():
+        s = state(ddb, aid, collection)
+        assert (s["status"], s["results"], s["tracking"]) == ("booked", 1, f"T-{aid}")
+        assert res.calls[eid] == 1
+        rec = ddb.aggbox_effects.find_one({"_id": attempt_key(collection, eid)})
+        assert rec is not None and rec["state"] == "succeeded" and rec["attempts"] == 1
+        assert rec["result"] == {"tracking": f"T-{aid}"}
+    assert entry_ids(ddb, collection) == {aid: [] for aid in ids}
+    assert d.metrics.registry.get_sample_value(
+        "aggbox_effect_calls_total", {"type": "BookShipment"}) == 2
+    # Delivering the reply again (a crash after the write, before the pull) is a duplicate.
+    eid = ids["o-1"][0]
+    again = ewriter.process([Message(reply_message_id(eid), "ShipmentBooked", atype, "o-1",
+                                     {"tracking": "T-o-1"},
+                                     source=_reply_source("o-1", 1))])
+    assert again[0].outcome == "duplicate"
+    assert state(ddb, "o-1", collection)["results"] == 1
+
+
+def _reply_source(aid: str, seq: int) -> Source:
+    return Source(REPLY_SOURCE_TYPE, aid, seq)
+
+
+def test_retryable_failures_back_off_then_succeed(
+        ewriter: StoreWriter, ddb: Database[Any], store: AggboxSettings) -> None:
+    place(ewriter, ["o-1"])
+    (eid,) = entry_ids(ddb)["o-1"]
+    res = Resource()
+    res.script = {1: _raise(RetryableEffectError("HTTP 503")),
+                  2: _raise(RetryableEffectError("HTTP 502"))}
+    d = run_once(store, effects_for(res, max_attempts=3))
+    assert res.calls[eid] == 3 and state(ddb, "o-1")["status"] == "booked"
+    assert state(ddb, "o-1")["results"] == 1
+    assert d.metrics.registry.get_sample_value(
+        "aggbox_effect_retries_total",
+        {"type": "BookShipment", "reason": "effect_retryable"}) == 2
+    # Without a query function an open attempt is called again, and says so.
+    assert d.metrics.registry.get_sample_value(
+        "aggbox_effect_recoveries_total",
+        {"type": "BookShipment", "decision": "call_again"}) == 2
+    assert letters(ddb, store) == []
+
+
+def test_permanent_failure_sends_failure_message_and_dead_letters(
+        ewriter: StoreWriter, ddb: Database[Any], store: AggboxSettings) -> None:
+    place(ewriter, ["o-1"], event_after=True)
+    eid, event_id = entry_ids(ddb)["o-1"]
+    res = Resource()
+    res.script = {1: _raise(PermanentEffectError("effect_rejected", "HTTP 422 bad address"))}
+    pub = ListPublisher()
+    run_once(store, effects_for(res), pub)
+    s = state(ddb, "o-1")
+    assert (s["status"], s["failure"], s["results"]) == ("failed", "effect_rejected", 1)
+    assert res.calls[eid] == 1
+    (dl,) = letters(ddb, store)
+    assert dl["message_id"] == eid and dl["reason"] == "effect_rejected"
+    assert "HTTP 422" in dl["error"]
+    # The ordinary event after the effect is published; nothing is left.
+    assert [r.message_id for r in pub.records] == [event_id]
+    assert entry_ids(ddb) == {"o-1": []}
+
+
+def test_attempts_exhausted_and_timeouts(
+        ewriter: StoreWriter, ddb: Database[Any], store: AggboxSettings) -> None:
+    place(ewriter, ["o-1"])
+    (eid,) = entry_ids(ddb)["o-1"]
+    res = Resource()
+
+    def hang() -> Any:
+        threading.Event().wait(1.0)
+        return {"tracking": "late"}
+
+    res.script = {1: hang, 2: _raise(RetryableEffectError("HTTP 503"))}
+    d = run_once(store, effects_for(res, timeout_s=0.2, max_attempts=2))
+    s = state(ddb, "o-1")
+    assert (s["status"], s["failure"], s["results"]) == ("failed", "effect_attempts_exhausted", 1)
+    assert res.calls[eid] == 2
+    (dl,) = letters(ddb, store)
+    assert dl["reason"] == "effect_attempts_exhausted" and "HTTP 503" in dl["error"]
+    assert d.metrics.registry.get_sample_value(
+        "aggbox_effect_retries_total",
+        {"type": "BookShipment", "reason": "effect_timeout"}) == 1
+    rec = ddb.aggbox_effects.find_one({"_id": attempt_key("eorders", eid)})
+    assert rec is not None and rec["state"] == "failed" and rec["attempts"] == 2
+
+
+def test_open_attempt_is_settled_by_the_query_without_calling_again(
+        ewriter: StoreWriter, ddb: Database[Any], store: AggboxSettings) -> None:
+    place(ewriter, ["done", "not-done"])
+    ids = entry_ids(ddb)
+    res = Resource()
+    now = datetime.now(UTC)
+    for (eid,) in ids.values():  # what a crash between call and result leaves
+        ddb.aggbox_effects.insert_one({"_id": attempt_key("eorders", eid), "state": "attempting",
+                                       "attempts": 1, "first_at": now, "last_at": now})
+    res.booked[ids["done"][0]] = "T-earlier"  # the crashed call did take effect
+    d = run_once(store, effects_for(res, query=True))
+    assert res.calls[ids["done"][0]] == 0
+    assert state(ddb, "done")["tracking"] == "T-earlier"
+    assert res.calls[ids["not-done"][0]] == 1
+    assert state(ddb, "not-done")["tracking"] == "T-not-done"
+    for aid in ids:
+        assert state(ddb, aid)["results"] == 1
+    get = d.metrics.registry.get_sample_value
+    assert get("aggbox_effect_recoveries_total",
+               {"type": "BookShipment", "decision": "query_done"}) == 1
+    assert get("aggbox_effect_recoveries_total",
+               {"type": "BookShipment", "decision": "query_not_done"}) == 1
+
+
+def test_recorded_result_is_delivered_without_a_call(
+        ewriter: StoreWriter, ddb: Database[Any], store: AggboxSettings) -> None:
+    place(ewriter, ["o-1"])
+    (eid,) = entry_ids(ddb)["o-1"]
+    now = datetime.now(UTC)
+    ddb.aggbox_effects.insert_one({"_id": attempt_key("eorders", eid), "state": "succeeded",
+                                   "attempts": 1, "result": {"tracking": "T-recorded"},
+                                   "finished_at": now})
+    res = Resource()
+    run_once(store, effects_for(res))
+    assert res.calls[eid] == 0
+    s = state(ddb, "o-1")
+    assert (s["tracking"], s["results"]) == ("T-recorded", 1)
+
+
+def test_a_retrying_effect_holds_back_later_entries_of_its_aggregate_only(
+        ewriter: StoreWriter, ddb: Database[Any], store: AggboxSettings) -> None:
+    place(ewriter, ["slow", "fast"], event_after=True)
+    ids = entry_ids(ddb)
+    res = Resource()
+    pub = ListPublisher()
+    published_at_failure: list[str] = []
+
+    def first_fails() -> Any:
+        published_at_failure.extend(r.message_id for r in pub.records)
+        raise RetryableEffectError("HTTP 503")
+
+    res.script, res.scripted = {1: first_fails}, {ids["slow"][0]}
+    run_once(store, effects_for(res), pub)
+    # While "slow"'s effect was failing its event was not published; afterwards it was,
+    # after the effect's success. "fast" was not held back by it.
+    assert ids["slow"][1] not in published_at_failure
+    assert res.calls[ids["slow"][0]] == 2 and res.calls[ids["fast"][0]] == 1
+    assert sorted(r.message_id for r in pub.records) == sorted([ids["slow"][1],
+                                                                ids["fast"][1]])
+    assert entry_ids(ddb) == {"slow": [], "fast": []}
+    assert state(ddb, "slow")["results"] == 1
+
+
+def test_a_result_that_cannot_be_a_payload_becomes_a_failure(
+        ewriter: StoreWriter, ddb: Database[Any], store: AggboxSettings) -> None:
+    place(ewriter, ["o-1"])
+    res = Resource()
+    res.script = {1: lambda: {"$set": 1}}
+    run_once(store, effects_for(res))
+    s = state(ddb, "o-1")
+    assert (s["status"], s["failure"]) == ("failed", "effect_error")
+    (dl,) = letters(ddb, store)
+    assert dl["reason"] == "effect_error" and "$set" in dl["error"]
+
+
+def test_configuration_is_checked_before_anything_runs(store: AggboxSettings) -> None:
+    effects = Effects()
+    effects.effect("BookShipment", on_success="ShipmentShipped",
+                   on_failure="ShipmentFailed")(Resource().book)
+    d = Dispatcher(settings(), store=store, publisher=ListPublisher(), effects=effects)
+    with pytest.raises(ConfigurationError, match="no aggregate type handles ShipmentShipped"):
+        asyncio.run(d.run(once=True))
+    with pytest.raises(ConfigurationError, match="on_success and on_failure must differ"):
+        Effects().effect("X", on_success="A", on_failure="A")(Resource().book)
+    with pytest.raises(ConfigurationError, match="max_attempts"):
+        Effects().effect("X", on_success="A", on_failure="B", max_attempts=0)(Resource().book)
+    twice = Effects()
+    twice.effect("X", on_success="A", on_failure="B")(Resource().book)
+    with pytest.raises(ConfigurationError, match="registered twice"):
+        twice.effect("X", on_success="A", on_failure="B")(Resource().book)
+    with pytest.raises(ConfigurationError, match="no effect registered for message type 'Y'"):
+        twice.query("Y")(Resource().find)
+
+
+def _raise(exc: Exception) -> Callable[[], Any]:
+    def action() -> Any:
+        raise exc
+    return action
