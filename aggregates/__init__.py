@@ -1,6 +1,7 @@
 """aggbox's library for domain teams — the domain API: aggregate types and handlers, ``Emit``
 and refs, the message envelope, dedup strategies, state codecs, the store writer, settings,
-errors, outcomes and reason codes.
+errors, outcomes and reason codes, and the side effects executed after a write
+(``Effects``: docs/side-effects.md).
 
 Elsewhere, by what they do:
 
@@ -24,6 +25,14 @@ from aggregates.aggregate import (
 )
 from aggregates.codec import StateCodec, StateCodecError
 from aggregates.dedup import HighWater, Inbox, NoDedup
+from aggregates.effects import (
+    Effect,
+    EffectCall,
+    EffectError,
+    Effects,
+    PermanentEffectError,
+    RetryableEffectError,
+)
 from aggregates.envelope import Message, Source
 from aggregates.errors import (
     AggboxError,
@@ -51,6 +60,10 @@ __all__ = [
     "AggregateRef",
     "AggregateType",
     "ConfigurationError",
+    "Effect",
+    "EffectCall",
+    "EffectError",
+    "Effects",
     "Emit",
     "EnvelopeError",
     "Handled",
@@ -65,8 +78,10 @@ __all__ = [
     "NoDedup",
     "Outcome",
     "OutcomeCounts",
+    "PermanentEffectError",
     "Reason",
     "Registry",
+    "RetryableEffectError",
     "RetryableError",
     "Source",
     "StateCodec",

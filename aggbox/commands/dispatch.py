@@ -41,6 +41,11 @@ with the same ids; nothing is lost. To scale out, start more instances: each col
 coordinator; `aggbox dispatch-status` shows who holds what). SIGTERM/SIGINT stop gracefully
 (exit code 0) and hand the partitions over at once.
 
+Side effects: entries whose type has an effect — an `Effects` instance in the --aggregates
+module, or a built-in HTTP/SMTP effect in [dispatcher.effects.<Type>] — are executed
+instead of published: the attempt is recorded, the call made, the result recorded and
+applied to the aggregate as a message, then the entry is removed (docs/side-effects.md).
+
 Settings come from (lowest to highest priority) defaults, the config file (sections
 [dispatcher] and [aggbox]), environment variables (AGGBOX_DISPATCHER_<NAME>,
 AGGBOX_<NAME>) and these options.
@@ -79,6 +84,9 @@ _OPTIONS: list[SettingOption] = [
     SettingOption("--lease-ttl", _D, "lease_ttl_s", {"type": _F, "metavar": _N}),
     SettingOption("--takeover-grace", _D, "takeover_grace_s", {"type": _F, "metavar": _N}),
     SettingOption("--instance-id", _D, "instance_id", {"metavar": "NAME"}),
+    SettingOption("--effect-concurrency", _D, "effect_concurrency",
+                  {"type": int, "metavar": "N"}),
+    SettingOption("--effect-collection", _D, "effect_collection", {"metavar": "NAME"}),
     SettingOption("--backoff-initial-ms", _D, "backoff_initial_ms", {"type": _F, "metavar": _S}),
     SettingOption("--backoff-max-ms", _D, "backoff_max_ms", {"type": _F, "metavar": _S}),
     SettingOption("--shutdown-timeout", _D, "shutdown_timeout_s", {"type": _F, "metavar": _N}),
