@@ -1,6 +1,7 @@
 """A small order domain with side effects, for the effect runner's tests: ``PlaceOrder``
-makes an order emit a ``BookShipment`` effect entry (and, when asked, an ordinary ``Placed``
-event after it and a ``SendConfirmation`` e-mail effect); the results come back as
+makes an order emit a ``BookShipment`` effect entry (unless ``ship`` is false; and, when
+asked, an ordinary ``Placed`` event after it and a ``SendConfirmation`` e-mail effect); the
+results come back as
 ``ShipmentBooked`` / ``ShipmentFailed`` and ``ConfirmationSent`` / ``ConfirmationFailed``.
 The state counts every result it applies, so a test sees "exactly one result applied".
 
@@ -32,8 +33,10 @@ hw_orders: AggregateType[Order] = AggregateType("HwOrder", state=Order, collecti
 
 def place(state: Order, msg: Message) -> Handled[Order]:
     p = msg.payload
-    emits = [Emit("BookShipment", {"order_id": msg.aggregate_id,
-                                   "weight": int(p.get("weight", 1))})]
+    emits = []
+    if p.get("ship", True):
+        emits.append(Emit("BookShipment", {"order_id": msg.aggregate_id,
+                                           "weight": int(p.get("weight", 1))}))
     if p.get("event_after"):
         emits.append(Emit("Placed", {"order_id": msg.aggregate_id}))
     if p.get("email"):

@@ -1,0 +1,383 @@
+"""The built-in HTTP webhook effect (``kind = "http"``): one request per effect entry, on
+aiohttp's client, configured without code::
+
+    [dispatcher.effects.BookShipment]
+    kind = "http"
+    url = "https://shipping.example/orders/{aggregate_id}/shipments"
+    query_url = "https://shipping.example/shipments/by-key/{idempotency_key}"
+    headers = { Authorization = "Bearer …" }
+    on_success = "ShipmentBooked"
+    on_failure = "ShipmentFailed"
+
+Settings (:class:`HttpEffectSpec`): ``method`` (GET POST PUT PATCH DELETE, default POST),
+``url`` (a template, see :mod:`~dispatcher.effects.templates`; http or https, scheme and host
+literal), ``headers`` (name → template), ``body`` (``"payload"``: the entry's payload as
+JSON, the default for POST/PUT/PATCH; ``"none"``, the default for GET/DELETE) or
+``body_template`` (+ ``content_type``), ``query_url`` (optional: GET it to ask whether the
+call took effect — 200 yes, 404/410 no), ``timeout_s``, ``max_attempts``, ``on_success``,
+``on_failure`` and ``idempotent`` (the server honours ``Idempotency-Key``).
+
+Every request carries ``Idempotency-Key: <entry id>`` and ``User-Agent: aggbox``; redirects
+are not followed. 2xx is success, with the reply payload ``{"status", "body"}`` (the response
+JSON object, when it is a valid aggbox payload of at most :data:`MAX_BODY_BYTES`) or
+``{"status", "text"}`` (the first :data:`MAX_TEXT_CHARS` characters). 408, 425, 429, 5xx and
+connection failures are :class:`~aggregates.effects.RetryableEffectError`; other statuses
+are :class:`~aggregates.effects.PermanentEffectError` (``effect_rejected``). A timeout is
+left as :class:`TimeoutError` for the runner.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import date, datetime
+from typing import Any, Final, Literal
+
+import aiohttp
+import yarl
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from aggregates.effects import Effect, EffectCall, PermanentEffectError, RetryableEffectError
+from aggregates.errors import ConfigurationError
+from aggregates.reasons import Reason
+from dispatcher.effects.templates import (
+    Escape,
+    Template,
+    header_escape,
+    load_spec,
+    parse_template,
+    render_template,
+    text_escape,
+    url_escape,
+)
+
+__all__ = [
+    "MAX_BODY_BYTES",
+    "MAX_RESPONSE_BYTES",
+    "MAX_TEXT_CHARS",
+    "HttpEffectSpec",
+    "http_effect",
+]
+
+#: At most this much of a response is read.
+MAX_RESPONSE_BYTES: Final = 1024 * 1024
+#: A JSON response larger than this is not put in the reply's ``body`` (the reply is stored
+#: in the aggregate's document): only its first :data:`MAX_TEXT_CHARS` characters, as text.
+MAX_BODY_BYTES: Final = 64 * 1024
+#: ``text`` in the reply is cut to this many characters.
+MAX_TEXT_CHARS: Final = 4096
+#: A response ``body`` nested deeper than this is left out (``text`` instead).
+MAX_BODY_DEPTH: Final = 20
+
+_RETRYABLE_STATUS: Final = frozenset({408, 425, 429})
+_NOT_DONE_STATUS: Final = frozenset({404, 410})
+_RESERVED_HEADERS: Final = frozenset({"idempotency-key", "user-agent", "host",
+                                      "content-length", "transfer-encoding", "connection"})
+_HEADER_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_URL_PREFIX: Final = re.compile(r"https?://[^/?#@\s\\]+[/?#]", re.IGNORECASE)
+_URL_WHOLE: Final = re.compile(r"https?://[^/?#@\s\\]+([/?#].*)?", re.IGNORECASE | re.DOTALL)
+_BAD_URL_CHAR: Final = re.compile(r"[\s\x00-\x1f\x7f\"<>\\^`|{}]")
+_INT64: Final = 2**63
+
+
+class HttpEffectSpec(BaseModel):
+    """The settings of an HTTP effect (the TOML table ``[dispatcher.effects.<type>]``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    kind: Literal["http"] = "http"
+    method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
+    url: str
+    headers: dict[str, str] = Field(default_factory=dict)
+    body: Literal["payload", "none"] | None = None
+    body_template: str | None = None
+    content_type: str | None = None
+    query_url: str | None = None
+    timeout_s: float = Field(10.0, gt=0, le=3600)
+    max_attempts: int = Field(5, ge=1, le=1000)
+    on_success: str = Field(min_length=1)
+    on_failure: str = Field(min_length=1)
+    idempotent: bool = False
+
+    @field_validator("method", mode="before")
+    @classmethod
+    def _upper(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
+
+
+def http_effect(type: str, settings: Mapping[str, Any], *, setting_prefix: str) -> Effect:
+    """The :class:`~aggregates.effects.Effect` for message ``type`` configured by
+    ``settings``; :class:`ConfigurationError` naming ``{setting_prefix}.{setting}``."""
+    p = setting_prefix
+    spec = load_spec(HttpEffectSpec, settings, setting_prefix=p)
+    if spec.on_success == spec.on_failure:
+        raise ConfigurationError(f"{p}.on_failure: must differ from on_success "
+                                 f"({spec.on_success!r}), so the aggregate can tell them apart")
+    url = _url_template(spec.url, setting=f"{p}.url")
+    query_url = (None if spec.query_url is None
+                 else _url_template(spec.query_url, setting=f"{p}.query_url"))
+    headers: dict[str, Template] = {}
+    for name, value in spec.headers.items():
+        setting = f"{p}.headers.{name}"
+        if not _HEADER_NAME.fullmatch(name):
+            raise ConfigurationError(f"{setting}: not a valid header name")
+        if name.lower() in _RESERVED_HEADERS:
+            raise ConfigurationError(f"{setting}: set by aggbox itself (every request sends "
+                                     "Idempotency-Key and User-Agent); remove it")
+        template = parse_template(value, setting=setting)
+        if any(c in template.literals() for c in "\r\n\x00"):
+            raise ConfigurationError(f"{setting}: a header value must be one line")
+        headers[name] = template
+    body = _body(spec, p)
+    client = _HttpClient(spec, url, query_url, headers, body)
+    return Effect(type, client.call, spec.on_success, spec.on_failure,
+                  query=None if query_url is None else client.query,
+                  timeout_s=spec.timeout_s, max_attempts=spec.max_attempts,
+                  idempotent=spec.idempotent, kind="http")
+
+
+@dataclass(frozen=True, slots=True)
+class _Body:
+    mode: Literal["payload", "none", "template"]
+    content_type: str | None = None
+    template: Template | None = None
+    escape: Escape = text_escape
+
+
+def _body(spec: HttpEffectSpec, p: str) -> _Body:
+    if spec.body_template is not None:
+        if spec.body is not None:
+            raise ConfigurationError(f"{p}.body_template: set either body or body_template, "
+                                     "not both")
+        if spec.method == "GET":
+            raise ConfigurationError(f"{p}.body_template: a GET request has no body")
+        template = parse_template(spec.body_template, setting=f"{p}.body_template")
+        ctype = spec.content_type or "text/plain; charset=utf-8"
+        escape: Escape = text_escape
+        if "json" in ctype.lower():
+            escape = _json_string_escape
+        elif "x-www-form-urlencoded" in ctype.lower():
+            escape = url_escape
+        return _Body("template", _content_type(ctype, p), template, escape)
+    mode = spec.body or ("none" if spec.method in ("GET", "DELETE") else "payload")
+    if mode == "payload":
+        if spec.method == "GET":
+            raise ConfigurationError(f"{p}.body: a GET request has no body; use "
+                                     "body = \"none\" or another method")
+        return _Body("payload", _content_type(spec.content_type or "application/json", p))
+    if spec.content_type is not None:
+        raise ConfigurationError(f"{p}.content_type: there is no body (body = \"none\")")
+    return _Body("none")
+
+
+def _content_type(value: str, p: str) -> str:
+    if not value or any(c in value for c in "\r\n\x00"):
+        raise ConfigurationError(f"{p}.content_type: must be one non-empty line")
+    return value
+
+
+def _json_string_escape(value: str) -> str:
+    return json.dumps(value, ensure_ascii=False)[1:-1]
+
+
+def _url_template(text: str, *, setting: str) -> Template:
+    template = parse_template(text, setting=setting)
+    if _BAD_URL_CHAR.search(template.literals()):
+        raise ConfigurationError(f"{setting}: {text!r} contains spaces or characters that "
+                                 "must be percent-encoded in a URL")
+    ok = (_URL_PREFIX.match(template.literal_prefix) if template.placeholders
+          else _URL_WHOLE.fullmatch(template.text))
+    if not ok:
+        raise ConfigurationError(
+            f"{setting}: {text!r} must be an http:// or https:// URL whose scheme and host "
+            "are written out (placeholders only in the path or query; no user:password@)")
+    sample = "".join(p if isinstance(p, str) else "x" for p in template.parts)
+    try:
+        parsed = yarl.URL(sample, encoded=True)
+    except ValueError as exc:
+        raise ConfigurationError(f"{setting}: {text!r} is not a valid URL: {exc}") from None
+    if parsed.scheme.lower() not in ("http", "https") or not parsed.host:
+        raise ConfigurationError(f"{setting}: {text!r} must be an http:// or https:// URL")
+    return template
+
+
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    status: int
+    data: bytes
+    truncated: bool
+    charset: str | None
+
+
+class _HttpClient:
+    """Performs the requests of one configured effect (one client session per request:
+    nothing is shared between event loops or calls)."""
+
+    def __init__(self, spec: HttpEffectSpec, url: Template, query_url: Template | None,
+                 headers: Mapping[str, Template], body: _Body) -> None:
+        self.spec = spec
+        self.url = url
+        self.query_url = query_url
+        self.headers = dict(headers)
+        self.body = body
+
+    async def call(self, call: EffectCall) -> dict[str, Any]:
+        method = self.spec.method
+        url = render_template(self.url, call, escape=url_escape)
+        data, content_type = self._data(call)
+        reply = await self._request(method, url, call, data=data, content_type=content_type)
+        status = reply.status
+        if 200 <= status < 300:
+            return _result(reply)
+        detail = _detail(method, url, reply)
+        if status in _RETRYABLE_STATUS or status >= 500:
+            raise RetryableEffectError(detail)
+        raise PermanentEffectError(Reason.EFFECT_REJECTED, detail)
+
+    async def query(self, call: EffectCall) -> dict[str, Any] | None:
+        assert self.query_url is not None
+        url = render_template(self.query_url, call, escape=url_escape)
+        reply = await self._request("GET", url, call, data=None, content_type=None)
+        if reply.status == 200:
+            return _result(reply)
+        if reply.status in _NOT_DONE_STATUS:
+            return None
+        raise RetryableEffectError("query: " + _detail("GET", url, reply))
+
+    def _data(self, call: EffectCall) -> tuple[bytes | None, str | None]:
+        body = self.body
+        if body.mode == "none":
+            return None, None
+        if body.mode == "template":
+            assert body.template is not None
+            return (render_template(body.template, call, escape=body.escape).encode(),
+                    body.content_type)
+        try:
+            text = json.dumps(dict(call.payload), ensure_ascii=False, separators=(",", ":"),
+                              allow_nan=False, default=_json_default)
+        except (TypeError, ValueError) as exc:
+            raise PermanentEffectError(
+                Reason.EFFECT_REJECTED, f"the payload cannot be sent as JSON: {exc}") from None
+        return text.encode(), body.content_type
+
+    def _headers(self, call: EffectCall, content_type: str | None) -> dict[str, str]:
+        headers = {name: render_template(t, call, escape=header_escape)
+                   for name, t in self.headers.items()}
+        try:
+            headers["Idempotency-Key"] = header_escape(call.idempotency_key)
+        except ValueError as exc:
+            raise PermanentEffectError(Reason.EFFECT_REJECTED,
+                                       f"Idempotency-Key: {exc}") from None
+        headers["User-Agent"] = "aggbox"
+        if content_type is not None:
+            headers["Content-Type"] = content_type
+        return headers
+
+    async def _request(self, method: str, url: str, call: EffectCall, *, data: bytes | None,
+                       content_type: str | None) -> _Reply:
+        headers = self._headers(call, content_type)
+        shown = _shown(url)
+        timeout = aiohttp.ClientTimeout(total=self.spec.timeout_s)
+        try:
+            target = yarl.URL(url, encoded=True)
+            async with (aiohttp.ClientSession(timeout=timeout) as session,
+                        session.request(method, target, headers=headers, data=data,
+                                        allow_redirects=False) as response):
+                raw, truncated = await _read_capped(response)
+                return _Reply(response.status, raw, truncated, response.charset)
+        except TimeoutError:
+            raise
+        except (aiohttp.InvalidURL, ValueError) as exc:
+            raise PermanentEffectError(Reason.EFFECT_REJECTED,
+                                       f"{method} {shown}: invalid URL: {exc}") from None
+        except (aiohttp.ClientError, OSError) as exc:
+            raise RetryableEffectError(
+                f"{method} {shown}: no response: {type(exc).__name__}: {exc}") from None
+
+
+async def _read_capped(response: aiohttp.ClientResponse) -> tuple[bytes, bool]:
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in response.content.iter_chunked(64 * 1024):
+        room = MAX_RESPONSE_BYTES - size
+        if len(chunk) > room:
+            chunks.append(chunk[:room])
+            return b"".join(chunks), True
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks), False
+
+
+def _json_default(value: Any) -> str:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _shown(url: str) -> str:
+    """The URL without query string and fragment, for error details."""
+    return url.split("?", 1)[0].split("#", 1)[0]
+
+
+def _text(reply: _Reply) -> str:
+    try:
+        return reply.data.decode(reply.charset or "utf-8", errors="replace")
+    except LookupError:
+        return reply.data.decode("utf-8", errors="replace")
+
+
+def _detail(method: str, url: str, reply: _Reply) -> str:
+    detail = f"{method} {_shown(url)} -> HTTP {reply.status}"
+    text = _text(reply).strip()
+    return f"{detail}: {text[:200]}" if text else detail
+
+
+def _result(reply: _Reply) -> dict[str, Any]:
+    """The success reply's payload: status, and the JSON body or the text."""
+    result: dict[str, Any] = {"status": reply.status}
+    body = None if reply.truncated or len(reply.data) > MAX_BODY_BYTES else _json_body(
+        reply.data)
+    if body is not None:
+        result["body"] = body
+        return result
+    text = _text(reply)[:MAX_TEXT_CHARS]
+    if text:
+        result["text"] = text
+    return result
+
+
+def _json_body(data: bytes) -> dict[str, Any] | None:
+    """``data`` as a JSON object usable as (part of) an aggbox payload, else ``None``."""
+    try:
+        value = json.loads(data, parse_constant=_no_constant)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or not _valid(value, 0):
+        return None
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid in a payload")
+
+
+def _valid(value: Any, depth: int) -> bool:
+    if depth > MAX_BODY_DEPTH:
+        return False
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key[:1] == "$" or "." in key or "\x00" in key:
+                return False
+            if not _valid(item, depth + 1):
+                return False
+        return True
+    if isinstance(value, list):
+        return all(_valid(item, depth + 1) for item in value)
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return True
+    if isinstance(value, int):
+        return -_INT64 <= value < _INT64
+    return isinstance(value, float) and math.isfinite(value)
