@@ -40,8 +40,10 @@ from datetime import datetime
 from types import ModuleType
 from typing import Any, Final, Literal, TypeAlias
 
+from aggregates.envelope import Message
 from aggregates.errors import AggboxError, ConfigurationError
 from aggregates.reasons import Reason
+from aggregates.tracecontext import TRACEPARENT, TRACESTATE
 
 __all__ = [
     "REPLY_ID_PREFIX",
@@ -56,6 +58,7 @@ __all__ = [
     "QueryFunction",
     "RetryableEffectError",
     "failure_payload",
+    "reply_message",
     "reply_message_id",
 ]
 
@@ -261,3 +264,40 @@ def reply_message_id(entry_id: str) -> str:
 def failure_payload(reason: str, error: str, attempts: int) -> dict[str, Any]:
     """The payload of an ``on_failure`` message."""
     return {"reason": reason, "error": error, "attempts": attempts}
+
+
+def reply_message(effect: Effect, entry: Mapping[str, Any], *, aggregate_type: str,
+                  aggregate_id: str, result: Mapping[str, Any] | None = None,
+                  failure: tuple[str, str] | None = None, attempts: int = 1,
+                  at: datetime | None = None) -> Message:
+    """The result message of the effect entry ``entry`` (an outbox entry as stored), for the
+    aggregate that emitted it (pure): ``on_success`` with ``result``, or — with ``failure``
+    = ``(reason, error)`` — ``on_failure`` with :func:`failure_payload`. Its id is
+    :func:`reply_message_id` (one per effect, whatever the result), ``causation_id`` the
+    entry id, ``source`` ``(REPLY_SOURCE_TYPE, aggregate id, the entry's seq)``; the entry's
+    trace context headers are carried over. Raises
+    :class:`~aggregates.errors.EnvelopeError` if ``result`` is not a valid payload."""
+    entry_id = str(entry.get("id"))
+    src = entry.get("source")
+    seq = src.get("seq") if isinstance(src, Mapping) else None
+    if failure is None:
+        mtype, payload = effect.on_success, dict(result or {})
+    else:
+        mtype, payload = effect.on_failure, failure_payload(failure[0], failure[1], attempts)
+    headers = entry.get("headers")
+    trace = ({k: str(v) for k, v in headers.items() if k in (TRACEPARENT, TRACESTATE)}
+             if isinstance(headers, Mapping) else {})
+    return Message.from_dict({
+        "message_id": reply_message_id(entry_id),
+        "type": mtype,
+        "aggregate_type": aggregate_type,
+        "aggregate_id": aggregate_id,
+        "payload": payload,
+        "occurred_at": at,
+        "source": {"type": REPLY_SOURCE_TYPE, "id": aggregate_id,
+                   "seq": seq if isinstance(seq, int) and not isinstance(seq, bool)
+                   and seq >= 1 else 1},
+        "causation_id": entry_id,
+        "correlation_id": entry.get("correlation_id"),
+        "headers": trace,
+    })

@@ -7,6 +7,9 @@ dedup, outbox and parking rules as the real writer (both use :func:`aggregates.f
     assert step.outcome == "applied"
     assert step.emitted_types == ["CreditReserved"]
     assert h.state.reserved == 30
+
+Effects (docs/side-effects.md): ``h.effect_result(book, result={"tracking": "T-1"})`` delivers
+the result of the pending ``BookShipment`` entry the way the dispatcher's effect runner does.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any, Generic, TypeVar, cast
 
 from aggregates.aggregate import AggregateType
 from aggregates.document import Snapshot
+from aggregates.effects import Effect, reply_message
 from aggregates.envelope import Message, Source
 from aggregates.errors import AggboxError, ConfigurationError, HandlerError
 from aggregates.fold import DeadLetter, Parked, fold
@@ -44,9 +48,11 @@ def message(
     source: tuple[str, str, int] | None = None,
     correlation_id: str | None = None,
     schema_version: int | None = None,
+    headers: Mapping[str, str] | None = None,
 ) -> Message:
     """Build a valid test message; ids and times are generated when not given.
-    ``schema_version``: the payload's version (default: none in the envelope, i.e. 1)."""
+    ``schema_version``: the payload's version (default: none in the envelope, i.e. 1);
+    ``headers``: envelope headers (e.g. ``traceparent``)."""
     n = next(_counter)
     return Message.from_dict(
         {
@@ -60,6 +66,7 @@ def message(
             {"type": source[0], "id": source[1], "seq": source[2]},
             "correlation_id": correlation_id,
             "schema_version": schema_version,
+            "headers": dict(headers or {}),
         }
     )
 
@@ -206,6 +213,29 @@ class AggregateHarness(Generic[S]):
         if _freeze(codec.dump(probe)) != before:
             raise HandlerError(f"handler for {msg.type!r} mutated the state it was given; "
                                "return a new state instead (frozen dataclasses help)")
+
+    def effect_result(self, effect: Effect, *, result: Mapping[str, Any] | None = None,
+                      failure: tuple[str, str] | None = None, attempts: int = 1) -> Step:
+        """Deliver the result of the oldest pending ``effect.type`` entry as the effect
+        runner would (docs/side-effects.md): the entry leaves the outbox and the aggregate
+        handles ``effect.on_success`` with ``result`` — or, with ``failure=(reason,
+        error)``, ``effect.on_failure`` with ``{reason, error, attempts}`` — under the
+        reply's real id, so delivering it twice gives ``duplicate``. The effect function
+        itself is not called: test it on its own."""
+        found = [i for i, e in enumerate(self.outbox) if e.get("type") == effect.type]
+        if not found:
+            pending = [e.get("type") for e in self.outbox]
+            raise AggboxError(f"effect_result(): no pending {effect.type!r} entry in the "
+                              f"outbox (pending: {pending}); emit it first")
+        i = found[0]
+        entry = self.outbox[i]
+        msg = reply_message(effect, entry, aggregate_type=self.atype.name,
+                            aggregate_id=self.snapshot.aggregate_id, result=result,
+                            failure=failure, attempts=attempts, at=self.now)
+        del self.outbox[i]
+        with contextlib.suppress(ValueError):
+            self.snapshot.outbox_ids.remove(str(entry.get("id")))
+        return self.when(msg)
 
     def dispatch(self) -> list[dict[str, Any]]:
         """Take (and clear) the pending outbox, as the dispatcher would."""

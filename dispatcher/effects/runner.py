@@ -36,19 +36,16 @@ from typing import Any
 from pymongo.errors import PyMongoError
 
 from aggregates.effects import (
-    REPLY_SOURCE_TYPE,
     Effect,
     EffectCall,
     EffectError,
     PermanentEffectError,
-    failure_payload,
-    reply_message_id,
+    reply_message,
 )
 from aggregates.envelope import Message
 from aggregates.errors import EnvelopeError
 from aggregates.outcomes import Outcome
 from aggregates.reasons import Reason
-from aggregates.tracecontext import TRACEPARENT, TRACESTATE
 from dispatcher.effects.attempts import FAILED, SUCCEEDED, AttemptRecord, Attempts, attempt_key
 from dispatcher.faults import Faults
 from dispatcher.metrics import Metrics
@@ -223,29 +220,13 @@ class EffectRunner:
 
 def reply_for(record: OutboundRecord, effect: Effect, call: EffectCall, att: AttemptRecord
               ) -> Message:
-    """The result message of a settled effect (pure)."""
-    src = record.entry.get("source")
-    seq = src.get("seq") if isinstance(src, Mapping) else None
-    if att.state == SUCCEEDED:
-        mtype, payload = effect.on_success, dict(att.result)
-    else:
-        mtype = effect.on_failure
-        payload = failure_payload(att.reason or Reason.EFFECT_REJECTED, att.error or "",
-                                  att.attempts)
-    headers = {k: v for k, v in call.headers.items() if k in (TRACEPARENT, TRACESTATE)}
-    return Message.from_dict({
-        "message_id": reply_message_id(call.idempotency_key),
-        "type": mtype,
-        "aggregate_type": call.aggregate_type,
-        "aggregate_id": call.aggregate_id,
-        "payload": payload,
-        "occurred_at": att.finished_at,
-        "source": {"type": REPLY_SOURCE_TYPE, "id": call.aggregate_id,
-                   "seq": seq if isinstance(seq, int) and seq >= 1 else 1},
-        "causation_id": call.idempotency_key,
-        "correlation_id": call.correlation_id,
-        "headers": headers,
-    })
+    """The result message of a settled effect (pure; :func:`aggregates.effects.reply_message`
+    with what was recorded)."""
+    failure = (None if att.state == SUCCEEDED
+               else (att.reason or Reason.EFFECT_REJECTED, att.error or ""))
+    return reply_message(effect, record.entry, aggregate_type=call.aggregate_type,
+                         aggregate_id=call.aggregate_id, result=att.result, failure=failure,
+                         attempts=att.attempts, at=att.finished_at)
 
 
 def _call_of(record: OutboundRecord) -> EffectCall:
