@@ -19,7 +19,7 @@ from aggregates.errors import AggboxError, HandlerError, InvalidFieldName
 from aggregates.fastbuild import storable_text
 from aggregates.fieldnames import check_field_names
 from aggregates.ids import emitted_message_id
-from aggregates.tracecontext import trace_headers
+from aggregates.tracecontext import emit_trace, trace_headers
 
 __all__ = ["EmitError", "entries_size", "normalise_result", "outbox_entries"]
 
@@ -36,7 +36,10 @@ def outbox_entries(atype: AggregateType[Any], snap: Snapshot, msg: Message,
     correlation = msg.correlation_id or cause
     seq0 = snap.seq + 1
     # The input's W3C trace context goes on with what it causes (aggregates/tracecontext.py).
-    trace = trace_headers(msg.headers) if msg.headers else None
+    # With a tracer provider, the writer's handling span replaces it (aggregates/tracing.py).
+    hook = emit_trace.get()
+    trace = (hook(msg) if hook is not None
+             else trace_headers(msg.headers) if msg.headers else None)
     for i, e in enumerate(emits):
         if type(e) is not Emit and not isinstance(e, Emit):
             raise EmitError(f"handler emitted {type(e).__name__}, expected Emit")

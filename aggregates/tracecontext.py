@@ -9,13 +9,20 @@ header the handler sets on its ``Emit`` wins."""
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from typing import Final
+from collections.abc import Callable, Mapping
+from contextvars import ContextVar
+from typing import Any, Final
 
-__all__ = ["TRACEPARENT", "TRACESTATE", "trace_headers"]
+__all__ = ["TRACEPARENT", "TRACESTATE", "emit_trace", "trace_headers"]
 
 TRACEPARENT: Final = "traceparent"
 TRACESTATE: Final = "tracestate"
+
+#: Set by the writer while a chunk runs with OpenTelemetry spans (:mod:`aggregates.tracing`):
+#: the trace headers for the entries a message emits — its handling span's — instead of the
+#: input's own. Unset (the default): the input's headers are carried as they are.
+emit_trace: ContextVar[Callable[[Any], Mapping[str, str]] | None] = ContextVar(
+    "aggbox_emit_trace", default=None)
 
 #: version-traceid-parentid-flags, lower-case hex; a future version may append fields.
 _TRACEPARENT: Final = re.compile(

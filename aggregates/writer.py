@@ -39,6 +39,7 @@ from aggregates.fold_result import DeadLetter, Parked
 from aggregates.outcomes import Outcome
 from aggregates.parking import ParkedStore
 from aggregates.settings import AggboxSettings
+from aggregates.tracing import chunk_trace, tracer
 from aggregates.update import build_update
 from aggregates.write_pass import CollectionPass, PassContext, WriterStats
 
@@ -148,6 +149,17 @@ class StoreWriter:
 
     # -- one chunk --------------------------------------------------------------------
     def _flush(self, works: list[Work], dead: list[DeadLetter]) -> list[Outcome]:
+        if tracer() is None:  # no tracer provider configured: no spans (the hot path)
+            return self._flush_chunk(works, dead)
+        messages = [m for w in works for m in w.messages]
+        messages.extend(d.message for d in dead if d.message is not None)
+        with chunk_trace(messages) as trace:
+            outcomes = self._flush_chunk(works, dead)
+            if trace is not None:
+                trace.finish(outcomes)
+        return outcomes
+
+    def _flush_chunk(self, works: list[Work], dead: list[DeadLetter]) -> list[Outcome]:
         now = self.clock()
         outcomes: list[Outcome] = [
             Outcome(d.message.message_id if d.message else "", d.aggregate_type or "",

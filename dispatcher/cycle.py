@@ -38,6 +38,7 @@ from dispatcher.metrics import Metrics
 from dispatcher.publishers.base import Publisher, PublishResult
 from dispatcher.record import H_FENCE, InvalidEntry, OutboundRecord, build_record
 from dispatcher.timing import REAL_TIME, Timing, pause
+from dispatcher.tracing import publish_spans
 
 __all__ = ["INVALID_OUTBOX_ENTRY", "Cycle", "CycleResult"]
 
@@ -236,20 +237,26 @@ class Cycle:
         (retryably)."""
         if not records:
             return []
+        spans = publish_spans(self.publisher.name, records)  # None: no tracer provider
+        outcomes: list[PublishResult] = []
         try:
             outcomes = await self.publisher.publish(records)
             if len(outcomes) != len(records):
                 raise RuntimeError(f"publisher {self.publisher.name} returned "
                                    f"{len(outcomes)} results for {len(records)} records")
-            return outcomes
         except asyncio.CancelledError:
             for d in docs:
                 self.inflight.finish(d.key, (), self._ids(d.records))
+            if spans is not None:
+                spans.finish([])
             raise
         except Exception as exc:  # the whole batch failed: retry it
             log.warning("publisher %s failed: %s", self.publisher.name, exc,
                         extra={"collection": self.collection})
-            return [PublishResult.retryable(f"{type(exc).__name__}: {exc}")] * len(records)
+            outcomes = [PublishResult.retryable(f"{type(exc).__name__}: {exc}")] * len(records)
+        if spans is not None:
+            spans.finish(outcomes)
+        return outcomes
 
     def _settle(self, d: _Doc, by_record: dict[int, PublishResult], now: datetime,
                 result: CycleResult) -> tuple[list[str], list[str], list[DeadLetter]]:

@@ -113,3 +113,22 @@ def spark_session() -> Iterator[Any]:
     session.stop()
 
 
+
+
+@pytest.fixture
+def otel_spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """An OpenTelemetry SDK tracer provider with the in-memory exporter, installed as the
+    global provider for one test only (the API lets a process set it once; the test
+    replaces the module global and puts it back), so aggbox makes spans. Yields the
+    exporter: ``otel_spans.get_finished_spans()``."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
+    yield exporter
+    provider.shutdown()

@@ -1,0 +1,139 @@
+"""OpenTelemetry spans of the store writer (aggregates/tracing.py), recorded by the SDK's
+in-memory exporter; and no spans, only the carried context, without a tracer provider."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from opentelemetry.trace import SpanKind
+
+from aggregates import Message
+from aggregates.document import F_OUTBOX
+from aggregates.testing import memory_database
+from aggregates.tracing import tracer
+from tests.aggregates.contract import msg, writer
+
+TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT = f"00-{TRACE}-00f067aa0ba902b7-01"
+
+
+def _traced(m: Message, traceparent: str = PARENT, **more: str) -> Message:
+    return dataclasses.replace(m, headers={"traceparent": traceparent, **more})
+
+
+def _outbox(db: Any, agg: str = "a1") -> list[dict[str, Any]]:
+    doc = db.counters.find_one({"_id": agg})
+    return list(doc.get(F_OUTBOX) or []) if doc else []
+
+
+def _handling(spans: Any) -> list[Any]:
+    return [s for s in spans if s.name.startswith("aggbox handle ")]
+
+
+def _writes(spans: Any) -> list[Any]:
+    return [s for s in spans if s.name.startswith("aggbox write ")]
+
+
+def test_without_a_tracer_provider_no_spans_and_the_input_context_is_carried() -> None:
+    assert tracer() is None
+    db = memory_database()
+    out = writer(db).process([_traced(msg("m1", 3), tracestate="k=v")])
+    assert out[0].outcome == "applied"
+    (entry,) = _outbox(db)
+    assert entry["headers"] == {"traceparent": PARENT, "tracestate": "k=v"}
+
+
+def test_handling_span_is_the_inputs_child_and_the_entries_carry_it(otel_spans: Any) -> None:
+    db = memory_database()
+    out = writer(db).process([_traced(msg("m1", 3), tracestate="k=v"), msg("m2", 1)])
+    assert [o.outcome for o in out] == ["applied", "applied"]
+    spans = otel_spans.get_finished_spans()
+    first, second = sorted(_handling(spans), key=lambda s: s.attributes["messaging.message.id"])
+    # m1: a child of the input's span, in the input's trace, with its tracestate.
+    assert first.context.trace_id == int(TRACE, 16)
+    assert first.parent is not None and first.parent.span_id == 0x00f067aa0ba902b7
+    assert first.parent.is_remote and first.kind is SpanKind.CONSUMER
+    assert first.attributes["aggbox.outcome"] == "applied"
+    assert first.attributes["aggbox.aggregate.id"] == "a1"
+    assert first.attributes["aggbox.emitted"] == 1
+    (entry,) = _outbox(db)
+    assert entry["headers"]["traceparent"] == (
+        f"00-{TRACE}-{first.context.span_id:016x}-01")
+    assert entry["headers"]["tracestate"] == "k=v"
+    # m2 had no trace context: its handling span starts a trace of its own.
+    assert second.parent is None and second.context.trace_id != int(TRACE, 16)
+    # One write span for the chunk, linked to the traced input.
+    (write,) = _writes(spans)
+    assert [link.context.trace_id for link in write.links] == [int(TRACE, 16)]
+    assert write.attributes["aggbox.outcomes.applied"] == 2
+    assert write.attributes["messaging.batch.message_count"] == 2
+
+
+def test_a_duplicate_redelivery_is_an_event_not_a_second_handling_span(otel_spans: Any) -> None:
+    db = memory_database()
+    w = writer(db)
+    w.process([_traced(msg("m1", 3))])
+    first_entry = _outbox(db)[0]["headers"]["traceparent"]
+    otel_spans.clear()
+    out = w.process([_traced(msg("m1", 3))])
+    assert out[0].outcome == "duplicate"
+    spans = otel_spans.get_finished_spans()
+    assert _handling(spans) == []
+    (write,) = _writes(spans)
+    (event,) = write.events
+    assert event.name == "aggbox.duplicate"
+    assert event.attributes["messaging.message.id"] == "m1"
+    assert event.attributes["traceparent"] == PARENT
+    assert [link.context.trace_id for link in write.links] == [int(TRACE, 16)]
+    assert _outbox(db)[0]["headers"]["traceparent"] == first_entry  # nothing re-emitted
+
+
+def test_a_version_conflict_reruns_the_fold_but_makes_one_handling_span(
+        otel_spans: Any) -> None:
+    """The fold runs m1 twice (a rival write in between); the entry and the one span agree."""
+    db = memory_database()
+    w = writer(db)
+    w.process([msg("m0", 1)])
+    rival = writer(db)
+    calls = {"n": 0}
+
+    def interfere(_ops: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            rival.process([msg("r1", 1)])
+
+    w.before_write = interfere
+    otel_spans.clear()
+    out = w.process([_traced(msg("m1", 3))])
+    assert out[0].outcome == "applied" and out[0].attempt == 2
+    spans = [s for s in _handling(otel_spans.get_finished_spans())
+             if s.attributes["messaging.message.id"] == "m1"]
+    assert len(spans) == 1
+    (entry,) = _outbox(db)
+    assert entry["headers"]["traceparent"] == f"00-{TRACE}-{spans[0].context.span_id:016x}-01"
+
+
+def test_refused_messages_are_events_with_their_reason(otel_spans: Any) -> None:
+    db = memory_database()
+    out = writer(db).process([_traced(msg("b1", mtype="Boom")), msg("m1", 1)])
+    assert [o.outcome for o in out] == ["dead_lettered", "applied"]
+    spans = otel_spans.get_finished_spans()
+    assert [s.attributes["messaging.message.id"] for s in _handling(spans)] == ["m1"]
+    (write,) = _writes(spans)
+    (event,) = write.events
+    assert event.name == "aggbox.dead_lettered"
+    assert event.attributes["aggbox.reason"] == "handler_error"
+    assert event.attributes["messaging.message.id"] == "b1"
+
+
+def test_an_unsampled_input_makes_no_recorded_span_but_its_trace_goes_on(
+        otel_spans: Any) -> None:
+    db = memory_database()
+    unsampled = f"00-{TRACE}-00f067aa0ba902b7-00"
+    writer(db).process([_traced(msg("m1", 3), unsampled)])
+    assert _handling(otel_spans.get_finished_spans()) == []
+    (entry,) = _outbox(db)
+    version, trace_id, span_id, flags = entry["headers"]["traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", TRACE, "00")
+    assert span_id != "00f067aa0ba902b7"  # a new span of aggbox's, not the input's
