@@ -41,12 +41,12 @@ SCOPE: Final = "aggbox"
 
 try:  # the optional extra
     from opentelemetry import trace as _otel
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 except ImportError:  # pragma: no cover - the extra is part of the dev install
     _otel = None  # type: ignore[assignment]
-    _PROPAGATOR: Any = None
-else:
-    _PROPAGATOR = TraceContextTextMapPropagator()
+
+#: Links per chunk span: the SDK keeps 128 by default (OTEL_SPAN_LINK_COUNT_LIMIT) and drops
+#: the rest, so more are not even built.
+MAX_LINKS: Final = 128
 
 _cached: tuple[Any, Tracer | None] = (None, None)
 
@@ -80,9 +80,20 @@ def format_traceparent(span: Span) -> dict[str, str]:
 
 def parent_context(headers: Mapping[str, str]) -> Any:
     """The OpenTelemetry context of a message's well-formed ``traceparent`` (``None`` when it
-    has none: a span started with it begins a new trace)."""
+    has none: a span started with it begins a new trace). Validated by
+    :func:`aggregates.tracecontext.trace_headers`, so the span context is built directly
+    (the propagator would parse it a second time)."""
     carried = trace_headers(headers) if headers else None
-    return _PROPAGATOR.extract(carried) if carried else None
+    if not carried:
+        return None
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+    _, trace_id, span_id, flags = carried[TRACEPARENT].split("-", 4)[:4]
+    state = carried.get(TRACESTATE)
+    ctx = SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True,
+                      trace_flags=TraceFlags(int(flags, 16) & TraceFlags.SAMPLED),
+                      trace_state=TraceState.from_header([state]) if state else None)
+    return _otel.set_span_in_context(NonRecordingSpan(ctx))
 
 
 _Key = tuple[str, str, str]
@@ -100,10 +111,11 @@ class ChunkTrace:
         links: list[Link] = []
         for m in messages:
             self._messages.setdefault((m.aggregate_type, m.aggregate_id, m.message_id), m)
-            parent = parent_context(m.headers)
-            if parent is not None:
-                ctx = _otel.get_current_span(parent).get_span_context()
-                links.append(Link(ctx, {"messaging.message.id": m.message_id}))
+            if len(links) < MAX_LINKS and m.headers:
+                parent = parent_context(m.headers)
+                if parent is not None:
+                    ctx = _otel.get_current_span(parent).get_span_context()
+                    links.append(Link(ctx, {"messaging.message.id": m.message_id}))
         types = sorted({m.aggregate_type for m in messages})
         self.span = tracer.start_span(
             f"aggbox write {types[0] if len(types) == 1 else 'aggregates'}",
@@ -126,9 +138,7 @@ class ChunkTrace:
             span = self._tracer.start_span(
                 f"aggbox handle {msg.type}", context=parent_context(msg.headers),
                 kind=SpanKind.CONSUMER, start_time=self._start,
-                attributes={"messaging.operation.type": "process",
-                            "messaging.message.id": msg.message_id,
-                            "aggbox.message.type": msg.type,
+                attributes={"messaging.message.id": msg.message_id,
                             "aggbox.aggregate.type": msg.aggregate_type,
                             "aggbox.aggregate.id": msg.aggregate_id})
             self._handling[key] = span
@@ -146,7 +156,6 @@ class ChunkTrace:
                 if span is None:
                     assert msg is not None
                     span = self._handling_span(msg)
-                span.set_attribute("aggbox.outcome", "applied")
                 if o.emitted_ids:
                     span.set_attribute("aggbox.emitted", len(o.emitted_ids))
                 if o.from_parked:

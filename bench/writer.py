@@ -19,6 +19,11 @@ figures to steer by (bench/measure.py has the instruments):
   the same for (b) and (c).
 
 Usage: python bench/writer.py [--aggregates 20000] [--per 5]
+       python bench/writer.py --tracing [--aggregates 20000]
+           # the writer with OpenTelemetry spans (SDK provider, batch span processor, an
+           # exporter that counts) vs without a provider, same messages (each with a
+           # sampled traceparent), alternating off/on/off/on: ``tracing_on_vs_off`` is the
+           # ratio of the rates, and the CPU-µs per message of both
        python bench/writer.py --aggregates 5000 --profile 30 [--profile-clock wall]
            # cProfile of the writer, pipeline_depth=1 (all work on the main thread), by
            # wall time (default) or this thread's CPU time: top 30 entries
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import io
 import json
 import os
@@ -209,6 +215,65 @@ def profile_writer(client: Any, db_name: str, messages: list[Message], top: int,
           f"({cpu / n * 1e6:.1f} µs per message, handlers included)")
 
 
+def traced_messages(n_aggs: int, per: int) -> list[Message]:
+    """:func:`make_messages`, each with a sampled ``traceparent`` (one trace per aggregate)."""
+    out = []
+    for m in make_messages(n_aggs, per):
+        trace = uuid.uuid5(uuid.NAMESPACE_URL, m.aggregate_id).hex
+        span = uuid.uuid5(uuid.NAMESPACE_URL, m.message_id).hex[:16]
+        out.append(dataclasses.replace(m, headers={"traceparent": f"00-{trace}-{span}-01"}))
+    return out
+
+
+def tracing_compare(client: Any, db_name: str, messages: list[Message], rounds: int = 2
+                    ) -> None:
+    """The writer without a tracer provider and with the SDK's (spans batched to an exporter
+    that only counts them), alternating, on fresh collections each run."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
+
+    class Counting(SpanExporter):
+        spans = 0
+
+        def export(self, spans: Any) -> SpanExportResult:
+            Counting.spans += len(spans)
+            return SpanExportResult.SUCCESS
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(Counting(), max_queue_size=100_000))
+    n = len(messages)
+    runs: dict[str, list[tuple[float, float]]] = {"off": [], "on": []}
+    run_writer(client[db_name + "_warm"], messages[:5000])
+    try:
+        for r in range(rounds):
+            for mode in ("off", "on"):
+                trace._TRACER_PROVIDER = provider if mode == "on" else None
+                print(f"  round {r + 1}, tracing {mode}:")
+                dt, c = run_writer(client[f"{db_name}_{mode}{r}"], messages)
+                runs[mode].append((n / dt, (c.cpu_s - c.handler_s) / n * 1e6))
+                provider.force_flush()
+    finally:
+        trace._TRACER_PROVIDER = None
+        for name in client.list_database_names():
+            if name.startswith(db_name):
+                client.drop_database(name)
+    best = {mode: max(r[0] for r in v) for mode, v in runs.items()}
+    cpu = {mode: min(r[1] for r in v) for mode, v in runs.items()}
+    print(f"tracing off: {best['off']:.0f} msgs/s, {cpu['off']:.1f} CPU-µs/msg; "
+          f"on: {best['on']:.0f} msgs/s, {cpu['on']:.1f} CPU-µs/msg; "
+          f"{Counting.spans} spans exported")
+    print(json.dumps({"tracing_on_vs_off": round(best["on"] / best["off"], 3),
+                      "off_msgs_per_s": round(best["off"]), "on_msgs_per_s": round(best["on"]),
+                      "off_python_cpu_us_per_msg": round(cpu["off"], 2),
+                      "on_python_cpu_us_per_msg": round(cpu["on"], 2),
+                      "spans_exported": Counting.spans, "messages": n}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--aggregates", type=int, default=20_000)
@@ -221,6 +286,9 @@ def main() -> None:
     ap.add_argument("--profile-clock", choices=["cpu", "wall"], default="wall",
                     help="the profiler's clock: wall (default; cheap to read) or this thread's CPU "
                          "time (a system call per event: inflates small calls several-fold)")
+    ap.add_argument("--tracing", action="store_true",
+                    help="instead of the benchmark: the writer with OpenTelemetry spans vs "
+                         "without a tracer provider")
     ap.add_argument("--profile-out", metavar="FILE", default=None,
                     help="also write the profile's raw stats to FILE (pstats format)")
     args = ap.parse_args()
@@ -234,6 +302,10 @@ def main() -> None:
         METER.server_pid = server.pid
         client: MongoClient[dict[str, Any]] = MongoClient(server.uri, event_listeners=[OPS])
         db = client[f"bench_writer_{uuid.uuid4().hex[:6]}"]
+        if args.tracing:
+            HANDLERS.install(registry)
+            tracing_compare(client, db.name, traced_messages(args.aggregates, args.per))
+            return
         if args.profile:
             try:
                 profile_writer(client, db.name, messages, args.profile, args.profile_clock,
