@@ -101,17 +101,30 @@ def test_an_unknown_aggregates_module_is_a_clear_error(
 
 
 def test_stream_a_directory(spark_session: Any, db: Any, mongo_uri: str, tmp_path: Path,
-                            capsys: pytest.CaptureFixture[str]) -> None:
+                            capsys: pytest.CaptureFixture[str],
+                            monkeypatch: pytest.MonkeyPatch) -> None:
+    import spark.metrics_export as export
+
     inbox = tmp_path / "in"
     inbox.mkdir()
     a = make_records(seed=60, accounts=5, ledgers=1, prefix="x-", dup_rate=0)
     b = make_records(seed=61, accounts=5, ledgers=1, prefix="y-", dup_rate=0)
     write_jsonl(inbox / "1.jsonl", a)
     write_jsonl(inbox / "2.jsonl", b)
+    # --metrics-file is rewritten after every micro-batch with the totals so far.
+    written: list[str] = []
+    real_write = export.write_metrics_file
+
+    def spy(path: Any, text: str) -> None:
+        written.append(text)
+        real_write(path, text)
+
+    monkeypatch.setattr(export, "write_metrics_file", spy)
+    metrics = tmp_path / "aggbox.prom"
 
     rc = main(["stream", *cli(db, mongo_uri, "--directory", str(inbox), "--checkpoint",
                               str(tmp_path / "ckpt"), "--max-files-per-trigger", "1",
-                              "--json")])
+                              "--json", "--metrics-file", str(metrics))])
 
     captured = capsys.readouterr()
     assert rc == 0
@@ -119,6 +132,17 @@ def test_stream_a_directory(spark_session: Any, db: Any, mongo_uri: str, tmp_pat
     assert summary["batches"] == 2 and summary["input"] == len(a) + len(b)
     assert summary["applied"] == len(a) + len(b)
     assert "micro-batch 0: input" in captured.err and "micro-batch 1: input" in captured.err
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def totals(text: str) -> tuple[float, float]:
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+        return (families["aggbox_pipeline_input_records"].samples[0].value,
+                sum(s.value for s in families["aggbox_pipeline_outcomes"].samples))
+
+    first, second = (totals(t) for t in written)
+    assert first in ((len(a), len(a)), (len(b), len(b)))  # one file per micro-batch
+    assert second == (len(a) + len(b), len(a) + len(b))
+    assert metrics.read_text() == written[-1]
 
 
 def test_stream_without_checkpoint_is_refused(tmp_path: Path,
