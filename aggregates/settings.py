@@ -14,7 +14,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import Field, ValidationError
 from pydantic.fields import FieldInfo
@@ -173,6 +173,12 @@ class AggboxSettings(SectionSettings):
     pipeline_depth: int = Field(2, ge=1, le=8, description="Chunks processed concurrently "
                                 "(disjoint aggregates only): handlers of one chunk run while "
                                 "another waits for MongoDB. 1 = strictly sequential.")
+    tracing: Literal["messages", "chunks"] = Field(
+        "messages", description="OpenTelemetry spans of the writer, when a tracer provider "
+        "is configured in its process: messages = a span per chunk and one per applied "
+        "message, whose context the emitted entries carry; chunks = only the span per chunk "
+        "(links to its messages, events for those not applied), entries carry the input's "
+        "own trace context — for pipelines where a span per message costs too much.")
     max_conflict_retries: int = Field(10, ge=0, description="Re-read/re-apply rounds after "
                                       "version conflicts before the messages are parked.")
     conflict_backoff_ms: float = Field(5.0, ge=0, description="First backoff after a conflict; "

@@ -6,12 +6,15 @@ carry the input's ``traceparent`` to the entries it causes
 (:mod:`aggregates.tracecontext`). With a provider, per chunk of the writer:
 
 - one span ``aggbox write <type>`` (kind ``CONSUMER``, the messaging conventions' batch
-  *process* span) with a **link** to the trace context of each of its messages, and an
+  *process* span) with a **link** to the trace context of each of its messages (the first
+  :data:`MAX_LINKS` that have one), and an
   **event** per message that was not applied (``aggbox.duplicate``, ``aggbox.parked``,
   ``aggbox.dead_lettered``, with its id and reason) — so a redelivered duplicate costs an
   event, never a span;
-- one span ``aggbox handle <message type>`` per *applied* message, a child of the input's
-  ``traceparent`` (a new trace when it has none). Its context is what the entries the
+- (setting ``tracing = "messages"``, the default; ``"chunks"`` leaves it out and the
+  entries carry their input's context) one span ``aggbox handle <message type>`` per
+  *applied* message, a child of the input's ``traceparent`` (a new trace when it has
+  none). Its context is what the entries the
   message emits carry in their ``traceparent`` header, so the records the dispatcher
   publishes continue the trace through it. It starts with the chunk and ends when the
   chunk's write committed (the effect exists from then on). The fold may run a message
@@ -102,10 +105,12 @@ _Key = tuple[str, str, str]
 class ChunkTrace:
     """The spans of one writer chunk (see the module docstring)."""
 
-    def __init__(self, tracer: Tracer, messages: Sequence[Message]) -> None:
+    def __init__(self, tracer: Tracer, messages: Sequence[Message], *,
+                 per_message: bool = True) -> None:
         from opentelemetry.trace import Link, SpanKind
 
         self._tracer = tracer
+        self._per_message = per_message
         self._start = time.time_ns()
         self._messages: dict[_Key, Message] = {}
         links: list[Link] = []
@@ -152,6 +157,8 @@ class ChunkTrace:
             key = (o.aggregate_type, o.aggregate_id, o.message_id)
             msg = self._messages.get(key)
             span = self._handling.get(key)
+            if o.outcome == "applied" and not self._per_message:
+                continue  # counted on the chunk span, no event: applied is the norm
             if o.outcome == "applied" and (span is not None or msg is not None):
                 if span is None:
                     assert msg is not None
@@ -196,20 +203,24 @@ class ChunkTrace:
 
 
 @contextmanager
-def chunk_trace(messages: Sequence[Message]) -> Iterator[ChunkTrace | None]:
+def chunk_trace(messages: Sequence[Message], *, per_message: bool = True
+                ) -> Iterator[ChunkTrace | None]:
     """Spans for one writer chunk when a tracer provider is configured, else ``None``.
-    While the block runs, the entries the fold builds carry the handling spans' context
-    (:data:`aggregates.tracecontext.emit_trace`)."""
+    ``per_message`` (setting ``tracing = "messages"``): while the block runs, the entries
+    the fold builds carry the handling spans' context
+    (:data:`aggregates.tracecontext.emit_trace`); without it (``"chunks"``) only the chunk
+    span is made and the entries carry their input's context."""
     t = tracer()
     if t is None:
         yield None
         return
-    trace = ChunkTrace(t, messages)
-    token = emit_trace.set(trace.emit_headers)
+    trace = ChunkTrace(t, messages, per_message=per_message)
+    token = emit_trace.set(trace.emit_headers) if per_message else None
     try:
         yield trace
     except BaseException as exc:
         trace.fail(exc)
         raise
     finally:
-        emit_trace.reset(token)
+        if token is not None:
+            emit_trace.reset(token)

@@ -137,3 +137,23 @@ def test_an_unsampled_input_makes_no_recorded_span_but_its_trace_goes_on(
     version, trace_id, span_id, flags = entry["headers"]["traceparent"].split("-")
     assert (version, trace_id, flags) == ("00", TRACE, "00")
     assert span_id != "00f067aa0ba902b7"  # a new span of aggbox's, not the input's
+
+
+def test_chunks_mode_makes_one_span_per_chunk_and_carries_the_input_context(
+        otel_spans: Any) -> None:
+    """tracing = "chunks": no span per message; the entries carry the input's own context;
+    duplicates are still events."""
+    db = memory_database()
+    w = writer(db, tracing="chunks")
+    inputs = [_traced(msg(f"m{i}", 3, agg=f"a{i}")) for i in range(3)]
+    w.process(inputs)
+    out = w.process([inputs[0]])
+    assert out[0].outcome == "duplicate"
+    spans = otel_spans.get_finished_spans()
+    assert _handling(spans) == []
+    first, second = _writes(spans)
+    assert len(first.links) == 3 and first.events == ()
+    assert first.attributes["aggbox.outcomes.applied"] == 3
+    assert [e.name for e in second.events] == ["aggbox.duplicate"]
+    assert all(_outbox(db, f"a{i}")[0]["headers"] == {"traceparent": PARENT}
+               for i in range(3))
