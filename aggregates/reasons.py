@@ -35,6 +35,7 @@ class Reason(StrEnum):
     INVALID_ENVELOPE = "invalid_envelope"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     PAYLOAD_TOO_DEEP = "payload_too_deep"
+    INVALID_CLOUDEVENT = "invalid_cloudevent"
     # Dedup strategies (aggregates.dedup).
     DUPLICATE_WITH_DIFFERENT_PAYLOAD = "duplicate_with_different_payload"
     BEYOND_DEDUP_HORIZON = "beyond_dedup_horizon"
@@ -143,6 +144,16 @@ REASON_DOCS: Final[Mapping[Reason, ReasonDoc]] = {
         _DEAD, "the record nests arrays/objects deeper than `MAX_RECORD_DEPTH` (never "
         "retried, never parked)",
         "Flatten the payload at the producer; send it again."),
+    Reason.INVALID_CLOUDEVENT: ReasonDoc(
+        _DEAD, "a CloudEvents record (a Kafka `ce_specversion` header, or a JSON object with "
+        "`specversion`) cannot be read as an envelope: `specversion` not `1.0`; `id`, `source`, "
+        "`type`, `subject` or `aggregatetype` missing; a malformed `source` "
+        "(`/aggbox/<type>/<id>`, percent-encoded), `time`, `sourceseq`, `schemaversion`, "
+        "`aggboxkind` or `aggboxheaders`; data that is not JSON or not `application/json`; a "
+        "header that is not UTF-8, repeated or too long; the detail names the attribute or "
+        "header (pipeline; docs/design.md \"CloudEvents\")",
+        "Fix the producer and send it again. Rules of the envelope itself (id lengths, "
+        "payload keys, size) keep their own codes, naming the attribute too."),
     Reason.DUPLICATE_WITH_DIFFERENT_PAYLOAD: ReasonDoc(
         _DEAD, "inbox dedup: the id was applied before with another payload",
         "A producer bug: it reuses ids. Fix the producer; if the change is real, send it as a "

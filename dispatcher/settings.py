@@ -15,9 +15,10 @@ from pydantic_settings import SettingsConfigDict
 from aggregates.errors import ConfigurationError
 from aggregates.settings import SectionSettings
 
-__all__ = ["DispatcherSettings", "Mode", "PublisherKind"]
+__all__ = ["DispatcherSettings", "Mode", "PublisherKind", "RecordFormat"]
 
 PublisherKind = Literal["kafka", "jsonl", "stdout"]
+RecordFormat = Literal["aggbox", "cloudevents"]
 Mode = Literal["auto", "stream", "poll"]
 
 
@@ -41,6 +42,14 @@ class DispatcherSettings(SectionSettings):
         "jsonl",
         description="Where entries go: kafka, jsonl (files in `jsonl_dir`, the format the "
         "Spark pipeline reads) or stdout (debugging).",
+    )
+    record_format: RecordFormat = Field(
+        "aggbox",
+        description="What a published record looks like: aggbox (the envelope as JSON, ids "
+        "also as Kafka headers) or cloudevents (CloudEvents 1.0: binary content mode on "
+        "Kafka — ce_* headers, the payload as the value — and structured mode, one event "
+        "object per line, in JSON Lines files). The pipeline reads both; docs/design.md "
+        "\"CloudEvents\".",
     )
     topic_template: str = Field(
         "{aggregate_type}.events",

@@ -68,6 +68,8 @@ _OPTIONS: list[SettingOption] = [
     SettingOption("--collection", _D, "collections", {"action": "append", "metavar": "NAME"}),
     SettingOption("--aggregates", _D, "aggregates", {"metavar": "MODULE"}),
     SettingOption("--publisher", _D, "publisher", {"choices": ["kafka", "jsonl", "stdout"]}),
+    SettingOption("--record-format", _D, "record_format",
+                  {"choices": ["aggbox", "cloudevents"]}),
     SettingOption("--bootstrap-servers", _D, "kafka_bootstrap_servers", {"metavar": "HOSTS"}),
     SettingOption("--kafka-option", _D, "kafka_config",
                   {"action": "append", "metavar": "KEY=VALUE"}, key_values),

@@ -21,15 +21,16 @@ def create_publisher(settings: DispatcherSettings) -> Publisher:
         from dispatcher.publishers.kafka import KafkaPublisher
 
         return KafkaPublisher(settings.kafka_bootstrap_servers, config=settings.kafka_config,
-                              delivery_timeout_s=settings.kafka_delivery_timeout_s)
+                              delivery_timeout_s=settings.kafka_delivery_timeout_s,
+                              record_format=settings.record_format)
     if settings.publisher == "jsonl":
         from dispatcher.publishers.jsonl import JsonLinesPublisher
 
-        return JsonLinesPublisher(settings.jsonl_dir)
+        return JsonLinesPublisher(settings.jsonl_dir, record_format=settings.record_format)
     if settings.publisher == "stdout":
         from dispatcher.publishers.stdout import StdoutPublisher
 
-        return StdoutPublisher()
+        return StdoutPublisher(record_format=settings.record_format)
     raise PublisherError(  # unreachable through settings validation
         f"unknown publisher {settings.publisher!r}; use kafka, jsonl or stdout"
     )

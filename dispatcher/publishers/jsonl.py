@@ -1,5 +1,7 @@
 """JSON Lines files in a directory: one file per batch, one envelope per line — the input
-format of the Spark pipeline, so a pipeline can consume the dispatcher's output.
+format of the Spark pipeline, so a pipeline can consume the dispatcher's output. With
+``record_format`` ``cloudevents`` each line is a structured-mode CloudEvent instead
+(:mod:`dispatcher.formats`), which the pipeline reads as well.
 
 Files appear atomically: written as ``.tmp-<uuid>.jsonl`` (hidden, ignored by Spark's file
 sources), fsynced, renamed to ``<UTC timestamp>-<uuid>.jsonl``, and the directory fsynced.
@@ -23,8 +25,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from aggregates.reasons import Reason
+from dispatcher.formats import json_line
 from dispatcher.publishers.base import PublisherError, PublishResult
 from dispatcher.record import OutboundRecord
+from dispatcher.settings import RecordFormat
 
 __all__ = ["TMP_PREFIX", "JsonLinesPublisher"]
 
@@ -40,8 +44,9 @@ class JsonLinesPublisher:
     name = "jsonl"
 
     def __init__(self, directory: str | Path, *, fsync: bool = True,
-                 stale_tmp_s: float = 60.0) -> None:
+                 stale_tmp_s: float = 60.0, record_format: RecordFormat = "aggbox") -> None:
         self.directory = Path(directory)
+        self.record_format: RecordFormat = record_format
         self.fsync = fsync
         self.stale_tmp_s = stale_tmp_s
         self.files_written = 0
@@ -87,7 +92,8 @@ class JsonLinesPublisher:
         try:
             if time.monotonic() >= self._next_cleanup:
                 await asyncio.to_thread(self.remove_stale_temp_files)
-            await asyncio.to_thread(self._write, [r.value for r in records])
+            await asyncio.to_thread(self._write, [json_line(r, self.record_format)
+                                                  for r in records])
         except OSError as exc:
             err = PublishResult.retryable(f"writing to {self.directory} failed: {exc}",
                                           reason=Reason.IO_ERROR)

@@ -28,8 +28,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from aggregates.reasons import Reason
+from dispatcher.formats import kafka_record
 from dispatcher.publishers.base import PublisherError, PublishResult
 from dispatcher.record import OutboundRecord
+from dispatcher.settings import RecordFormat
 
 __all__ = ["LOG_INTERVAL_S", "KafkaPublisher", "RateLimitedLog", "valid_topic_name"]
 
@@ -141,7 +143,9 @@ class _Batch:
 
 
 class KafkaPublisher:
-    """See the module documentation. ``config`` adds librdkafka settings (e.g. security)."""
+    """See the module documentation. ``config`` adds librdkafka settings (e.g. security);
+    ``record_format`` ``cloudevents`` sends CloudEvents in binary content mode
+    (:mod:`dispatcher.formats`)."""
 
     name = "kafka"
 
@@ -151,8 +155,10 @@ class KafkaPublisher:
         *,
         config: Mapping[str, Any] | None = None,
         delivery_timeout_s: float = 60.0,
+        record_format: RecordFormat = "aggbox",
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
+        self.record_format: RecordFormat = record_format
         self.delivery_timeout_s = delivery_timeout_s
         self.config: dict[str, Any] = {
             "bootstrap.servers": bootstrap_servers,
@@ -226,10 +232,10 @@ class KafkaPublisher:
                     Reason.INVALID_TOPIC, f"{r.topic!r} is not a valid Kafka topic name "
                     "(1-249 of A-Z a-z 0-9 . _ -)"))
                 continue
-            headers = [(k, v.encode()) for k, v in r.headers.items()]
+            value, headers = kafka_record(r, self.record_format)
             while True:
                 try:
-                    producer.produce(r.topic, value=r.value, key=r.key.encode(),
+                    producer.produce(r.topic, value=value, key=r.key.encode(),
                                      headers=headers,
                                      on_delivery=lambda err, msg, i=i: batch.report(i, err, msg))
                     break

@@ -1,5 +1,5 @@
 """stdout, for debugging: one JSON object per record with topic, key, headers and the
-envelope."""
+envelope (with ``record_format`` ``cloudevents``: the structured-mode CloudEvent)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import sys
 from collections.abc import Sequence
 from typing import IO
 
+from dispatcher.formats import structured
 from dispatcher.publishers.base import PublishResult
 from dispatcher.record import OutboundRecord
+from dispatcher.settings import RecordFormat
 
 __all__ = ["StdoutPublisher"]
 
@@ -17,8 +19,10 @@ __all__ = ["StdoutPublisher"]
 class StdoutPublisher:
     name = "stdout"
 
-    def __init__(self, stream: IO[str] | None = None) -> None:
+    def __init__(self, stream: IO[str] | None = None, *,
+                 record_format: RecordFormat = "aggbox") -> None:
         self._stream = stream
+        self.record_format: RecordFormat = record_format
 
     async def start(self) -> None:
         return None
@@ -26,8 +30,9 @@ class StdoutPublisher:
     async def publish(self, records: Sequence[OutboundRecord]) -> list[PublishResult]:
         out = self._stream or sys.stdout
         for r in records:
-            line = {"topic": r.topic, "key": r.key, "headers": r.headers,
-                    "value": json.loads(r.value)}
+            value = (structured(r) if self.record_format == "cloudevents"
+                     else json.loads(r.value))
+            line = {"topic": r.topic, "key": r.key, "headers": r.headers, "value": value}
             out.write(json.dumps(line, ensure_ascii=False) + "\n")
         out.flush()
         return [PublishResult.ok()] * len(records)
