@@ -50,6 +50,9 @@ except ImportError:  # pragma: no cover - the extra is part of the dev install
 #: Links per chunk span: the SDK keeps 128 by default (OTEL_SPAN_LINK_COUNT_LIMIT) and drops
 #: the rest, so more are not even built.
 MAX_LINKS: Final = 128
+#: Events per chunk span, likewise (OTEL_SPAN_EVENT_COUNT_LIMIT); the outcome counts on the
+#: span stay complete.
+MAX_EVENTS: Final = 128
 
 _cached: tuple[Any, Tracer | None] = (None, None)
 
@@ -106,7 +109,7 @@ class ChunkTrace:
     """The spans of one writer chunk (see the module docstring)."""
 
     def __init__(self, tracer: Tracer, messages: Sequence[Message], *,
-                 per_message: bool = True) -> None:
+                 per_message: bool = True, types: Sequence[str] = ()) -> None:
         from opentelemetry.trace import Link, SpanKind
 
         self._tracer = tracer
@@ -121,7 +124,7 @@ class ChunkTrace:
                 if parent is not None:
                     ctx = _otel.get_current_span(parent).get_span_context()
                     links.append(Link(ctx, {"messaging.message.id": m.message_id}))
-        types = sorted({m.aggregate_type for m in messages})
+        types = sorted(set(types) | {m.aggregate_type for m in messages})
         self.span = tracer.start_span(
             f"aggbox write {types[0] if len(types) == 1 else 'aggregates'}",
             kind=SpanKind.CONSUMER, links=links, start_time=self._start,
@@ -152,6 +155,7 @@ class ChunkTrace:
     def finish(self, outcomes: Sequence[Outcome]) -> None:
         """End the spans: a handling span per applied message, events for the others."""
         counts: dict[str, int] = {}
+        events = 0
         for o in outcomes:
             counts[o.outcome] = counts.get(o.outcome, 0) + 1
             key = (o.aggregate_type, o.aggregate_id, o.message_id)
@@ -168,6 +172,9 @@ class ChunkTrace:
                 if o.from_parked:
                     span.set_attribute("aggbox.from_parked", True)
                 span.end()
+                continue
+            events += 1
+            if events > MAX_EVENTS:
                 continue
             attrs: dict[str, Any] = {"messaging.message.id": o.message_id,
                                      "aggbox.aggregate.type": o.aggregate_type,
@@ -189,6 +196,8 @@ class ChunkTrace:
                 span.end()
         for kind, n in counts.items():
             self.span.set_attribute(f"aggbox.outcomes.{kind}", n)
+        if events > MAX_EVENTS:
+            self.span.set_attribute("aggbox.events_dropped", events - MAX_EVENTS)
         self.span.end()
 
     def fail(self, exc: BaseException) -> None:
@@ -203,18 +212,19 @@ class ChunkTrace:
 
 
 @contextmanager
-def chunk_trace(messages: Sequence[Message], *, per_message: bool = True
-                ) -> Iterator[ChunkTrace | None]:
+def chunk_trace(messages: Sequence[Message], *, per_message: bool = True,
+                types: Sequence[str] = ()) -> Iterator[ChunkTrace | None]:
     """Spans for one writer chunk when a tracer provider is configured, else ``None``.
-    ``per_message`` (setting ``tracing = "messages"``): while the block runs, the entries
-    the fold builds carry the handling spans' context
+    ``types``: the chunk's aggregate types (those of ``messages`` are added).
+    ``per_message`` (setting ``tracing = "messages"``): while the block runs, the entries the
+    fold builds carry the handling spans' context
     (:data:`aggregates.tracecontext.emit_trace`); without it (``"chunks"``) only the chunk
     span is made and the entries carry their input's context."""
     t = tracer()
     if t is None:
         yield None
         return
-    trace = ChunkTrace(t, messages, per_message=per_message)
+    trace = ChunkTrace(t, messages, per_message=per_message, types=types)
     token = emit_trace.set(trace.emit_headers) if per_message else None
     try:
         yield trace

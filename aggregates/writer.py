@@ -153,7 +153,8 @@ class StoreWriter:
             return self._flush_chunk(works, dead)
         messages = [m for w in works for m in w.messages]
         messages.extend(d.message for d in dead if d.message is not None)
-        with chunk_trace(messages, per_message=self.settings.tracing == "messages") as trace:
+        with chunk_trace(messages, per_message=self.settings.tracing == "messages",
+                         types=[w.atype.name for w in works]) as trace:
             outcomes = self._flush_chunk(works, dead)
             if trace is not None:
                 trace.finish(outcomes)

@@ -22,9 +22,9 @@ Usage: python bench/writer.py [--aggregates 20000] [--per 5]
        python bench/writer.py --tracing [--aggregates 20000]
            # the writer with OpenTelemetry spans (SDK provider, batch span processor, an
            # exporter that counts) vs without a provider, same messages (each with a
-           # sampled traceparent), alternating off / tracing="messages" / "chunks", twice:
-           # ``tracing_messages_vs_off`` and ``tracing_chunks_vs_off`` are the ratios of the
-           # best rates, with the best CPU-µs per message of each
+           # sampled traceparent), alternating off / tracing="messages" / "chunks" /
+           # "messages" with unsampled inputs, twice: ``tracing_*_vs_off`` are the ratios of
+           # the best rates, with the best CPU-µs per message of each
        python bench/writer.py --aggregates 5000 --profile 30 [--profile-clock wall]
            # cProfile of the writer, pipeline_depth=1 (all work on the main thread), by
            # wall time (default) or this thread's CPU time: top 30 entries
@@ -217,18 +217,21 @@ def profile_writer(client: Any, db_name: str, messages: list[Message], top: int,
           f"({cpu / n * 1e6:.1f} µs per message, handlers included)")
 
 
-def traced_messages(n_aggs: int, per: int) -> list[Message]:
-    """:func:`make_messages`, each with a sampled ``traceparent`` (one trace per aggregate)."""
+def traced_messages(n_aggs: int, per: int, *, sampled: bool = True) -> list[Message]:
+    """:func:`make_messages`, each with a ``traceparent`` (one trace per aggregate), sampled
+    or not (flags 01 / 00)."""
     out = []
+    flags = "01" if sampled else "00"
     for m in make_messages(n_aggs, per):
         trace = uuid.uuid5(uuid.NAMESPACE_URL, m.aggregate_id).hex
         span = uuid.uuid5(uuid.NAMESPACE_URL, m.message_id).hex[:16]
-        out.append(dataclasses.replace(m, headers={"traceparent": f"00-{trace}-{span}-01"}))
+        out.append(dataclasses.replace(
+            m, headers={"traceparent": f"00-{trace}-{span}-{flags}"}))
     return out
 
 
-def tracing_compare(client: Any, db_name: str, messages: list[Message], rounds: int = 2
-                    ) -> None:
+def tracing_compare(client: Any, db_name: str, messages: list[Message],
+                    unsampled: list[Message], rounds: int = 2) -> None:
     """The writer without a tracer provider and with the SDK's (spans batched to an exporter
     that only counts them), alternating, on fresh collections each run."""
     from opentelemetry import trace
@@ -249,7 +252,9 @@ def tracing_compare(client: Any, db_name: str, messages: list[Message], rounds: 
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(Counting(), max_queue_size=100_000))
     n = len(messages)
-    modes = ("off", "messages", "chunks")
+    # off: no provider; messages / chunks: the setting, sampled inputs; unsampled:
+    # tracing = "messages" with inputs whose traceparent says not sampled.
+    modes = ("off", "messages", "chunks", "unsampled")
     runs: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
     run_writer(client[db_name + "_warm"], messages[:5000])
     try:
@@ -257,8 +262,9 @@ def tracing_compare(client: Any, db_name: str, messages: list[Message], rounds: 
             for mode in modes:
                 trace._TRACER_PROVIDER = None if mode == "off" else provider
                 print(f"  round {r + 1}, tracing {mode}:")
-                dt, c = run_writer(client[f"{db_name}_{mode}{r}"], messages,
-                                   tracing="messages" if mode == "off" else mode)
+                dt, c = run_writer(client[f"{db_name}_{mode}{r}"],
+                                   unsampled if mode == "unsampled" else messages,
+                                   tracing="chunks" if mode == "chunks" else "messages")
                 runs[mode].append((n / dt, (c.cpu_s - c.handler_s) / n * 1e6))
                 provider.force_flush()
     finally:
@@ -274,6 +280,7 @@ def tracing_compare(client: Any, db_name: str, messages: list[Message], rounds: 
     print(json.dumps({
         "tracing_messages_vs_off": round(best["messages"] / best["off"], 3),
         "tracing_chunks_vs_off": round(best["chunks"] / best["off"], 3),
+        "tracing_unsampled_vs_off": round(best["unsampled"] / best["off"], 3),
         **{f"{m}_msgs_per_s": round(best[m]) for m in modes},
         **{f"{m}_python_cpu_us_per_msg": round(cpu[m], 2) for m in modes},
         "spans_exported": Counting.spans, "messages": n}))
@@ -309,7 +316,8 @@ def main() -> None:
         db = client[f"bench_writer_{uuid.uuid4().hex[:6]}"]
         if args.tracing:
             HANDLERS.install(registry)
-            tracing_compare(client, db.name, traced_messages(args.aggregates, args.per))
+            tracing_compare(client, db.name, traced_messages(args.aggregates, args.per),
+                            traced_messages(args.aggregates, args.per, sampled=False))
             return
         if args.profile:
             try:

@@ -157,3 +157,25 @@ def test_chunks_mode_makes_one_span_per_chunk_and_carries_the_input_context(
     assert [e.name for e in second.events] == ["aggbox.duplicate"]
     assert all(_outbox(db, f"a{i}")[0]["headers"] == {"traceparent": PARENT}
                for i in range(3))
+
+
+def test_events_stop_at_the_limit_and_the_counts_stay_complete(otel_spans: Any) -> None:
+    from aggregates.tracing import MAX_EVENTS
+
+    db = memory_database()
+    w = writer(db)
+    inputs = [msg(f"m{i}", 1, agg=f"a{i}") for i in range(MAX_EVENTS + 5)]
+    w.process(inputs)
+    otel_spans.clear()
+    w.process(inputs)  # every one a duplicate
+    (write,) = _writes(otel_spans.get_finished_spans())
+    assert len(write.events) == MAX_EVENTS
+    assert write.attributes["aggbox.outcomes.duplicate"] == MAX_EVENTS + 5
+    assert write.attributes["aggbox.events_dropped"] == 5
+
+
+def test_retrying_parked_messages_names_the_aggregate_type(otel_spans: Any) -> None:
+    db = memory_database()
+    writer(db).retry_parked("Counter", ["a1"])
+    (write,) = _writes(otel_spans.get_finished_spans())
+    assert write.name == "aggbox write Counter"
