@@ -5,14 +5,14 @@ in the process, :func:`chunk_trace` returns ``None`` and the writer does nothing
 carry the input's ``traceparent`` to the entries it causes
 (:mod:`aggregates.tracecontext`). With a provider, per chunk of the writer:
 
-- one span ``aggbox write <type>`` (kind ``CONSUMER``, the messaging conventions' batch
+- one span ``aggbox.write <type>`` (kind ``CONSUMER``, the messaging conventions' batch
   *process* span) with a **link** to the trace context of each of its messages (the first
   :data:`MAX_LINKS` that have one), and an
   **event** per message that was not applied (``aggbox.duplicate``, ``aggbox.parked``,
   ``aggbox.dead_lettered``, with its id and reason) — so a redelivered duplicate costs an
   event, never a span;
 - (setting ``tracing = "messages"``, the default; ``"chunks"`` leaves it out and the
-  entries carry their input's context) one span ``aggbox handle <message type>`` per
+  entries carry their input's context) one span ``aggbox.handle <message type>`` per
   *applied* message, a child of the input's ``traceparent`` (a new trace when it has
   none). Its context is what the entries the
   message emits carry in their ``traceparent`` header, so the records the dispatcher
@@ -126,7 +126,7 @@ class ChunkTrace:
                     links.append(Link(ctx, {"messaging.message.id": m.message_id}))
         types = sorted(set(types) | {m.aggregate_type for m in messages})
         self.span = tracer.start_span(
-            f"aggbox write {types[0] if len(types) == 1 else 'aggregates'}",
+            f"aggbox.write {types[0] if len(types) == 1 else 'aggregates'}",
             kind=SpanKind.CONSUMER, links=links, start_time=self._start,
             attributes={"messaging.operation.type": "process",
                         "messaging.batch.message_count": len(messages),
@@ -144,7 +144,7 @@ class ChunkTrace:
             from opentelemetry.trace import SpanKind
 
             span = self._tracer.start_span(
-                f"aggbox handle {msg.type}", context=parent_context(msg.headers),
+                f"aggbox.handle {msg.type}", context=parent_context(msg.headers),
                 kind=SpanKind.CONSUMER, start_time=self._start,
                 attributes={"messaging.message.id": msg.message_id,
                             "aggbox.aggregate.type": msg.aggregate_type,

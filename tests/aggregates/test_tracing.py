@@ -28,11 +28,11 @@ def _outbox(db: Any, agg: str = "a1") -> list[dict[str, Any]]:
 
 
 def _handling(spans: Any) -> list[Any]:
-    return [s for s in spans if s.name.startswith("aggbox handle ")]
+    return [s for s in spans if s.name.startswith("aggbox.handle ")]
 
 
 def _writes(spans: Any) -> list[Any]:
-    return [s for s in spans if s.name.startswith("aggbox write ")]
+    return [s for s in spans if s.name.startswith("aggbox.write ")]
 
 
 def test_without_a_tracer_provider_no_spans_and_the_input_context_is_carried() -> None:
@@ -178,4 +178,4 @@ def test_retrying_parked_messages_names_the_aggregate_type(otel_spans: Any) -> N
     db = memory_database()
     writer(db).retry_parked("Counter", ["a1"])
     (write,) = _writes(otel_spans.get_finished_spans())
-    assert write.name == "aggbox write Counter"
+    assert write.name == "aggbox.write Counter"

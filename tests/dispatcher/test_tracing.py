@@ -56,11 +56,11 @@ def test_one_trace_from_input_through_a_redelivery_to_the_published_records(
     assert sorted(h["message_id"] for h, _ in records) == sorted(emitted)
 
     spans = otel_spans.get_finished_spans()
-    (handling,) = [s for s in spans if s.name == "aggbox handle Emit"]
+    (handling,) = [s for s in spans if s.name == "aggbox.handle Emit"]
     assert handling.context.trace_id == int(TRACE, 16)
     assert handling.parent is not None and handling.parent.span_id == int(INPUT_SPAN, 16)
     # The redelivery: no second handling span; a duplicate event on its chunk's span.
-    writes = [s for s in spans if s.name == "aggbox write Emitter"]
+    writes = [s for s in spans if s.name == "aggbox.write Emitter"]
     assert len(writes) == 2
     events = [e for s in writes for e in s.events]
     assert [(e.name, e.attributes["messaging.message.id"]) for e in events] == [
