@@ -237,7 +237,7 @@ class Cycle:
         (retryably)."""
         if not records:
             return []
-        spans = publish_spans(self.publisher.name, records)  # None: no tracer provider
+        spans = publish_spans(self.publisher, records)  # None: no tracer provider
         outcomes: list[PublishResult] = []
         try:
             outcomes = await self.publisher.publish(records)

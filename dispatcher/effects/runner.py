@@ -46,11 +46,13 @@ from aggregates.envelope import Message
 from aggregates.errors import EnvelopeError
 from aggregates.outcomes import Outcome
 from aggregates.reasons import Reason
+from aggregates.tracing import format_traceparent
 from dispatcher.effects.attempts import FAILED, SUCCEEDED, AttemptRecord, Attempts, attempt_key
 from dispatcher.faults import Faults
 from dispatcher.metrics import Metrics
 from dispatcher.publishers.base import PublishResult
 from dispatcher.record import OutboundRecord
+from dispatcher.tracing import effect_span, end_with
 
 __all__ = ["EffectRunner", "ReplyWriter"]
 
@@ -89,6 +91,18 @@ class EffectRunner:
         self.clock = clock
 
     async def execute(self, record: OutboundRecord, effect: Effect) -> PublishResult:
+        span = effect_span(record, effect)  # None: no tracer provider
+        trace = format_traceparent(span) if span is not None else None
+        result: PublishResult | None = None
+        try:
+            result = await self._execute(record, effect, trace)
+            return result
+        finally:
+            if span is not None:
+                end_with(span, result)
+
+    async def _execute(self, record: OutboundRecord, effect: Effect,
+                       trace: dict[str, str] | None) -> PublishResult:
         call = _call_of(record)
         key = attempt_key(record.collection, record.message_id)
         try:
@@ -101,7 +115,7 @@ class EffectRunner:
         if att is None:
             return PublishResult.retryable("effect not settled", Reason.EFFECT_RETRYABLE)
         try:
-            await self._deliver(record, effect, call, att)
+            await self._deliver(record, effect, call, att, trace)
         except PyMongoError as exc:
             return PublishResult.retryable(f"writing the reply of effect {effect.type}: {exc}",
                                            Reason.BROKER_UNAVAILABLE)
@@ -208,8 +222,8 @@ class EffectRunner:
 
     # -- step 5 --------------------------------------------------------------------------
     async def _deliver(self, record: OutboundRecord, effect: Effect, call: EffectCall,
-                       att: AttemptRecord) -> None:
-        msg = reply_for(record, effect, call, att)
+                       att: AttemptRecord, trace: dict[str, str] | None = None) -> None:
+        msg = reply_for(record, effect, call, att, trace=trace)
         outcomes = await self.reply([msg])
         for o in outcomes:
             if o.message_id == msg.message_id and o.outcome in ("dead_lettered", "parked"):
@@ -218,13 +232,19 @@ class EffectRunner:
                             msg.aggregate_type, msg.aggregate_id, o.outcome, o.reason)
 
 
-def reply_for(record: OutboundRecord, effect: Effect, call: EffectCall, att: AttemptRecord
-              ) -> Message:
+def reply_for(record: OutboundRecord, effect: Effect, call: EffectCall, att: AttemptRecord,
+              *, trace: Mapping[str, str] | None = None) -> Message:
     """The result message of a settled effect (pure; :func:`aggregates.effects.reply_message`
-    with what was recorded)."""
+    with what was recorded). ``trace``: the effect span's trace headers, which replace the
+    entry's in the message (so its handling continues from the effect's span)."""
     failure = (None if att.state == SUCCEEDED
                else (att.reason or Reason.EFFECT_REJECTED, att.error or ""))
-    return reply_message(effect, record.entry, aggregate_type=call.aggregate_type,
+    entry = record.entry
+    if trace:
+        headers = entry.get("headers")
+        entry = {**entry, "headers": {**(headers if isinstance(headers, Mapping) else {}),
+                                      **trace}}
+    return reply_message(effect, entry, aggregate_type=call.aggregate_type,
                          aggregate_id=call.aggregate_id, result=att.result, failure=failure,
                          attempts=att.attempts, at=att.finished_at)
 

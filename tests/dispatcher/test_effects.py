@@ -317,3 +317,33 @@ def _raise(exc: Exception) -> Callable[[], Any]:
     def action() -> Any:
         raise exc
     return action
+
+
+def test_the_effect_is_a_client_span_between_the_entry_and_its_result(
+        ewriter: StoreWriter, ddb: Database[Any], store: AggboxSettings,
+        otel_spans: Any) -> None:
+    """With a tracer provider: handling → ``aggbox.effect BookShipment`` (CLIENT) → the
+    result's handling, one trace; the plain entry next to it gets a producer span, the
+    effect entry none."""
+    from opentelemetry.trace import SpanKind
+
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    ewriter.process([Message("place-t", "PlaceOrder", "Order", "o-t", {"event_after": True},
+                             source=Source("Client", "o-t", 1),
+                             headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})])
+    (eid, placed_id) = entry_ids(ddb)["o-t"]
+    run_once(store, effects_for(Resource()), ListPublisher())
+    assert state(ddb, "o-t")["results"] == 1
+    spans = otel_spans.get_finished_spans()
+    by_name = {s.name: s for s in spans}
+    placing = by_name["aggbox.handle PlaceOrder"]
+    effect = by_name["aggbox.effect BookShipment"]
+    result = by_name["aggbox.handle ShipmentBooked"]
+    assert {s.context.trace_id for s in (placing, effect, result)} == {int(trace_id, 16)}
+    assert effect.kind is SpanKind.CLIENT
+    assert effect.parent is not None and effect.parent.span_id == placing.context.span_id
+    assert result.parent is not None and result.parent.span_id == effect.context.span_id
+    assert effect.attributes["aggbox.effect.idempotency_key"] == eid
+    assert effect.attributes["aggbox.effect.guarantee"] == "at-least-once"
+    producers = [s for s in spans if s.kind is SpanKind.PRODUCER]
+    assert [s.attributes["messaging.message.id"] for s in producers] == [placed_id]
