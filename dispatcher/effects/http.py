@@ -17,13 +17,15 @@ JSON, the default for POST/PUT/PATCH; ``"none"``, the default for GET/DELETE) or
 call took effect — 200 yes, 404/410 no), ``timeout_s``, ``max_attempts``, ``on_success``,
 ``on_failure`` and ``idempotent`` (the server honours ``Idempotency-Key``).
 
-Every request carries ``Idempotency-Key: <entry id>`` and ``User-Agent: aggbox``; redirects
-are not followed. 2xx is success, with the reply payload ``{"status", "body"}`` (the response
-JSON object, when it is a valid aggbox payload of at most :data:`MAX_BODY_BYTES`) or
-``{"status", "text"}`` (the first :data:`MAX_TEXT_CHARS` characters). 408, 425, 429, 5xx and
-connection failures are :class:`~aggregates.effects.RetryableEffectError`; other statuses
-are :class:`~aggregates.effects.PermanentEffectError` (``effect_rejected``). A timeout is
-left as :class:`TimeoutError` for the runner.
+Every request carries ``Idempotency-Key: <entry id>`` and ``User-Agent: aggbox``, and the
+entry's W3C ``traceparent``/``tracestate`` (the effect span's with a tracer provider) unless
+a configured header sets them; redirects are not followed. 2xx is success, with the reply
+payload ``{"status", "body"}`` (the response JSON object, when it is a valid aggbox payload
+of at most :data:`MAX_BODY_BYTES`) or ``{"status", "text"}`` (the first
+:data:`MAX_TEXT_CHARS` characters). 408, 425, 429, 5xx and connection failures are
+:class:`~aggregates.effects.RetryableEffectError`; other statuses are
+:class:`~aggregates.effects.PermanentEffectError` (``effect_rejected``). A timeout is left
+as :class:`TimeoutError` for the runner.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from aggregates.effects import Effect, EffectCall, PermanentEffectError, RetryableEffectError
 from aggregates.errors import ConfigurationError
 from aggregates.reasons import Reason
+from aggregates.tracecontext import TRACEPARENT, TRACESTATE, trace_headers
 from dispatcher.effects.templates import (
     Escape,
     Template,
@@ -61,6 +64,9 @@ __all__ = [
     "HttpEffectSpec",
     "http_effect",
 ]
+
+#: Sent from the entry's trace context unless a configured header sets one of them.
+_TRACE_HEADERS = frozenset({TRACEPARENT, TRACESTATE})
 
 #: At most this much of a response is read.
 MAX_RESPONSE_BYTES: Final = 1024 * 1024
@@ -272,6 +278,12 @@ class _HttpClient:
             raise PermanentEffectError(Reason.EFFECT_REJECTED,
                                        f"Idempotency-Key: {exc}") from None
         headers["User-Agent"] = "aggbox"
+        # W3C trace context over HTTP: the call continues the entry's trace (the effect
+        # span's, with a tracer provider) unless a configured header sets it (then neither
+        # is sent: a tracestate belongs to its traceparent).
+        trace = trace_headers(call.headers)
+        if trace and not {name.lower() for name in headers} & _TRACE_HEADERS:
+            headers.update(trace)
         if content_type is not None:
             headers["Content-Type"] = content_type
         return headers

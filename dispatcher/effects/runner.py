@@ -103,7 +103,7 @@ class EffectRunner:
 
     async def _execute(self, record: OutboundRecord, effect: Effect,
                        trace: dict[str, str] | None) -> PublishResult:
-        call = _call_of(record)
+        call = _call_of(record, trace)
         key = attempt_key(record.collection, record.message_id)
         try:
             att = await self._settle(key, record, effect, call)
@@ -249,7 +249,9 @@ def reply_for(record: OutboundRecord, effect: Effect, call: EffectCall, att: Att
                          attempts=att.attempts, at=att.finished_at)
 
 
-def _call_of(record: OutboundRecord) -> EffectCall:
+def _call_of(record: OutboundRecord, trace: Mapping[str, str] | None = None) -> EffectCall:
+    """The call of an effect entry; ``trace`` (the effect span's headers) replaces the
+    entry's trace context in its headers."""
     env = record.envelope
     src = record.entry.get("source")
     atype = (str(src["type"]) if isinstance(src, Mapping) and src.get("type")
@@ -261,7 +263,7 @@ def _call_of(record: OutboundRecord) -> EffectCall:
         payload=env.get("payload") or {},
         aggregate_type=atype,
         aggregate_id=str(record.document_id),
-        headers={str(k): str(v) for k, v in headers.items()},
+        headers={**{str(k): str(v) for k, v in headers.items()}, **(trace or {})},
         correlation_id=env.get("correlation_id"),
         created_at=record.created_at,
     )

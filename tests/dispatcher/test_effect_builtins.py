@@ -57,11 +57,12 @@ def mail() -> Iterator[MailServer]:
 
 
 def call_for(key: str, *, payload: dict[str, Any] | None = None,
-             aggregate_id: str = "order-1", attempt: int = 1) -> EffectCall:
+             aggregate_id: str = "order-1", attempt: int = 1,
+             headers: dict[str, str] | None = None) -> EffectCall:
     return EffectCall(idempotency_key=key, type="BookShipment",
                       payload=payload if payload is not None else {"sku": "A-1", "qty": 2},
                       aggregate_type="Order", aggregate_id=aggregate_id, attempt=attempt,
-                      correlation_id="corr-1",
+                      correlation_id="corr-1", headers=headers or {},
                       created_at=datetime(2026, 11, 23, 12, 0, tzinfo=UTC))
 
 
@@ -112,6 +113,22 @@ def test_http_success_returns_status_and_body_and_sends_the_key(
     assert request.headers["User-Agent"] == "aggbox"
     assert request.headers["Content-Type"] == "application/json"
     assert json.loads(request.body) == {"sku": "A-1", "qty": 2}
+
+
+def test_http_requests_carry_the_entrys_trace_context(shipping_server: ShippingServer
+                                                       ) -> None:
+    parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    run(booking(shipping_server), call_for("k-trace", headers={
+        "traceparent": parent, "tracestate": "k=v", "x-other": "not sent"}))
+    run(booking(shipping_server), call_for("k-bad-trace", headers={"traceparent": "00-x"}))
+    run(booking(shipping_server, headers={"TraceParent": "{idempotency_key}"}),
+        call_for("k-own-trace", headers={"traceparent": parent, "tracestate": "k=v"}))
+    sent = {r.headers.get("Idempotency-Key"): r.headers for r in shipping_server.requests}
+    assert (sent["k-trace"]["traceparent"], sent["k-trace"]["tracestate"]) == (parent, "k=v")
+    assert "x-other" not in sent["k-trace"]
+    assert "traceparent" not in sent["k-bad-trace"]  # only a well-formed one is carried
+    own = {k.lower(): v for k, v in sent["k-own-trace"].items()}
+    assert own["traceparent"] == "k-own-trace" and "tracestate" not in own  # configured wins
 
 
 def test_http_headers_and_body_template(shipping_server: ShippingServer) -> None:

@@ -49,12 +49,14 @@ class Resource:
         self.booked: dict[str, str] = {}
         self.script: dict[int, Callable[[], Any]] = {}
         self.scripted: set[str] | None = None  # the keys the script applies to (None: all)
+        self.headers: dict[str, Mapping[str, str]] = {}  # the last call's headers, per key
         self.lock = threading.Lock()
 
     def book(self, call: EffectCall) -> Mapping[str, Any]:
         with self.lock:
             self.calls[call.idempotency_key] += 1
             n = self.calls[call.idempotency_key]
+            self.headers[call.idempotency_key] = call.headers
         action = self.script.get(n)
         if action is not None and (self.scripted is None
                                    or call.idempotency_key in self.scripted):
@@ -332,7 +334,8 @@ def test_the_effect_is_a_client_span_between_the_entry_and_its_result(
                              source=Source("Client", "o-t", 1),
                              headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})])
     (eid, placed_id) = entry_ids(ddb)["o-t"]
-    run_once(store, effects_for(Resource()), ListPublisher())
+    res = Resource()
+    run_once(store, effects_for(res), ListPublisher())
     assert state(ddb, "o-t")["results"] == 1
     spans = otel_spans.get_finished_spans()
     by_name = {s.name: s for s in spans}
@@ -345,5 +348,8 @@ def test_the_effect_is_a_client_span_between_the_entry_and_its_result(
     assert result.parent is not None and result.parent.span_id == effect.context.span_id
     assert effect.attributes["aggbox.effect.idempotency_key"] == eid
     assert effect.attributes["aggbox.effect.guarantee"] == "at-least-once"
+    # The call sees the effect span's context (the HTTP effect sends it on).
+    assert res.headers[eid]["traceparent"] == (
+        f"00-{trace_id}-{effect.context.span_id:016x}-01")
     producers = [s for s in spans if s.kind is SpanKind.PRODUCER]
     assert [s.attributes["messaging.message.id"] for s in producers] == [placed_id]
