@@ -179,3 +179,26 @@ def test_retrying_parked_messages_names_the_aggregate_type(otel_spans: Any) -> N
     writer(db).retry_parked("Counter", ["a1"])
     (write,) = _writes(otel_spans.get_finished_spans())
     assert write.name == "aggbox.write Counter"
+
+
+def test_hostile_trace_headers_never_fail_a_chunk(otel_spans: Any) -> None:
+    """Odd but well-formed traceparents and any tracestate: every message is applied, the
+    spans are made, an invalid tracestate is dropped rather than carried."""
+    future = f"01-{TRACE}-00f067aa0ba902b7-03-and-more"
+    heads = [{"traceparent": future},
+             {"traceparent": PARENT, "tracestate": "é=1,\udc80=x"},
+             {"traceparent": PARENT, "tracestate": "a=b," * 100},
+             {"traceparent": "00-" + "f" * 32 + "-" + "f" * 16 + "-ff"},
+             {"traceparent": PARENT.upper()}, {"tracestate": "lonely=1"}]
+    db = memory_database()
+    inputs = [dataclasses.replace(msg(f"m{i}", 3, agg=f"a{i}"), headers=h)
+              for i, h in enumerate(heads)]
+    out = writer(db).process(inputs)
+    assert [o.outcome for o in out] == ["applied"] * len(heads)
+    assert len(_handling(otel_spans.get_finished_spans())) == len(heads)
+    carried = [_outbox(db, f"a{i}")[0]["headers"] for i in range(len(heads))]
+    assert carried[0]["traceparent"].startswith(f"00-{TRACE}-")  # sampled flag kept
+    assert carried[0]["traceparent"].endswith("-01")
+    assert "tracestate" not in carried[1]
+    assert carried[3]["traceparent"].startswith("00-" + "f" * 32)
+    assert all(c["traceparent"][3:35] != TRACE for c in carried[4:])  # not carried: new
