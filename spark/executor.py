@@ -23,6 +23,13 @@ UTF-8 (Arrow's strings are not checked) becomes an ``invalid_encoding`` dead let
 byte offset, records nested deeper than :data:`~aggregates.envelope.MAX_RECORD_DEPTH` are
 rejected before ``json.loads``, and any other error while reading one row is that row's dead
 letter.
+
+CloudEvents (docs/design.md "CloudEvents"): a row with binary-mode headers (column
+:data:`spark.sources.CE_HEADER_COLUMN`) or a JSON object with ``specversion`` is decoded by
+:mod:`aggregates.cloudevents` into an envelope, which ``Message.from_dict`` checks; a
+record that is no usable CloudEvent is an ``invalid_cloudevent`` dead letter naming the
+attribute, an envelope rule broken keeps its own reason code and names the attribute too.
+The dead letter keeps the record value as it came.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from aggregates import cloudevents
 from aggregates.aggregate import Registry
 from aggregates.deadletters import DeadLetterStore
 from aggregates.envelope import MAX_RECORD_DEPTH, Message, json_depth
@@ -44,6 +52,7 @@ from aggregates.settings import AggboxSettings
 from aggregates.writer import StoreWriter, utc_now
 from spark.messages import fast_message, json_loads, with_record_trace
 from spark.schema import OUTCOME_COLUMNS, outcome_columns
+from spark.sources import CE_HEADER_COLUMN
 from spark.validate import LONE_SURROGATE_DETAIL
 
 __all__ = ["WriterTask", "get_client", "get_registry", "write_partition"]
@@ -100,6 +109,26 @@ def _envelope_reason(exc: EnvelopeError) -> str:
     if exc.field.startswith("payload") and exc.reason.startswith("nested deeper"):
         return Reason.PAYLOAD_TOO_DEEP
     return Reason.INVALID_ENVELOPE
+
+
+def _cloudevent(decoded: Any, raw: str, ce_headers: Any, traceparent: str | None,
+                tracestate: str | None, max_payload: int) -> Message:
+    """The message of a CloudEvent row: binary mode when ``ce_headers`` (the record's
+    headers, dicts of key and value) is given, else structured mode (``decoded``, a dict
+    with ``specversion``). Raises :class:`~aggregates.cloudevents.CloudEventError` or
+    :class:`EnvelopeError` (its reason naming the attribute too)."""
+    if ce_headers is not None:
+        envelope = cloudevents.from_binary(
+            [(h["key"], h["value"]) for h in ce_headers], raw)
+    else:
+        envelope = with_record_trace(cloudevents.from_structured(decoded), traceparent,
+                                     tracestate)
+    try:
+        return Message.from_dict(envelope, max_payload_bytes=max_payload)
+    except EnvelopeError as exc:
+        attribute = cloudevents.attribute_of(exc.field)
+        raise EnvelopeError(exc.field, f"{exc.reason} (CloudEvent attribute "
+                            f"{attribute!r})") from None
 
 
 def _columns(batch: Any) -> tuple[dict[str, list[Any]], dict[int, str]]:
@@ -160,6 +189,7 @@ class _Partition:
         max_payload = self.settings.max_payload_bytes
         # Kafka record headers (spark.sources.TRACE_HEADER_COLUMNS), when the source has them.
         traceparents, tracestates = cols.get("_h_traceparent"), cols.get("_h_tracestate")
+        ce_headers = cols.get(CE_HEADER_COLUMN)  # binary-mode CloudEvents (Kafka)
         mtypes = cols.get("_mtype")  # absent when the caller selected no such column
         self.dead_types = {}
         for row, (raw, reason, detail, mid, atype, aid) in enumerate(zip(
@@ -174,22 +204,37 @@ class _Partition:
                 # An invalid record is reported as such even when Spark found its routing
                 # wrong too (Spark's view of a string may differ: a lone surrogate is '?').
                 decoded = None
+                binary = ce_headers[row] if ce_headers is not None else None
                 try:
-                    depth = json_depth(raw)
+                    depth = 0 if binary is not None else json_depth(raw)
                     if depth > MAX_RECORD_DEPTH:  # Spark checks this too: never recurse
                         reason, detail = Reason.PAYLOAD_TOO_DEEP, (
                             f"the record nests arrays/objects {depth} levels deep; at most "
                             f"{MAX_RECORD_DEPTH} are accepted: flatten the payload")
-                    else:
+                    elif binary is None:
                         decoded = json_loads(raw)
-                        if traceparents is not None and traceparents[row] is not None:
+                        if (traceparents is not None and traceparents[row] is not None
+                                and not (type(decoded) is dict and "specversion" in decoded)):
                             decoded = with_record_trace(
                                 decoded, traceparents[row],
                                 tracestates[row] if tracestates is not None else None)
                 except (ValueError, RecursionError) as exc:  # JSON the JVM accepted but
                     decoded = None                          # Python does not
                     reason, detail = Reason.INVALID_JSON, f"not valid JSON: {exc}"
-                if decoded is not None:
+                if binary is not None or (type(decoded) is dict and "specversion" in decoded):
+                    try:
+                        msg = _cloudevent(
+                            decoded, raw, binary,
+                            traceparents[row] if traceparents is not None else None,
+                            tracestates[row] if tracestates is not None else None, max_payload)
+                    except cloudevents.CloudEventError as exc:
+                        reason, detail = Reason.INVALID_CLOUDEVENT, str(exc)
+                    except EnvelopeError as exc:
+                        reason, detail = _envelope_reason(exc), str(exc)
+                    except Exception as exc:  # never let one row fail the whole task
+                        reason = Reason.INVALID_CLOUDEVENT
+                        detail = f"invalid CloudEvent: {type(exc).__name__}: {exc}"
+                elif decoded is not None:
                     try:
                         msg = fast_message(decoded, raw, max_payload)
                         if msg is None:  # anything uncommon: the complete check decides

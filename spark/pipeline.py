@@ -56,6 +56,7 @@ from spark.schema import OUTCOME_SCHEMA
 from spark.session import check_session
 from spark.settings import InputFormat, SparkSettings
 from spark.sources import (
+    CE_HEADER_COLUMN,
     TRACE_HEADER_COLUMNS,
     StreamSource,
     add_line_order,
@@ -145,7 +146,8 @@ class Pipeline:
         checked = validate(raw, self.info, max_payload_bytes=self.settings.max_payload_bytes)
         ordered = order_within_aggregates(checked, self.spark_settings.shuffle_partitions)
         rows = ordered.select("_raw", "_reason", "_detail", "_mid", "_atype", "_aid", "_mtype",
-                              *[c for c in TRACE_HEADER_COLUMNS if c in ordered.columns])
+                              *[c for c in (*TRACE_HEADER_COLUMNS, CE_HEADER_COLUMN)
+                                if c in ordered.columns])
         return rows.mapInArrow(functools.partial(write_partition, self.task()), OUTCOME_SCHEMA)
 
     def process(

@@ -11,7 +11,10 @@ Position columns, the last tie-breaker when an aggregate's messages are ordered
 A Kafka stream also has the nullable columns :data:`TRACE_HEADER_COLUMNS`: the record's
 ``traceparent`` and ``tracestate`` *Kafka record headers* (only these two), which the executor
 adds to the envelope's ``headers`` unless the envelope has its own trace context
-(:func:`spark.messages.with_record_trace`).
+(:func:`spark.messages.with_record_trace`). A Kafka stream also has
+:data:`CE_HEADER_COLUMN`: for a CloudEvent in binary content mode (a record with the header
+``ce_specversion``) its ``ce_*``, ``content-type``, ``traceparent`` and ``tracestate`` headers
+as they are (key, bytes), NULL for any other record (docs/design.md "CloudEvents").
 
 Blank lines in JSON Lines files are not records (Spark's JSON reader skips them too); every
 other line is one record, valid or not, whatever its bytes. A byte-order mark (U+FEFF) at the
@@ -31,6 +34,7 @@ from aggregates.errors import ConfigurationError
 from spark.settings import InputFormat
 
 __all__ = [
+    "CE_HEADER_COLUMN",
     "TRACE_HEADER_COLUMNS",
     "DirectorySource",
     "KafkaSource",
@@ -47,6 +51,16 @@ __all__ = [
 TRACE_HEADER_COLUMNS: Final = ("_h_traceparent", "_h_tracestate")
 #: The longest record-header value carried, in bytes (tracecontext's tracestate limit).
 _MAX_TRACE_HEADER_BYTES: Final = 512
+#: The headers of a binary-mode CloudEvent (``array<struct<key: string, value: binary>>``),
+#: NULL for other records; only Kafka streams have it.
+CE_HEADER_COLUMN: Final = "_h_ce"
+#: SQL: :data:`CE_HEADER_COLUMN` of a Kafka source row.
+_CE_HEADERS: Final = (
+    "CASE WHEN exists(headers, h -> lower(h.key) = 'ce_specversion') THEN "
+    "filter(headers, h -> startswith(lower(h.key), 'ce_') OR "
+    "lower(h.key) IN ('content-type', 'traceparent', 'tracestate')) END")
+#: Its type, for sources without headers.
+CE_HEADER_TYPE: Final = "array<struct<key: string, value: binary>>"
 
 
 def _record_header(name: str) -> Any:
@@ -199,6 +213,8 @@ def read_stream(spark: Any, source: StreamSource) -> Any:
             *[(_record_header(name) if with_headers else F.lit(None).cast("string")).alias(col)
               for name, col in zip(("traceparent", "tracestate"), TRACE_HEADER_COLUMNS,
                                    strict=True)],
+            (F.expr(_CE_HEADERS) if with_headers else F.lit(None).cast(CE_HEADER_TYPE)
+             ).alias(CE_HEADER_COLUMN),
         )
     reader = spark.readStream.format("text")
     if source.max_files_per_trigger:

@@ -21,7 +21,18 @@ reason                     when
                            larger than 16 MiB (never parsed)
 ``unknown_aggregate_type`` ``aggregate_type`` is not in the registry
 ``unknown_message_type``   the aggregate type has no handler for ``type``
+``invalid_cloudevent``     a binary-mode CloudEvent (Kafka header ``ce_specversion``)
+                           without a record value or whose value is not JSON
 ========================== ==============================================================
+
+CloudEvents (docs/design.md "CloudEvents"): a record with the Kafka header
+``ce_specversion`` (binary content mode: the attributes in headers, :data:`CE_HEADER_COLUMN`,
+the payload as the value) or a JSON object with the key ``specversion`` (structured mode)
+is read through its attributes: ``id``, ``type``, ``subject``, ``aggregatetype``,
+``source``/``sourceseq`` and ``time`` give the routing and ordering columns. The raw record
+checks apply to it as to an envelope; the envelope checks do not — the executor decodes
+every CloudEvent (:mod:`aggregates.cloudevents`) and names what is wrong
+(``invalid_cloudevent``, or the envelope's own codes).
 
 Rows that pass get the full :meth:`aggregates.envelope.Message.from_dict` check in the
 executor (the same code every other entry point uses: unknown fields, ``occurred_at``,
@@ -47,7 +58,7 @@ from typing import Any, Final
 from aggregates.aggregate import Registry
 from aggregates.envelope import MAX_EPOCH_MILLIS, MAX_RECORD_DEPTH, MIN_EPOCH_MILLIS
 from aggregates.reasons import Reason
-from spark.sources import TRACE_HEADER_COLUMNS
+from spark.sources import CE_HEADER_COLUMN, CE_HEADER_TYPE, TRACE_HEADER_COLUMNS
 
 __all__ = [
     "LONE_SURROGATE_DETAIL",
@@ -173,7 +184,9 @@ def _projection_columns(extra: Sequence[str] = ()) -> list[list[str]]:
     # limit). Too large records under 16 MiB are parsed for their ids (outcome rows).
     pre = ["_raw", "_src", "_o1", "_o2", *extra, "octet_length(_raw) AS _size",
            "coalesce(NOT is_valid_utf8(_raw), false) AS _bad_utf8",
-           f"coalesce({_LONE_SURROGATE}, false) AS _surrogate"]
+           f"coalesce({_LONE_SURROGATE}, false) AS _surrogate",
+           f"{CE_HEADER_COLUMN} IS NOT NULL AS _ce_bin",
+           *[f"{_ce_header(name)} AS _ceh_{name}" for name in _CE_ATTRIBUTES]]
     first = ["*",
              f"CASE WHEN _bad_utf8 OR _size > {_MAX_RECORD_BYTES} THEN 0 "
              f"WHEN length(_raw) - length(translate(_raw, '[{{', '')) <= {MAX_RECORD_DEPTH} "
@@ -181,19 +194,67 @@ def _projection_columns(extra: Sequence[str] = ()) -> list[list[str]]:
     parse = ["*", "CASE WHEN NOT _bad_utf8 AND NOT _surrogate AND "
                    f"_size <= {_MAX_RECORD_BYTES} AND _depth <= {MAX_RECORD_DEPTH} "
                    "THEN try_parse_json(_raw) END AS _v"]
-    second = ["*", "substr(trim(LEADING ' \\t\\r\\n' FROM _raw), 1, 1) = '{' AS _is_object"]
-    for name in ("message_id", "type", "aggregate_type", "aggregate_id"):
-        second.append(f"schema_of_variant(variant_get(_v, '$.{name}')) AS _t_{name}")
-        second.append(f"try_variant_get(_v, '$.{name}', 'string') AS _s_{name}")
+    is_object = "substr(trim(LEADING ' \\t\\r\\n' FROM _raw), 1, 1) = '{'"
+    # CloudEvents: binary mode (_ce_bin) or structured mode (_ce_struct); _ce_src is the
+    # 'source' attribute and _ce_seq 'sourceseq'.
+    ce = ["*", f"{is_object} AS _is_object",
+          f"NOT _ce_bin AND {is_object} AND "
+          "schema_of_variant(variant_get(_v, '$.specversion')) IS NOT NULL AS _ce_struct"]
+    ce2 = ["*", "_ce_bin OR _ce_struct AS _ce",
+           "CASE WHEN _ce_bin THEN _ceh_source WHEN _ce_struct THEN "
+           "try_variant_get(_v, '$.source', 'string') END AS _ce_src",
+           "CASE WHEN _ce_bin THEN try_cast(_ceh_sourceseq AS BIGINT) WHEN _ce_struct THEN "
+           "try_variant_get(_v, '$.sourceseq', 'bigint') END AS _ce_seq"]
+    second = ["*"]
+    for name, attr in _CE_FIELDS.items():
+        second.append(
+            f"CASE WHEN _ce_bin THEN CASE WHEN _ceh_{attr} IS NOT NULL THEN 'STRING' END "
+            f"WHEN _ce_struct THEN schema_of_variant(variant_get(_v, '$.{attr}')) "
+            f"ELSE schema_of_variant(variant_get(_v, '$.{name}')) END AS _t_{name}")
+        second.append(
+            f"CASE WHEN _ce_bin THEN _ceh_{attr} "
+            f"WHEN _ce_struct THEN try_variant_get(_v, '$.{attr}', 'string') "
+            f"ELSE try_variant_get(_v, '$.{name}', 'string') END AS _s_{name}")
+    # The source segments of /aggbox/<type>/<id>, percent-decoded (aggregates.cloudevents).
+    segments = ("CASE WHEN startswith(_ce_src, '/aggbox/') THEN "
+                "split(substr(_ce_src, 9), '/') END")
     second += [
         "schema_of_variant(variant_get(_v, '$.payload')) AS _t_payload",
-        "try_variant_get(_v, '$.source.type', 'string') AS _source_type",
-        "try_variant_get(_v, '$.source.id', 'string') AS _source_id",
-        "try_variant_get(_v, '$.source.seq', 'bigint') AS _source_seq",
-        "try_variant_get(_v, '$.occurred_at', 'string') AS _s_occurred_at",
-        "try_variant_get(_v, '$.occurred_at', 'double') AS _d_occurred_at",
+        f"CASE WHEN _ce THEN try_url_decode(try_element_at({segments}, 1)) "
+        "ELSE try_variant_get(_v, '$.source.type', 'string') END AS _source_type",
+        f"CASE WHEN _ce THEN try_url_decode(try_element_at({segments}, 2)) "
+        "ELSE try_variant_get(_v, '$.source.id', 'string') END AS _source_id",
+        "CASE WHEN _ce THEN _ce_seq "
+        "ELSE try_variant_get(_v, '$.source.seq', 'bigint') END AS _source_seq",
+        "CASE WHEN _ce_bin THEN _ceh_time WHEN _ce_struct THEN "
+        "try_variant_get(_v, '$.time', 'string') "
+        "ELSE try_variant_get(_v, '$.occurred_at', 'string') END AS _s_occurred_at",
+        "CASE WHEN NOT _ce THEN try_variant_get(_v, '$.occurred_at', 'double') "
+        "END AS _d_occurred_at",
     ]
-    return [pre, first, parse, second]
+    return [pre, first, parse, ce, ce2, second]
+
+
+#: Envelope field → the CloudEvent attribute it comes from (aggregates.cloudevents).
+_CE_FIELDS: Final = {"message_id": "id", "type": "type", "aggregate_type": "aggregatetype",
+                     "aggregate_id": "subject"}
+#: The binary-mode headers (``ce_<name>``) Spark reads.
+_CE_ATTRIBUTES: Final = ("id", "type", "aggregatetype", "subject", "source", "sourceseq",
+                         "time")
+
+
+def _ce_header(name: str) -> str:
+    """SQL: the first binary-mode header ``ce_<name>`` as text, NULL when absent or not
+    UTF-8 (the executor names such a header)."""
+    value = (f"CAST(try_element_at(filter({CE_HEADER_COLUMN}, "
+             f"h -> lower(h.key) = 'ce_{name}'), 1).value AS STRING)")
+    return f"CASE WHEN coalesce(is_valid_utf8({value}), false) THEN {value} END"
+
+
+def _ce_bad(attribute: str, reason: str) -> str:
+    """SQL: the detail text of a CloudEventError."""
+    return _lit(f"invalid CloudEvent: attribute {attribute!r}: {reason}; fix the producer "
+                "(docs/design.md \"CloudEvents\")")
 
 
 def _checks(info: RegistryInfo, max_payload_bytes: int) -> _Checks:
@@ -202,6 +263,9 @@ def _checks(info: RegistryInfo, max_payload_bytes: int) -> _Checks:
     if max_payload_bytes:
         size_limit = min(size_limit, max_payload_bytes * _SIZE_SLACK_FACTOR + _SIZE_SLACK_BYTES)
     c = _Checks()
+    c.add("_ce_bin AND _raw IS NULL", Reason.INVALID_CLOUDEVENT,
+          _ce_bad("data", "is required: the payload, a JSON object (the Kafka record has no "
+                  "value)"))
     c.add("_raw IS NULL", Reason.INVALID_JSON, "'empty record (no value)'")
     c.add("_bad_utf8", Reason.INVALID_ENCODING,
           "'the record is not valid UTF-8; fix the producer\\'s encoding'")
@@ -215,19 +279,24 @@ def _checks(info: RegistryInfo, max_payload_bytes: int) -> _Checks:
           f"{MAX_RECORD_DEPTH} are accepted (the envelope, the payload and "
           f"{MAX_RECORD_DEPTH - 2} levels in it): flatten the payload')")
     c.add("_surrogate", Reason.INVALID_ENVELOPE, _lit(LONE_SURROGATE_DETAIL))
+    c.add("_ce_bin AND _v IS NULL", Reason.INVALID_CLOUDEVENT,
+          _ce_bad("data", "the record value is not valid JSON"))
     c.add("_v IS NULL", Reason.INVALID_JSON,
           "'not valid JSON (truncated or malformed record); fix the producer'")
-    c.add("NOT _is_object", Reason.INVALID_ENVELOPE,
+    # The envelope checks; a CloudEvent is checked by the executor (the detail names the
+    # attribute), only routed here.
+    c.add("NOT _ce AND NOT _is_object", Reason.INVALID_ENVELOPE,
           _bad("<envelope>", "concat('expected a JSON object, got ', "
                              f"{_kind('schema_of_variant(_v)')})"))
-    c.add("_t_payload IS NULL OR _t_payload = 'VOID'", Reason.INVALID_ENVELOPE,
+    c.add("NOT _ce AND (_t_payload IS NULL OR _t_payload = 'VOID')", Reason.INVALID_ENVELOPE,
           _bad("payload", "'is required'"))
-    c.add("_t_payload NOT LIKE 'OBJECT%'", Reason.INVALID_ENVELOPE,
+    c.add("NOT _ce AND _t_payload NOT LIKE 'OBJECT%'", Reason.INVALID_ENVELOPE,
           _bad("payload", f"concat('must be a JSON object, got ', {_kind('_t_payload')})"))
     for name in ("message_id", "type", "aggregate_type", "aggregate_id"):
         t = f"_t_{name}"
-        c.add(f"{t} IS NULL OR {t} = 'VOID'", Reason.INVALID_ENVELOPE, _bad(name, "'is required'"))
-        c.add(f"{t} <> 'STRING'", Reason.INVALID_ENVELOPE,
+        c.add(f"NOT _ce AND ({t} IS NULL OR {t} = 'VOID')", Reason.INVALID_ENVELOPE,
+              _bad(name, "'is required'"))
+        c.add(f"NOT _ce AND {t} <> 'STRING'", Reason.INVALID_ENVELOPE,
               _bad(name, f"concat('must be a string, got ', {_kind(t)})"))
     _add_routing_checks(c, info)
     return c
@@ -264,8 +333,11 @@ def validate(df: Any, info: RegistryInfo, *, max_payload_bytes: int) -> Any:
     ``_atype``, ``_aid``, the message type ``_mtype`` (for the outcome rows) and the ordering
     columns ``_stype``, ``_sid``, ``_seq`` (source type,
     id, seq) and ``_ts`` (occurred_at). Returns exactly :data:`VALIDATED_COLUMNS`, plus
-    the :data:`spark.sources.TRACE_HEADER_COLUMNS` the input has (Kafka), passed through."""
-    extra = [c for c in TRACE_HEADER_COLUMNS if c in df.columns]
+    the :data:`spark.sources.TRACE_HEADER_COLUMNS` and :data:`~spark.sources.CE_HEADER_COLUMN` the
+    input has (Kafka), passed through."""
+    extra = [c for c in (*TRACE_HEADER_COLUMNS, CE_HEADER_COLUMN) if c in df.columns]
+    if CE_HEADER_COLUMN not in df.columns:  # files: no record headers
+        df = df.selectExpr("*", f"CAST(NULL AS {CE_HEADER_TYPE}) AS {CE_HEADER_COLUMN}")
     stages, checks = _projections(info, max_payload_bytes, extra)
     parsed = df
     for stage in stages:
