@@ -347,7 +347,7 @@ def _extra_headers(attrs: Mapping[str, Any]) -> dict[str, str]:
     text = _string(attrs, EXT_HEADERS, required=False)
     if text is None:
         return {}
-    if json_depth(text, 2) > 1:
+    if json_depth(text, 1) > 1:
         raise CloudEventError(EXT_HEADERS, "must be a JSON object of string → string "
                               "(nested values found)")
     try:
