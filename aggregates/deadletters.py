@@ -31,10 +31,14 @@ def dead_letter_id(letter: DeadLetter) -> str:
     """The ``_id`` of ``letter``: ``<aggregate type>/<aggregate id>/<message id>`` with each
     part escaped (:func:`aggregates.keys.dead_letter_key`, unambiguous) for a message;
     ``raw_message_id`` of the text for a raw input line (so, for a line without a usable
-    ``message_id``, the same id its outcome reports); of ``repr`` for other raw values."""
+    ``message_id``, the same id its outcome reports); of the ``repr`` of the text and the
+    record headers when the input had headers that matter (a binary-mode CloudEvent); of
+    ``repr`` for other raw values."""
     if letter.message is not None:
         m = letter.message
         return dead_letter_key(m.aggregate_type, m.aggregate_id, m.message_id)
+    if letter.record_headers is not None:  # the same value with other headers: another input
+        return raw_message_id(repr((letter.raw, letter.record_headers)))
     if isinstance(letter.raw, str):
         return raw_message_id(letter.raw)
     return raw_message_id(repr(letter.raw))
@@ -71,11 +75,16 @@ def dead_letter_update(letter: DeadLetter, *, now: datetime
     with writers that use another client (the dispatcher's async one), so every dead letter
     has the same shape."""
     msg = letter.message
+    extra: dict[str, Any] = {}
+    if letter.record_headers is not None and msg is None:
+        # BSON binary values: header bytes need not be UTF-8.
+        extra["record_headers"] = [{"key": k, "value": v} for k, v in letter.record_headers]
     return (
         {"_id": dead_letter_id(letter)},
         {
             "$setOnInsert": {"first_seen": now},
             "$set": {
+                **extra,
                 "message_id": letter_message_id(letter),
                 "aggregate_type": letter.aggregate_type,
                 "aggregate_id": letter.aggregate_id,

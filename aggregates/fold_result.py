@@ -38,6 +38,10 @@ class DeadLetter:
     #: line's string ``message_id``, else ``raw_message_id(raw)``. ``None``: derived from
     #: ``message`` or ``raw`` (see :func:`aggregates.deadletters.letter_message_id`).
     message_id: str | None = None
+    #: The broker record's headers (key, value bytes) when they are part of the input — a
+    #: CloudEvent in binary content mode has its attributes there, not in ``raw``. Stored
+    #: with the letter and part of its identity.
+    record_headers: tuple[tuple[str, bytes | None], ...] | None = None
 
 
 @dataclass(slots=True)

@@ -250,8 +250,11 @@ class _Partition:
             # The outcome's id (Spark's message id: valid UTF-8 even when the line spells a
             # lone surrogate), stored with the letter too.
             ident = mid or raw_message_id(raw if raw is not None else "")
+            headers = ce_headers[row] if ce_headers is not None else None
             letter = DeadLetter(msg, None if msg else raw, str(reason), detail, None,
-                                atype, aid, message_id=None if msg else ident)
+                                atype, aid, message_id=None if msg else ident,
+                                record_headers=None if msg or headers is None else tuple(
+                                    (str(h["key"]), h["value"]) for h in headers))
             dead.append((letter, Outcome(ident, atype or "", aid or "", "dead_lettered",
                                          reason, detail)))
             mtype = msg.type if msg is not None else (mtypes[row] if mtypes else None)
