@@ -471,7 +471,9 @@ def from_binary(headers: Iterable[tuple[str, bytes | str | None]],
                 value: bytes | str | None) -> dict[str, Any]:
     """The envelope dict of a binary-mode Kafka record: its headers (``ce_*``,
     ``content-type``, ``traceparent``, ``tracestate``; others are ignored) and its value,
-    the data as JSON text (``None``: a record without a value)."""
+    the data as JSON text (``None``: a record without a value). The trace context comes
+    from the plain ``traceparent``/``tracestate`` headers, else from the distributed-tracing
+    extension ``ce_traceparent``/``ce_tracestate``."""
     headers = list(headers)
     attrs: dict[str, Any] = {}
     for key, hvalue in headers:
@@ -489,8 +491,14 @@ def from_binary(headers: Iterable[tuple[str, bytes | str | None]],
         if name in attrs:
             raise CloudEventError(CE_PREFIX + name, "is not an attribute; the record value "
                                   "holds the data")
+    trace = _record_trace(headers)
+    if not trace and TRACEPARENT in attrs:
+        # No usable plain header: the distributed-tracing extension (ce_traceparent, what
+        # the CloudEvents SDKs write) carries the context instead.
+        trace = trace_headers({k: attrs[k] for k in (TRACEPARENT, TRACESTATE)
+                               if k in attrs}) or {}
     try:
-        return _to_envelope(attrs, _data(value), binary_trace=_record_trace(headers))
+        return _to_envelope(attrs, _data(value), binary_trace=trace)
     except CloudEventError as exc:
         if exc.attribute == "data":
             raise

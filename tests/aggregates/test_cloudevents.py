@@ -169,10 +169,15 @@ def test_we_read_what_the_sdk_writes() -> None:
                 "source": {"type": "Ledger", "id": "l/1", "seq": 3}, "correlation_id": "r",
                 "schema_version": 4, "headers": {"traceparent": TRACE}}
     binary = kafka.to_binary(event, JSONFormat())
-    # binary mode: the SDK writes traceparent as ce_traceparent (an extension); aggbox reads
-    # the trace context from the plain header, so it is not part of this envelope
+    # binary mode: the SDK writes traceparent as ce_traceparent (the distributed-tracing
+    # extension); without a plain traceparent header, aggbox reads it from there
     got = ce.from_binary(binary.headers.items(), binary.value)
-    assert _norm(got) == _norm({**expected, "headers": None})
+    assert _norm(got) == _norm(expected)
+    # a plain traceparent header wins over the extension
+    plain = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    got = ce.from_binary([*binary.headers.items(), ("traceparent", plain.encode())],
+                         binary.value)
+    assert got["headers"] == {"traceparent": plain}
     structured = kafka.to_structured(event, JSONFormat())
     assert _norm(ce.from_structured(json.loads(structured.value))) == _norm(expected)
 
