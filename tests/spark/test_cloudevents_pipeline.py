@@ -257,3 +257,38 @@ def test_structured_cloudevents_in_json_lines_feed_aggbox_run(
     assert again["duplicate"] == again["input"]
     balances = {d["_id"]: d["state"]["balance"] for d in db.bank_accounts.find()}
     assert balances == _expected(transfers)
+
+
+@pytest.mark.kafka
+def test_structured_cloudevents_over_kafka(
+    spark_session: Any, db: Any, mongo_uri: str, tmp_path: Path, kafka_server: LocalKafka,
+) -> None:
+    """Structured-mode events as Kafka record values (as another system's producer writes
+    them, ``content-type: application/cloudevents+json``): the pipeline applies them, a
+    second copy of each is a duplicate."""
+    from confluent_kafka import Producer
+
+    round0, transfers = _round0(tmp_path)
+    pipe = _pipeline(spark_session, mongo_uri, db.name)
+    assert pipe.run_batch([str(round0)]).counts["applied"] == len(NAMES) + len(transfers)
+    out = tmp_path / "out"
+    assert main(["dispatch", "--once", "--publisher", "jsonl", "--record-format", "cloudevents",
+                 "--jsonl-dir", str(out), "--collection", "bank_accounts", "--aggregates", AGG,
+                 "--mongodb-uri", mongo_uri, "--database", db.name, "--metrics-port", "0"]) == 0
+    lines = [x for f in sorted(out.glob("*.jsonl")) for x in f.read_text().splitlines() if x]
+    assert len(lines) == len(transfers)
+    topic = "ces" + uuid.uuid4().hex[:8]
+    create_topic(kafka_server.bootstrap_servers, topic, partitions=2)
+    producer = Producer({"bootstrap.servers": kafka_server.bootstrap_servers})
+    for line in lines + lines:  # every event delivered twice
+        producer.produce(topic, key=json.loads(line)["subject"].encode(), value=line.encode(),
+                         headers=[("content-type", b"application/cloudevents+json")])
+    assert producer.flush(30) == 0
+    result = pipe.run_stream(KafkaSource(kafka_server.bootstrap_servers, topic),
+                             trigger="availableNow",
+                             checkpoint_location=str(tmp_path / "checkpoint"))
+    assert result.input_count == 2 * len(lines)
+    assert result.counts["applied"] == len(transfers)
+    assert result.counts["duplicate"] == len(transfers)
+    balances = {d["_id"]: d["state"]["balance"] for d in db.bank_accounts.find()}
+    assert balances == _expected(transfers)
