@@ -4,7 +4,7 @@ newest ids in the document, older ones in the inbox archive (docs/design.md "Ded
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from aggregates.dedup_core import (
     APPLY,
@@ -31,12 +31,17 @@ if TYPE_CHECKING:
 __all__ = ["Inbox", "needs_archive"]
 
 
-def needs_archive(rec: DedupRecord, msg: Message) -> bool:
+def needs_archive(rec: DedupRecord, msg: Message, *, always: bool = False) -> bool:
     """Whether the inbox archive must be asked about ``msg``: it is not in the inbox, and it
     could have been archived before ``rec`` was read (its ``occurred_at`` is not after the
     newest archived one, or it is undated and an undated entry was archived). Messages
-    newer than everything ever archived are new without asking."""
-    if not _could_be_archived(msg.occurred_at, rec.archive_floor, rec.archive_undated):
+    newer than everything ever archived are new without asking — unless ``always``
+    (``Inbox(lookup="always")``): then every message not in the inbox of an aggregate that
+    has archived ids is asked about, whatever its ``occurred_at``."""
+    if always:
+        if rec.archive_floor is None and not rec.archive_undated:
+            return False
+    elif not _could_be_archived(msg.occurred_at, rec.archive_floor, rec.archive_undated):
         return False
     found, _ = rec.inbox_hash(msg.message_id)
     return not found
@@ -57,7 +62,8 @@ class Inbox(DedupStrategy):
     uses_payload_hash = True
 
     def __init__(self, *, window: int = 1000, horizon: timedelta = timedelta(days=7),
-                 clock_skew: timedelta = timedelta(minutes=5)) -> None:
+                 clock_skew: timedelta = timedelta(minutes=5),
+                 lookup: Literal["by_time", "always"] = "by_time") -> None:
         if not isinstance(window, int) or window < 1:
             raise ConfigurationError("Inbox(window=...) must be an int ≥ 1")
         if not isinstance(horizon, timedelta) or horizon <= timedelta(0):
@@ -67,9 +73,17 @@ class Inbox(DedupStrategy):
             raise ConfigurationError("Inbox(clock_skew=...) must be a timedelta ≥ 0: the "
                                      "largest difference between the writers' and the "
                                      "MongoDB servers' clocks")
+        if lookup not in ("by_time", "always"):
+            raise ConfigurationError(f"Inbox(lookup=...) must be 'by_time' or 'always', got "
+                                     f"{lookup!r}")
         self.window = window
         self.horizon = horizon
         self.clock_skew = clock_skew
+        #: ``"by_time"``: the archive is asked only about messages not newer than the newest
+        #: archived one (a redelivery carries its first ``occurred_at``); ``"always"``: about
+        #: every message not in the inbox once ids were archived — for producers that
+        #: re-stamp ``occurred_at`` when they resend (docs/design.md "Dedup").
+        self.lookup = lookup
 
     def decide(self, rec: DedupRecord, msg: Message, payload_hash: str, now: datetime
                ) -> Decision:
@@ -85,7 +99,7 @@ class Inbox(DedupStrategy):
             return DUPLICATE
         t = msg.occurred_at
         if not rec.archive_known:
-            if needs_archive(rec, msg):
+            if self.needs_lookup(rec, msg):
                 raise ArchiveNotConsulted(
                     f"message {msg.message_id!r} needs the inbox archive and it was not looked "
                     "up; use StoreWriter, AggregateHarness or replay(), which do")
@@ -138,7 +152,7 @@ class Inbox(DedupStrategy):
         return DedupChanges(set_, push, evicted)
 
     def needs_lookup(self, rec: DedupRecord, msg: Message) -> bool:
-        return needs_archive(rec, msg)
+        return needs_archive(rec, msg, always=self.lookup == "always")
 
     def archive(self, db: Database[Any], collection: str) -> RecordArchive:
         from aggregates.archive import InboxArchive  # I/O: not imported by the pure parts
@@ -154,7 +168,8 @@ class Inbox(DedupStrategy):
         return max(t, now) + self.horizon + self.clock_skew
 
     def __repr__(self) -> str:
-        return f"Inbox(window={self.window}, horizon={_span(self.horizon)})"
+        lookup = ", lookup='always'" if self.lookup == "always" else ""
+        return f"Inbox(window={self.window}, horizon={_span(self.horizon)}{lookup})"
 
 
 def _could_be_archived(t: datetime | None, floor: datetime | None, undated: bool) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import uuid
 from collections import defaultdict
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -37,13 +38,16 @@ NOW = datetime.now(UTC).replace(microsecond=0)
 
 
 
-def counters_with(window: int) -> Registry:
-    return Registry([make_counter("Counter", dedup=Inbox(window=window, horizon=HORIZON))])
+def counters_with(window: int, lookup: Any = "by_time") -> Registry:
+    return Registry([make_counter("Counter", dedup=Inbox(window=window, horizon=HORIZON,
+                                                         lookup=lookup))])
 
 
 @st.composite
-def scenarios(draw: st.DrawFn, *, max_window: int = 50, max_total: int = 400
-              ) -> dict[str, Any]:
+def scenarios(draw: st.DrawFn, *, max_window: int = 50, max_total: int = 400,
+              restamp: bool = False) -> dict[str, Any]:
+    """``restamp``: every redelivery carries a new ``occurred_at`` (its producer re-stamps it
+    when it resends), newer than any first delivery — for ``Inbox(lookup="always")``."""
     window = draw(st.integers(2, max_window))
     n_aggs = draw(st.integers(1, 3))
     logical: list[Message] = []
@@ -66,7 +70,10 @@ def scenarios(draw: st.DrawFn, *, max_window: int = 50, max_total: int = 400
     # Redeliveries at random later points (a delay of up to the whole run).
     for i in draw(st.lists(st.integers(0, len(logical) - 1), max_size=len(logical) // 2)):
         first = deliveries.index(logical[i])
-        deliveries.insert(draw(st.integers(first + 1, len(deliveries))), logical[i])
+        copy = logical[i]
+        if restamp and not copy.message_id.startswith("old-"):
+            copy = replace(copy, occurred_at=NOW - timedelta(seconds=draw(st.integers(0, 50))))
+        deliveries.insert(draw(st.integers(first + 1, len(deliveries))), copy)
     n_batches = draw(st.integers(1, 6))
     cuts = sorted(draw(st.lists(st.integers(1, max(1, len(deliveries) - 1)),
                                 min_size=n_batches - 1, max_size=n_batches - 1)))
@@ -83,6 +90,7 @@ def scenarios(draw: st.DrawFn, *, max_window: int = 50, max_total: int = 400
         "slice": draw(st.sampled_from([1, 2, 7, 1000])),
         "rerun_calls": draw(st.sets(st.integers(1, 12), max_size=4)),
         "crash_calls": draw(st.sets(st.integers(1, 12), max_size=2)),
+        "lookup": "always" if restamp else "by_time",
     }
 
 
@@ -121,7 +129,7 @@ def recorded_ids(db: Any) -> set[str]:
 
 
 def run_writers(db: Any, sc: dict[str, Any], *, pipeline_depth: int = 2) -> None:
-    reg = counters_with(sc["window"])
+    reg = counters_with(sc["window"], sc["lookup"])
     s = AggboxSettings(slice_messages=sc["slice"], chunk_messages=9, chunk_aggregates=2,
                        pipeline_depth=pipeline_depth)
     w = StoreWriter(db, reg, settings=s, sleep=lambda _: None, clock=lambda: NOW)
@@ -163,6 +171,33 @@ def test_inbox_never_refuses_a_new_message_within_the_horizon_mongomock(
         sc: dict[str, Any]) -> None:
     # mongomock is not thread-safe: one chunk at a time (the local server runs two).
     run_writers(memory_database("horizon"), sc, pipeline_depth=1)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(sc=scenarios(max_total=250, restamp=True))
+def test_lookup_always_catches_redeliveries_with_a_new_occurred_at_mongomock(
+        sc: dict[str, Any]) -> None:
+    """Inbox(lookup="always"): the same guarantee when producers re-stamp what they resend."""
+    run_writers(memory_database("horizon"), sc, pipeline_depth=1)
+
+
+def test_a_restamped_redelivery_after_eviction_needs_lookup_always() -> None:
+    """By time (the default), a copy re-stamped newer than everything archived is not looked
+    up and is applied again (the documented precondition); with lookup="always" it is a
+    duplicate."""
+    first = [msg(f"m{i}", i + 1, at=(NOW - timedelta(hours=5 - i)).isoformat())
+             for i in range(4)]
+    again = replace(first[0], occurred_at=NOW - timedelta(seconds=5))
+    applied = {}
+    for lookup in ("by_time", "always"):
+        db = memory_database(f"restamp_{lookup}")
+        w = StoreWriter(db, counters_with(2, lookup), sleep=lambda _: None, clock=lambda: NOW)
+        w.ensure_indexes()
+        for m in first:  # one write each: m0 and m1 leave the inbox (window 2)
+            assert w.process([m])[0].outcome == "applied"
+        assert db.counters_inbox_archive.count_documents({}) == 2
+        applied[lookup] = w.process([again])[0].outcome
+    assert applied == {"by_time": "applied", "always": "duplicate"}
 
 
 @pytest.fixture(scope="module")
