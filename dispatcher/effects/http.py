@@ -5,14 +5,16 @@ aiohttp's client, configured without code::
     kind = "http"
     url = "https://shipping.example/orders/{aggregate_id}/shipments"
     query_url = "https://shipping.example/shipments/by-key/{idempotency_key}"
-    headers = { Authorization = "Bearer …" }
+    headers_env = { Authorization = "SHIPPING_AUTHORIZATION" }   # the variable's NAME
     on_success = "ShipmentBooked"
     on_failure = "ShipmentFailed"
 
 Settings (:class:`HttpEffectSpec`): ``method`` (GET POST PUT PATCH DELETE, default POST),
 ``url`` (a template, see :mod:`~dispatcher.effects.templates`; http or https, scheme and host
-literal), ``headers`` (name → template), ``body`` (``"payload"``: the entry's payload as
-JSON, the default for POST/PUT/PATCH; ``"none"``, the default for GET/DELETE) or
+literal), ``headers`` (name → template), ``headers_env`` (name → the NAME of an environment
+variable holding the value: tokens never go in the configuration), ``body`` (``"payload"``:
+the entry's payload as JSON, the default for POST/PUT/PATCH; ``"none"``, the default for
+GET/DELETE) or
 ``body_template`` (+ ``content_type``), ``query_url`` (optional: GET it to ask whether the
 call took effect — 200 yes, 404/410 no), ``timeout_s``, ``max_attempts``, ``on_success``,
 ``on_failure`` and ``idempotent`` (the server honours ``Idempotency-Key``).
@@ -46,6 +48,7 @@ from aggregates.effects import Effect, EffectCall, PermanentEffectError, Retryab
 from aggregates.errors import ConfigurationError
 from aggregates.reasons import Reason
 from aggregates.tracecontext import TRACEPARENT, TRACESTATE, trace_headers
+from dispatcher.effects.secrets import check_env_secret, read_env_secret
 from dispatcher.effects.templates import (
     Escape,
     Template,
@@ -98,6 +101,8 @@ class HttpEffectSpec(BaseModel):
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
     url: str
     headers: dict[str, str] = Field(default_factory=dict)
+    #: Header name → the NAME of an environment variable holding its value (tokens).
+    headers_env: dict[str, str] = Field(default_factory=dict)
     body: Literal["payload", "none"] | None = None
     body_template: str | None = None
     content_type: str | None = None
@@ -137,8 +142,20 @@ def http_effect(type: str, settings: Mapping[str, Any], *, setting_prefix: str) 
         if any(c in template.literals() for c in "\r\n\x00"):
             raise ConfigurationError(f"{setting}: a header value must be one line")
         headers[name] = template
+    secret_headers: dict[str, str] = {}
+    for name, env in spec.headers_env.items():
+        setting = f"{p}.headers_env.{name}"
+        if not _HEADER_NAME.fullmatch(name):
+            raise ConfigurationError(f"{setting}: not a valid header name")
+        if name.lower() in _RESERVED_HEADERS:
+            raise ConfigurationError(f"{setting}: set by aggbox itself (every request sends "
+                                     "Idempotency-Key and User-Agent); remove it")
+        if name.lower() in {h.lower() for h in headers}:
+            raise ConfigurationError(f"{setting}: also in {p}.headers; keep one of them")
+        check_env_secret(env, setting=setting, what="the header's value", one_line=True)
+        secret_headers[name] = env
     body = _body(spec, p)
-    client = _HttpClient(spec, url, query_url, headers, body)
+    client = _HttpClient(spec, url, query_url, headers, body, secret_headers)
     return Effect(type, client.call, spec.on_success, spec.on_failure,
                   query=None if query_url is None else client.query,
                   timeout_s=spec.timeout_s, max_attempts=spec.max_attempts,
@@ -223,11 +240,14 @@ class _HttpClient:
     nothing is shared between event loops or calls)."""
 
     def __init__(self, spec: HttpEffectSpec, url: Template, query_url: Template | None,
-                 headers: Mapping[str, Template], body: _Body) -> None:
+                 headers: Mapping[str, Template], body: _Body,
+                 secret_headers: Mapping[str, str] | None = None) -> None:
         self.spec = spec
         self.url = url
         self.query_url = query_url
         self.headers = dict(headers)
+        #: header → environment variable, read at every request
+        self.secret_headers = dict(secret_headers or {})
         self.body = body
 
     async def call(self, call: EffectCall) -> dict[str, Any]:
@@ -272,6 +292,8 @@ class _HttpClient:
     def _headers(self, call: EffectCall, content_type: str | None) -> dict[str, str]:
         headers = {name: render_template(t, call, escape=header_escape)
                    for name, t in self.headers.items()}
+        for name, env in self.secret_headers.items():
+            headers[name] = read_env_secret(env, setting=f"headers_env.{name}", one_line=True)
         try:
             headers["Idempotency-Key"] = header_escape(call.idempotency_key)
         except ValueError as exc:

@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
-import os
-import re
 import smtplib
 import ssl
 from collections.abc import Mapping
@@ -51,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from aggregates.effects import Effect, EffectCall, PermanentEffectError, RetryableEffectError
 from aggregates.errors import ConfigurationError
 from aggregates.reasons import Reason
+from dispatcher.effects.secrets import check_env_secret, read_env_secret
 from dispatcher.effects.templates import (
     Template,
     header_escape,
@@ -62,7 +61,6 @@ from dispatcher.effects.templates import (
 
 __all__ = ["SmtpEffectSpec", "message_id", "smtp_effect"]
 
-_ENV_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HINTS: Final = {
     "password": " (a password never goes in the configuration: put it in an environment "
                 "variable and name that variable in password_env)",
@@ -104,13 +102,7 @@ def smtp_effect(type: str, settings: Mapping[str, Any], *, setting_prefix: str) 
         missing = "password_env" if spec.password_env is None else "username"
         raise ConfigurationError(f"{p}.{missing}: username and password_env go together")
     if spec.password_env is not None:
-        if not _ENV_NAME.fullmatch(spec.password_env):
-            raise ConfigurationError(f"{p}.password_env: must be the NAME of an environment "
-                                     f"variable holding the password, got "
-                                     f"{spec.password_env!r}")
-        if spec.password_env not in os.environ:
-            raise ConfigurationError(f"{p}.password_env: the environment variable "
-                                     f"{spec.password_env} is not set")
+        check_env_secret(spec.password_env, setting=f"{p}.password_env", what="the password")
     templates = _Templates(
         sender=_line_template(spec.sender, f"{p}.sender"),
         to=_line_template(spec.to, f"{p}.to"),
@@ -179,12 +171,7 @@ class _Mailer:
     def _password(self) -> str | None:
         if self.spec.password_env is None:
             return None
-        password = os.environ.get(self.spec.password_env)
-        if password is None:
-            raise PermanentEffectError(
-                Reason.EFFECT_REJECTED,
-                f"the environment variable {self.spec.password_env} (password_env) is not set")
-        return password
+        return read_env_secret(self.spec.password_env, setting="password_env")
 
     def _message(self, call: EffectCall) -> _Mail:
         t = self.templates

@@ -131,6 +131,29 @@ def test_http_requests_carry_the_entrys_trace_context(shipping_server: ShippingS
     assert own["traceparent"] == "k-own-trace" and "tracestate" not in own  # configured wins
 
 
+def test_http_secret_headers_come_from_the_environment(
+        shipping_server: ShippingServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """headers_env: the value is read at every request (never from the configuration); a
+    value with a line break is refused at load and, if it appears later, at the call."""
+    monkeypatch.setenv("TEST_SHIPPING_TOKEN", "Bearer s3cret")
+    effect = booking(shipping_server, headers_env={"Authorization": "TEST_SHIPPING_TOKEN"})
+    run(effect, call_for("k-secret-1"))
+    monkeypatch.setenv("TEST_SHIPPING_TOKEN", "Bearer rotated")
+    run(effect, call_for("k-secret-2"))
+    sent = {r.headers.get("Idempotency-Key"): r.headers.get("Authorization")
+            for r in shipping_server.requests}
+    assert sent["k-secret-1"] == "Bearer s3cret" and sent["k-secret-2"] == "Bearer rotated"
+    monkeypatch.setenv("TEST_SHIPPING_TOKEN", "Bearer x\r\nX-Injected: 1")
+    with pytest.raises(PermanentEffectError, match=r"TEST_SHIPPING_TOKEN.*line break"):
+        run(effect, call_for("k-secret-3"))
+    with pytest.raises(ConfigurationError, match=r"headers_env.Authorization: .*line break"):
+        booking(shipping_server, headers_env={"Authorization": "TEST_SHIPPING_TOKEN"})
+    monkeypatch.delenv("TEST_SHIPPING_TOKEN")
+    with pytest.raises(PermanentEffectError, match=r"TEST_SHIPPING_TOKEN .* is not set"):
+        run(effect, call_for("k-secret-4"))
+    assert shipping_server.calls_for("k-secret-3") == 0
+
+
 def test_http_headers_and_body_template(shipping_server: ShippingServer) -> None:
     effect = booking(shipping_server, method="put",
                      headers={"X-Order": "{aggregate_type}/{aggregate_id}",
@@ -374,6 +397,13 @@ BASE: dict[str, Any] = {"url": "http://127.0.0.1:1/shipments", "on_success": "Sh
     ({"body": "payload", "body_template": "x"}, "effects.BookShipment.body_template"),
     ({"body": "none", "content_type": "text/plain"}, "effects.BookShipment.content_type"),
     ({"token": "x"}, "effects.BookShipment.token: not a setting"),
+    ({"headers_env": {"Authorization": "AGGBOX_TEST_SURELY_UNSET"}},
+     "effects.BookShipment.headers_env.Authorization: the environment variable "
+     "AGGBOX_TEST_SURELY_UNSET is not set"),
+    ({"headers_env": {"Authorization": "not-a-name"}}, "must be the NAME"),
+    ({"headers_env": {"Idempotency-Key": "PATH"}}, "headers_env.Idempotency-Key: set by"),
+    ({"headers_env": {"X-A": "PATH"}, "headers": {"x-a": "1"}},
+     "headers_env.X-A: also in effects.BookShipment.headers"),
 ])
 def test_http_configuration_errors_name_the_setting(change: dict[str, Any],
                                                     message: str) -> None:

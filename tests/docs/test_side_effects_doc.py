@@ -17,6 +17,7 @@ PAGE = Path(__file__).resolve().parents[2] / "docs" / "side-effects.md"
 def test_the_pages_effect_tables_load_with_the_documented_guarantees(
         monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SMTP_PASSWORD", "secret")
+    monkeypatch.setenv("CARRIER_AUTHORIZATION", "Bearer t0ken")
     tables = [tomllib.loads(b.source) for b in fenced_blocks(PAGE) if b.language == "toml"]
     assert len(tables) == 2
     effects = {}
