@@ -40,8 +40,10 @@ from aggbox.admin.deadletters import (
     _cmd_deadletters_replay,
     _cmd_deadletters_show,
 )
+from aggbox.admin.effects import STATES, cmd_effects_list
 from aggbox.admin.parked import _cmd_parked_list, _cmd_parked_release
 from aggregates.uri import redact_uri
+from dispatcher.effects.attempts import DEFAULT_COLLECTION
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -195,6 +197,37 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_cmd_parked_release)
 
+    ef = subparsers.add_parser(
+        "effects", help="list the side effects' attempt records",
+        description="Every effect entry the dispatcher executes (docs/side-effects.md) has an "
+        "attempt record: attempting (called, or about to be; no result recorded yet), "
+        "succeeded or failed.", epilog=_EPILOG, formatter_class=fmt)
+    _group(ef, "effects_action")
+    ef_sub = ef.add_subparsers(dest="effects_action", metavar="ACTION")
+    p = ef_sub.add_parser(
+        "list", help="list attempt records, oldest last attempt first", epilog=_EPILOG,
+        formatter_class=fmt,
+        description="List attempt records, oldest last attempt first. The default shows the "
+        "effects still attempting: called with no result recorded (a crash, a timeout, a "
+        "dropped response) or failing and being retried; --older-than finds the stuck ones.")
+    _store_options(p)
+    p.add_argument("--state", choices=STATES, default="attempting",
+                   help="which records (default: attempting)")
+    p.add_argument("--type", metavar="T", dest="effect_type",
+                   help="only this effect (message) type, e.g. BookShipment")
+    p.add_argument("--aggregate", metavar="TYPE/ID", type=_aggregate_ref,
+                   help="only the effects of this aggregate, e.g. Order/o-17")
+    p.add_argument("--older-than", metavar="MINUTES", type=_minutes,
+                   help="only records whose last attempt is older than MINUTES")
+    p.add_argument("--collection", metavar="NAME", default=DEFAULT_COLLECTION,
+                   help=f"the attempt records' collection (dispatcher setting "
+                   f"effect_collection; default {DEFAULT_COLLECTION})")
+    p.add_argument("--limit", metavar="N", type=_positive, default=50,
+                   help="show at most N (default 50)")
+    p.add_argument("--json", action="store_true",
+                   help='print a JSON object {"total": N, "effects": [...]}')
+    p.set_defaults(func=cmd_effects_list)
+
     p = subparsers.add_parser(
         "indexes", help="create the indexes the writer needs (idempotent)",
         epilog=_EPILOG, formatter_class=fmt,
@@ -262,6 +295,16 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be ≥ 1, got {value}")
+    return value
+
+
+def _minutes(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of minutes") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number ≥ 0, got {text!r}")
     return value
 
 

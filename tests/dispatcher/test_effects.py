@@ -11,7 +11,7 @@ import asyncio
 import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -353,3 +353,53 @@ def test_the_effect_is_a_client_span_between_the_entry_and_its_result(
         f"00-{trace_id}-{effect.context.span_id:016x}-01")
     producers = [s for s in spans if s.kind is SpanKind.PRODUCER]
     assert [s.attributes["messaging.message.id"] for s in producers] == [placed_id]
+
+
+def test_aggbox_effects_list_finds_open_failed_and_stale_attempts(
+        ewriter: StoreWriter, ddb: Database[Any], store: AggboxSettings,
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from aggbox.cli import main
+
+    place(ewriter, ["o-1", "o-2"])
+    ids = entry_ids(ddb)
+    res = Resource()
+    res.scripted = {ids["o-1"][0]}
+    res.script = {1: _raise(PermanentEffectError("effect_rejected", "HTTP 422 no such street"))}
+    run_once(store, effects_for(res))
+    # What a crash between a call and its result leaves, two hours ago.
+    stale = datetime.now(UTC) - timedelta(hours=2)
+    ddb.aggbox_effects.insert_one({
+        "_id": attempt_key("eorders", "e-open"), "collection": "eorders",
+        "aggregate_type": "Order", "aggregate_id": "o/3.$", "type": "BookShipment",
+        "entry_id": "e-open", "state": "attempting", "attempts": 1, "first_at": stale,
+        "last_at": stale, "last_reason": "effect_timeout", "last_error": "no answer in 5 s"})
+    assert store.mongodb_uri is not None
+    monkeypatch.setenv("AGGBOX_MONGODB_URI", store.mongodb_uri)
+
+    def listing(*args: str) -> dict[str, Any]:
+        assert main(["effects", "list", "--database", ddb.name, "--json", *args]) == 0
+        out: dict[str, Any] = json.loads(capsys.readouterr().out)
+        return out
+
+    def entries(out: dict[str, Any]) -> list[tuple[str, str]]:
+        return [(e["aggregate_id"], e["state"]) for e in out["effects"]]
+
+    assert entries(listing()) == [("o/3.$", "attempting")]
+    failed = listing("--state", "failed")["effects"]
+    assert [(e["aggregate_id"], e["reason"]) for e in failed] == [("o-1", "effect_rejected")]
+    assert "HTTP 422" in failed[0]["error"] and failed[0]["entry_id"] == ids["o-1"][0]
+    everything = listing("--state", "all", "--type", "BookShipment")
+    assert everything["total"] == 3
+    assert entries(listing("--state", "all", "--aggregate", "Order/o-2")) == [
+        ("o-2", "succeeded")]
+    assert entries(listing("--state", "all", "--older-than", "30")) == [("o/3.$", "attempting")]
+    assert listing("--state", "all", "--type", "SendConfirmation")["total"] == 0
+    # The table names what to do; bad options are one-line errors.
+    assert main(["effects", "list", "--database", ddb.name]) == 0
+    table = capsys.readouterr().out
+    assert "o/3.$" in table and "effect_timeout" in table and "oldest first" in table
+    with pytest.raises(SystemExit):
+        main(["effects", "list", "--older-than", "soon"])
+    assert "is not a number of minutes" in capsys.readouterr().err
