@@ -202,3 +202,40 @@ def test_hostile_trace_headers_never_fail_a_chunk(otel_spans: Any) -> None:
     assert "tracestate" not in carried[1]
     assert carried[3]["traceparent"].startswith("00-" + "f" * 32)
     assert all(c["traceparent"][3:35] != TRACE for c in carried[4:])  # not carried: new
+
+
+def test_without_the_opentelemetry_package_nothing_changes(
+        otel_spans: Any, monkeypatch: Any) -> None:
+    """The extra is optional: with the API missing (simulated) even a configured provider
+    is not reached, and the input's context is carried as without tracing."""
+    import aggregates.tracing as tracing
+
+    monkeypatch.setattr(tracing, "_otel", None)
+    assert tracing.tracer() is None
+    db = memory_database()
+    assert writer(db).process([_traced(msg("m1", 3))])[0].outcome == "applied"
+    assert otel_spans.get_finished_spans() == ()
+    assert _outbox(db)[0]["headers"] == {"traceparent": PARENT}
+
+
+def test_the_library_and_the_dispatcher_import_without_opentelemetry() -> None:
+    """A real ImportError (the package blocked in a fresh interpreter), not a patched name."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['opentelemetry'] = None\n"
+        "import aggregates.tracing, dispatcher.tracing, dispatcher.daemon\n"
+        "from tests.aggregates.contract import msg, writer\n"
+        "from aggregates.testing import memory_database\n"
+        "import dataclasses\n"
+        "db = memory_database()\n"
+        f"m = dataclasses.replace(msg('m1', 3), headers={{'traceparent': {PARENT!r}}})\n"
+        "assert writer(db).process([m])[0].outcome == 'applied'\n"
+        "print(db.counters.find_one()['outbox'][0]['headers']['traceparent'])\n")
+    from pathlib import Path
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, check=False, cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == PARENT
