@@ -25,11 +25,10 @@ the dispatcher, not of the pipeline, and the format needed is small.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from collections.abc import Mapping
-from pathlib import Path
+
+from aggregates.files import write_atomic
 
 __all__ = ["BY_TYPE_LABELS", "escape_label_value", "render_metrics", "write_metrics_file"]
 
@@ -83,16 +82,4 @@ def render_metrics(
 
 def write_metrics_file(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` to ``path`` atomically (temporary file + rename)."""
-    target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
-                               dir=target.parent if str(target.parent) else ".")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    write_atomic(path, text)

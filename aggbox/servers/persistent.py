@@ -34,7 +34,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -44,6 +43,7 @@ from typing import Any
 
 from aggbox.servers import _process, maven
 from aggbox.servers.errors import ServerError
+from aggregates.files import write_atomic
 
 __all__ = [
     "LOCAL_KIND",
@@ -147,19 +147,7 @@ def _read_state() -> LocalServerState | None:
 
 def _write_state(state: LocalServerState) -> None:
     """Write the state file atomically (temporary file in the same directory, then rename)."""
-    target = state_path()
-    fd, tmp = tempfile.mkstemp(prefix=".local-mongodb-", suffix=".json", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(asdict(state), f, indent=2)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_atomic(state_path(), json.dumps(asdict(state), indent=2) + "\n")
 
 
 def _remove_state() -> None:
