@@ -64,6 +64,7 @@ class Reason(StrEnum):
     EFFECT_RETRYABLE = "effect_retryable"
     EFFECT_TIMEOUT = "effect_timeout"
     EFFECT_ERROR = "effect_error"
+    EFFECT_NOT_CONFIGURED = "effect_not_configured"
     EFFECT_ATTEMPTS_EXHAUSTED = "effect_attempts_exhausted"
 
 
@@ -256,6 +257,12 @@ REASON_DOCS: Final[Mapping[Reason, ReasonDoc]] = {
         "is in the log file",
         "Fix the function (raise `RetryableEffectError`/`PermanentEffectError` for the "
         "resource's answers) and deploy."),
+    Reason.EFFECT_NOT_CONFIGURED: ReasonDoc(
+        _EFFECT_RETRY, "an entry's type is an effect that other live dispatcher instances "
+        "execute and this one does not have: it is not published (that would end the effect "
+        "unexecuted) but waits, with the later entries of its aggregate",
+        "Run every instance with the same effects (`--aggregates` module and "
+        "`[dispatcher.effects.*]` tables); the entries go on by themselves then."),
     Reason.EFFECT_ATTEMPTS_EXHAUSTED: ReasonDoc(
         _EFFECT_DEAD, "an effect failed retryably `max_attempts` times (the detail has the last "
         "error); the aggregate received the `on_failure` message",

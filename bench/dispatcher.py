@@ -32,6 +32,8 @@ seconds of each of the 2 instances during (d)), and the raw figures.
 
 Usage: python bench/dispatcher.py [--docs 2000] [--per 10] [--rate 1000] [--seconds 8]
        [--scale-docs 2000] [--scale-per 10] [--skip-scale]
+       python bench/dispatcher.py --only formats [--docs 2000] [--per 10]
+           # (a) with record_format aggbox and cloudevents, alternating, twice each
 """
 # ruff: noqa: E402  (the path fix below must precede the project imports)
 
@@ -128,7 +130,8 @@ def process_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def throughput(mongo: LocalMongo, kafka: LocalKafka, n_docs: int, per: int) -> dict[str, Any]:
+def throughput(mongo: LocalMongo, kafka: LocalKafka, n_docs: int, per: int,
+               record_format: str = "aggbox") -> dict[str, Any]:
     client: MongoClient[dict[str, Any]] = MongoClient(mongo.uri, tz_aware=True)
     db = client["bench_dispatch"]
     client.drop_database(db.name)
@@ -161,7 +164,7 @@ def throughput(mongo: LocalMongo, kafka: LocalKafka, n_docs: int, per: int) -> d
     settings = DispatcherSettings.load(
         collections=["emitters"], publisher="kafka",
         kafka_bootstrap_servers=kafka.bootstrap_servers, topic_template=prefix +
-        "-{aggregate_type}", metrics_port=0)
+        "-{aggregate_type}", metrics_port=0, record_format=record_format)
     store = AggboxSettings(mongodb_uri=mongo.uri, database=db.name)
     d = Dispatcher(settings, store=store)
     cpu = process_cpu_s()
@@ -186,7 +189,7 @@ def throughput(mongo: LocalMongo, kafka: LocalKafka, n_docs: int, per: int) -> d
         "python_cpu_us_per_msg": round(cpu_dispatch / total * 1e6, 2),
         "raw_produce_cpu_us_per_msg": round(cpu_raw / total * 1e6, 2),
     }
-    print(f"  (a) dispatcher: {total} entries in {t_dispatch:.2f} s = "
+    print(f"  (a) dispatcher ({record_format}): {total} entries in {t_dispatch:.2f} s = "
           f"{out['dispatch_per_s']:,}/s")
     print(f"  (b) raw produce: {total} records in {t_raw:.2f} s = {out['raw_produce_per_s']:,}/s")
     print(f"  CPU of this process per entry: dispatcher {out['python_cpu_us_per_msg']} µs, "
@@ -509,8 +512,11 @@ def main() -> None:
     ap.add_argument("--scale-docs", type=int, default=2000, help="(d): documents")
     ap.add_argument("--scale-per", type=int, default=10, help="(d): entries per document")
     ap.add_argument("--skip-scale", action="store_true", help="leave (d) out")
-    ap.add_argument("--only", choices=["throughput", "stream", "poll", "scale"], default=None,
-                    help="run one phase only (for profiling)")
+    ap.add_argument("--only", choices=["throughput", "stream", "poll", "scale", "formats"],
+                    default=None,
+                    help="run one phase only (for profiling); formats: (a) in the aggbox "
+                    "record format and as CloudEvents, twice each, alternating — "
+                    "cloudevents_vs_aggbox_cpu is the ratio of the best CPU-µs per entry")
     args = ap.parse_args()
     tmp = Path(os.environ.get("TMPDIR", "/tmp")) / f"aggbox-bench-{uuid.uuid4().hex[:6]}"
     tmp.mkdir(parents=True)
@@ -523,6 +529,20 @@ def main() -> None:
             with local_mongo() as mongo:
                 print(f"mongo: {mongo.kind}, kafka {kafka.bootstrap_servers}")
                 tp = throughput(mongo, kafka, args.docs, args.per)
+        if args.only == "formats":
+            runs: dict[str, list[dict[str, Any]]] = {"aggbox": [], "cloudevents": []}
+            with local_mongo() as mongo:
+                for _ in range(2):
+                    for fmt in runs:
+                        runs[fmt].append(throughput(mongo, kafka, args.docs, args.per, fmt))
+            cpu = {f: min(r["python_cpu_us_per_msg"] for r in v) for f, v in runs.items()}
+            rate = {f: max(r["dispatch_per_s"] for r in v) for f, v in runs.items()}
+            print(json.dumps({"cloudevents_vs_aggbox_cpu": round(cpu["cloudevents"]
+                                                                 / cpu["aggbox"], 3),
+                              "cloudevents_vs_aggbox_rate": round(rate["cloudevents"]
+                                                                  / rate["aggbox"], 3),
+                              "cpu_us_per_entry": cpu, "entries_per_s": rate}))
+            return
         if args.only in (None, "stream"):
             with local_mongo() as mongo:
                 stream = latency(mongo, kafka, "stream", args.rate, args.seconds, tmp)

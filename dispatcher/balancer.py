@@ -44,8 +44,11 @@ class Balancer:
                  health: Health, metrics: Metrics, stop: asyncio.Event, timing: Timing,
                  on_contact: Callable[[], None], on_error: Callable[[str], None],
                  published: Callable[[], int] = lambda: 0,
-                 publishing: Callable[[], frozenset[int]] = frozenset) -> None:
+                 publishing: Callable[[], frozenset[int]] = frozenset,
+                 on_members: Callable[[PartitionLeases], None] | None = None) -> None:
         self.leases = leases
+        #: called after each read of the members (the fleet's effect types)
+        self._on_members = on_members
         self.name = name
         self.interval_s = interval_s
         self.health = health
@@ -176,6 +179,8 @@ class Balancer:
         sent = await leases.renew()
         members, views = await leases.read()
         self._contact()
+        if self._on_members is not None:
+            self._on_members(leases)
         self.rounds += 1
         lost = leases.confirm(views, sent)
         if lost:

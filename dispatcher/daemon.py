@@ -39,6 +39,7 @@ from aggregates.aggregate import Registry
 from aggregates.effects import Effects
 from aggregates.errors import AggboxError, ConfigurationError
 from aggregates.settings import AggboxSettings
+from dispatcher.effects.guard import EffectGuard, FleetEffects
 from dispatcher.errors import FatalStoreError, check_fatal
 from dispatcher.faults import Faults
 from dispatcher.metrics import Health, Metrics, MetricsServer
@@ -214,6 +215,9 @@ class Dispatcher:
         try:
             if len(self.effects):
                 self.publisher = await self._effect_router(db)
+            # Entries of effects other instances execute and this one lacks wait here.
+            fleet = FleetEffects(e.type for e in self.effects)
+            self.publisher = EffectGuard(self.publisher, fleet)
             await self.publisher.start()
             if s.metrics_port and not once:
                 self.metrics_server = MetricsServer(self.metrics, self.health,
@@ -230,7 +234,7 @@ class Dispatcher:
                                  dead_letter_collection=self.store.dead_letter_collection,
                                  metrics=self.metrics, health=self.health, faults=self.faults,
                                  stop=stop, owner=self.instance_id, source_type=atype,
-                                 once=once, timing=self.timing)
+                                 once=once, timing=self.timing, fleet=fleet)
                 for name, atype in self.collections
             ]
             for w in self.workers:

@@ -79,6 +79,10 @@ class Metrics:
         self.partitions_owned = Gauge(
             p + "partitions_owned", "Partitions of the collection this instance holds a "
             "lease on.", ["collection"], registry=r)
+        self.effects_missing = Gauge(
+            p + "effects_missing", "Effect types other live instances execute and this one "
+            "does not: their entries wait here (configure the same effects everywhere).",
+            ["collection"], registry=r)
         self.handovers = Counter(
             p + "partition_handovers", "Partition leases changing hands at this instance "
             "(kind: claimed_new, claimed_released, claimed_expired, released, lost).",

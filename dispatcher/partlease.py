@@ -8,7 +8,8 @@ Two collections, one document per (collection, partition) and per (collection, i
   released), expires_at, epoch, since, previous, handover, handed_at}``: ``epoch`` is
   incremented by every claim — the fencing token that publishes carry;
 - members ``{_id: join_parts(db, collection, instance), scope, instance, host, pid,
-  started_at, heartbeat_at, expires_at, partitions, published}``.
+  started_at, heartbeat_at, expires_at, partitions, published, effects}`` (``effects``: the
+  effect types the instance executes, dispatcher/effects/guard.py).
 
 Every write that gives or keeps a lease is one atomic conditional write per document, so
 the store never has two owners for one partition: a claim matches only a free lease
@@ -79,8 +80,13 @@ class PartitionLeases:
                  database: str, collection: str, owner: str, ttl_s: float,
                  grace_s: float = 0.0, margin: float = 0.2, partitions: int = PARTITIONS,
                  clock: Callable[[], datetime] = _utc_now,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic,
+                 effect_types: Iterable[str] = ()) -> None:
         self.leases = leases
+        #: the effect types this instance executes, announced in its heartbeat
+        self.effect_types = frozenset(effect_types)
+        #: from the last :meth:`read`: instance → (heartbeat expiry, its effect types)
+        self.member_effects: dict[str, tuple[datetime, frozenset[str]]] = {}
         self.members = members
         self.database = database
         self.collection = collection
@@ -149,7 +155,8 @@ class PartitionLeases:
             {"$set": {"scope": self.scope, "instance": self.owner, "host": socket.gethostname(),
                       "pid": os.getpid(), "heartbeat_at": now,
                       "expires_at": now + timedelta(seconds=self.ttl_s),
-                      "partitions": sorted(self.held), "published": published},
+                      "partitions": sorted(self.held), "published": published,
+                      "effects": sorted(self.effect_types)},
              "$setOnInsert": {"started_at": self.started_at}},
             upsert=True)
 
@@ -166,11 +173,17 @@ class PartitionLeases:
     async def read(self) -> tuple[dict[str, datetime], dict[int, LeaseView]]:
         """Live-or-not members (instance → heartbeat expiry) and every lease of the scope."""
         members: dict[str, datetime] = {}
+        effects: dict[str, tuple[datetime, frozenset[str]]] = {}
         async for m in self.members.find({"scope": self.scope},
-                                         {"instance": 1, "expires_at": 1}):
+                                         {"instance": 1, "expires_at": 1, "effects": 1}):
             exp = _aware(m.get("expires_at"))
             if isinstance(m.get("instance"), str) and exp is not None:
                 members[m["instance"]] = exp
+                types = m.get("effects")
+                effects[m["instance"]] = (exp, frozenset(
+                    t for t in types if isinstance(t, str)) if isinstance(types, list)
+                    else frozenset())
+        self.member_effects = effects
         leases: dict[int, LeaseView] = {}
         async for d in self.leases.find({"scope": self.scope},
                                         {"partition": 1, "owner": 1, "expires_at": 1,

@@ -43,6 +43,7 @@ from aggregates.document import F_OUTBOX, F_PARTITION, F_TYPE
 from dispatcher.backlog import measure_backlog
 from dispatcher.balancer import Balancer
 from dispatcher.cycle import Cycle, CycleResult
+from dispatcher.effects.guard import FleetEffects
 from dispatcher.errors import FatalStoreError, check_fatal, one_line
 from dispatcher.faults import Faults
 from dispatcher.inflight import InFlight
@@ -86,7 +87,7 @@ class CollectionWorker:
                  dead_letter_collection: str, metrics: Metrics, health: Health,
                  faults: Faults, stop: asyncio.Event, owner: str,
                  source_type: str | None = None, once: bool = False,
-                 timing: Timing = REAL_TIME) -> None:
+                 timing: Timing = REAL_TIME, fleet: FleetEffects | None = None) -> None:
         s = self.settings = settings
         self.db, self.coll, self.name = db, db[collection], collection
         self.metrics, self.health, self.faults = metrics, health, faults
@@ -94,12 +95,15 @@ class CollectionWorker:
         self.scope = key = f"{db.name}.{collection}"
         self.leases = PartitionLeases(db[s.partition_collection], db[s.member_collection],
                                       database=db.name, collection=collection, owner=owner,
-                                      ttl_s=s.lease_ttl_s, grace_s=s.takeover_grace_s)
+                                      ttl_s=s.lease_ttl_s, grace_s=s.takeover_grace_s,
+                                      effect_types=fleet.local if fleet else ())
+        self.fleet = fleet
         self.balancer = Balancer(self.leases, name=collection, interval_s=s.renew_interval_s,
                                  health=health, metrics=metrics, stop=stop, timing=timing,
                                  on_contact=self._contact, on_error=self._note_error,
                                  published=lambda: self._counts.published,
-                                 publishing=lambda: self.selection.partitions)
+                                 publishing=lambda: self.selection.partitions,
+                                 on_members=self._on_members if fleet else None)
         #: the partitions published in the current activation (empty while standby)
         self.selection = Selection()
         self.selection.set(())
@@ -144,6 +148,14 @@ class CollectionWorker:
                            backoffs=self.retries.count, activations=c.activations)
 
     # -- lifecycle ----------------------------------------------------------------------
+    def _on_members(self, leases: PartitionLeases) -> None:
+        """After a lease round's read: the effect types other live instances execute and
+        this one does not (their entries wait here: dispatcher/effects/guard.py)."""
+        assert self.fleet is not None
+        missing = self.fleet.update(self.name, leases.member_effects, me=leases.owner,
+                                    now=leases.now())
+        self.metrics.effects_missing.labels(self.name).set(len(missing))
+
     async def run(self) -> None:
         """Wait for partitions, publish them, start over whenever the set changes … until
         stopped. Raises :class:`FatalStoreError` on a store error no retry can fix."""

@@ -403,3 +403,73 @@ def test_aggbox_effects_list_finds_open_failed_and_stale_attempts(
     with pytest.raises(SystemExit):
         main(["effects", "list", "--older-than", "soon"])
     assert "is not a number of minutes" in capsys.readouterr().err
+
+
+
+def test_an_instance_without_the_effect_holds_its_entries_instead_of_publishing_them(
+        ewriter: StoreWriter, ddb: Database[Any], store: AggboxSettings) -> None:
+    """A misconfigured fleet: A executes BookShipment, B has no effects. B's partitions' effect
+    entries are not published as records (which would end them unexecuted) but wait, and so
+    does what follows them; B says so (metric). When B stops, A takes its partitions over
+    and executes them: every order ends booked exactly once."""
+    from aggregates.partitions import partition_of
+    from tests.dispatcher.helpers import run_while, wait_for
+
+    res = Resource()
+    pub_a, pub_b = ListPublisher(), ListPublisher()
+    over = dict(lease_ttl_s=1.5, takeover_grace_s=0.2, collections=["eorders"])
+    a = Dispatcher(settings(instance_id="A", **over), store=store, publisher=pub_a,
+                   effects=effects_for(res))
+    b = Dispatcher(settings(instance_id="B", **over), store=store, publisher=pub_b,
+                   effects=Effects())
+    ids = [f"o-{i:03d}" for i in range(40)]
+
+    def held_by(d: Dispatcher) -> frozenset[int]:
+        if not d.workers:  # not started yet
+            return frozenset()
+        w = d.workers[0]
+        return w.selection.partitions if w.mode != "standby" else frozenset()
+
+    def missing_on_b() -> float | None:
+        return b.metrics.registry.get_sample_value("aggbox_dispatcher_effects_missing",
+                                                   {"collection": "eorders"})
+
+    async def body() -> None:
+        task_b = asyncio.create_task(b.run())
+        try:
+            await wait_for(lambda: len(held_by(a)) == len(held_by(b)) == 128, 20,
+                           "an even split")
+            await wait_for(lambda: missing_on_b() == 1, 10, "B learns A's effects")
+            await asyncio.to_thread(place, ewriter, ids, event_after=True)
+            on_b = [o for o in ids if partition_of(o) in held_by(b)]
+            on_a = [o for o in ids if o not in on_b]
+            assert on_a and on_b
+            await wait_for(lambda: all(state(ddb, o)["results"] == 1 for o in on_a), 20,
+                           "A executes its effects")
+            rounds = b.workers[0].balancer.rounds
+            await wait_for(lambda: b.workers[0].balancer.rounds >= rounds + 2, 10,
+                           "two more rounds of B")
+            assert all(state(ddb, o)["status"] == "placed" for o in on_b)
+            assert all(len(entry_ids(ddb)[o]) == 2 for o in on_b)  # both entries wait
+            assert pub_b.records == []  # neither the effect nor the event after it
+            # B did try them: held back by the guard, retried with backoff
+            assert "is executed by other instances" in (b.workers[0].last_error or "")
+        finally:
+            b.request_stop()
+            assert await asyncio.wait_for(task_b, 15) == 0
+        await wait_for(lambda: all(state(ddb, o)["results"] == 1 for o in ids), 30,
+                       "A takes B's partitions and executes the rest")
+
+    asyncio.run(run_while(a, body))
+    assert all(state(ddb, o)["status"] == "booked" for o in ids)
+    assert set(res.calls.values()) == {1} and len(res.calls) == len(ids)
+    assert sorted(r.message_id for r in pub_a.records) == sorted(
+        entry for o in ids for entry in _placed_ids(ddb, o))
+    assert entry_ids(ddb) == {o: [] for o in ids}
+
+
+def _placed_ids(db: Database[Any], aid: str) -> list[str]:
+    """The ids of the ``Placed`` events an order emitted (from its inbox of causes)."""
+    from aggregates.ids import emitted_message_id
+
+    return [emitted_message_id("Order", aid, f"place-{aid}", 1)]
