@@ -100,6 +100,8 @@ class InstanceStatus:
     pending_entries: int = 0
     pending_documents: int = 0
     oldest_age_s: float | None = None
+    #: the effect types it executes (from its heartbeat)
+    effects: list[str] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -135,6 +137,15 @@ class DispatchStatus:
     def oldest_age_s(self) -> float | None:
         return max((p.oldest_age_s for p in self.lag), default=None)
 
+    @property
+    def effects_disagree(self) -> dict[str, list[str]]:
+        """Live instance → the effect types other live instances execute and it lacks (only
+        instances that lack some): their entries wait there (dispatcher/effects/guard.py)."""
+        live = [i for i in self.instances if i.live]
+        everywhere = {t for i in live for t in i.effects}
+        return {i.instance: sorted(everywhere - set(i.effects)) for i in live
+                if everywhere - set(i.effects)}
+
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready (datetimes as ISO 8601 strings)."""
         return {
@@ -155,7 +166,9 @@ class DispatchStatus:
                 "ranges": compress_ranges(i.partitions), "reported": list(i.reported),
                 "pending_entries": i.pending_entries,
                 "pending_documents": i.pending_documents, "oldest_age_s": i.oldest_age_s,
+                "effects": list(i.effects),
             } for i in self.instances],
+            "effects_missing": self.effects_disagree,
             "unowned": list(self.unowned),
             "lag": [{"partition": p.partition, "owner": p.owner, "entries": p.entries,
                      "documents": p.documents, "oldest_age_s": p.oldest_age_s}
@@ -218,6 +231,7 @@ def read_status(db: Database[Any], collection: str, *,
         pid = doc.get("pid")
         published = doc.get("published")
         reported = doc.get("partitions")
+        effects = doc.get("effects")
         instances[name] = InstanceStatus(
             instance=name, host=doc.get("host"), pid=pid if isinstance(pid, int) else None,
             live=expires is not None and expires > now,
@@ -225,7 +239,9 @@ def read_status(db: Database[Any], collection: str, *,
             started_at=_opt_utc(doc.get("started_at")),
             published=published if isinstance(published, int) else None,
             reported=sorted(x for x in reported if isinstance(x, int))
-            if isinstance(reported, list) else [])
+            if isinstance(reported, list) else [],
+            effects=sorted(x for x in effects if isinstance(x, str))
+            if isinstance(effects, list) else [])
     for p, owner in sorted(owners.items()):
         instances.setdefault(owner, InstanceStatus(instance=owner)).partitions.append(p)
 
@@ -344,6 +360,12 @@ def format_status(status: DispatchStatus, *, top: int = TOP_LAGGING) -> str:
         lines.append("  no instances")
     unowned = compress_ranges(status.unowned)
     lines.append(f"unowned: {len(status.unowned)} ({unowned})" if unowned else "unowned: none")
+    effects = sorted({t for i in live for t in i.effects})
+    if effects:
+        lines.append(f"effects: {', '.join(effects)}")
+    for name, lacking in status.effects_disagree.items():
+        lines.append(f"  EFFECTS MISSING on {name}: {', '.join(lacking)} (their entries wait "
+                     "there; run every instance with the same effects)")
     if status.lag:
         shown = status.lag[:top]
         lines.append(f"lagging partitions ({len(shown)} of {len(status.lag)} with pending "

@@ -51,12 +51,14 @@ def put_leases(db: Database[Any], partitions: Iterable[int], owner: str | None, 
 
 
 def put_member(db: Database[Any], instance: str, *, expires_at: datetime,
-               heartbeat_at: datetime, partitions: Iterable[int] = ()) -> None:
+               heartbeat_at: datetime, partitions: Iterable[int] = (),
+               effects: Iterable[str] = ()) -> None:
     db[MEMBERS].insert_one({
         "_id": join_parts(db.name, COLL, instance), "scope": f"{db.name}.{COLL}",
         "instance": instance, "host": f"host-{instance}", "pid": 4242,
         "started_at": ago(3600, heartbeat_at), "heartbeat_at": heartbeat_at,
-        "expires_at": expires_at, "partitions": list(partitions), "published": 17})
+        "expires_at": expires_at, "partitions": list(partitions), "published": 17,
+        "effects": list(effects)})
 
 
 def put_doc(db: Database[Any], aggregate_id: str, partition: int | None,
@@ -97,6 +99,24 @@ def scenario(db: Database[Any], now: datetime) -> None:
     put_doc(db, "d5", 90, [ago(4, now)])
     put_doc(db, "done", 6, [])  # nothing pending
     db[COLL].insert_one({"_id": "fresh", "_type": "Emitter", "_p": 7})  # no outbox at all
+
+
+@pytest.mark.mongo
+def test_status_names_instances_that_lack_effects_others_execute(ddb: Database[Any]) -> None:
+    now = datetime.now(UTC)
+    live, dead = now + timedelta(seconds=8), now - timedelta(seconds=5)
+    put_member(ddb, "a", expires_at=live, heartbeat_at=ago(1, now),
+               effects=["BookShipment", "SendMail"])
+    put_member(ddb, "b", expires_at=live, heartbeat_at=ago(1, now), effects=["SendMail"])
+    put_member(ddb, "old", expires_at=dead, heartbeat_at=ago(60, now), effects=["ChargeCard"])
+    status = read_status(ddb, COLL, now=now)
+    assert status.effects_disagree == {"b": ["BookShipment"]}  # the dead one does not count
+    assert status.as_dict()["effects_missing"] == {"b": ["BookShipment"]}
+    assert [i["effects"] for i in status.as_dict()["instances"]] == [
+        ["BookShipment", "SendMail"], ["SendMail"], ["ChargeCard"]]
+    text = format_status(status)
+    assert "effects: BookShipment, SendMail" in text
+    assert "EFFECTS MISSING on b: BookShipment" in text
 
 
 # -- read_status --------------------------------------------------------------------------------
