@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from typing import Any, Final
 
-__all__ = ["TRACEPARENT", "TRACESTATE", "emit_trace", "trace_headers"]
+__all__ = ["TRACEPARENT", "TRACESTATE", "emit_trace", "trace_headers", "valid_tracestate"]
 
 TRACEPARENT: Final = "traceparent"
 TRACESTATE: Final = "tracestate"
@@ -31,6 +31,35 @@ _ZERO_TRACE: Final = "0" * 32
 _ZERO_PARENT: Final = "0" * 16
 #: The spec lets a carrier truncate tracestate beyond 512 characters; we drop it instead.
 _MAX_TRACESTATE: Final = 512
+
+
+#: W3C Trace Context ``tracestate`` list member: a key (``lcalpha 0*255(lcalpha / DIGIT /
+#: "_" / "-" / "*" / "/")``, or ``tenant@system``) ``=`` a value of 1-256 printable ASCII
+#: characters except ``,`` and ``=``, not ending in a space.
+_TS_MEMBER: Final = re.compile(
+    r"(?:[a-z][a-z0-9_\-*/]{0,255}|[a-z0-9][a-z0-9_\-*/]{0,240}@[a-z][a-z0-9_\-*/]{0,13})"
+    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]\Z")
+_TS_MAX_MEMBERS: Final = 32
+
+
+def valid_tracestate(value: str) -> bool:
+    """Whether ``value`` is a well-formed ``tracestate`` (W3C Trace Context level 1: at most
+    32 list members, each ``key=value``, keys unique; empty members and optional spaces
+    around commas allowed). Checked before a tracer parses it, so hostile input does not
+    make the tracing library log a warning per message."""
+    members = [m.strip(" \t") for m in value.split(",")]
+    members = [m for m in members if m]
+    if len(members) > _TS_MAX_MEMBERS:
+        return False
+    keys = set()
+    for m in members:
+        if _TS_MEMBER.match(m) is None:
+            return False
+        key = m.split("=", 1)[0]
+        if key in keys:
+            return False
+        keys.add(key)
+    return True
 
 
 def trace_headers(headers: Mapping[str, str]) -> dict[str, str] | None:

@@ -32,7 +32,13 @@ from typing import TYPE_CHECKING, Any, Final
 
 from aggregates.envelope import Message
 from aggregates.outcomes import Outcome
-from aggregates.tracecontext import TRACEPARENT, TRACESTATE, emit_trace, trace_headers
+from aggregates.tracecontext import (
+    TRACEPARENT,
+    TRACESTATE,
+    emit_trace,
+    trace_headers,
+    valid_tracestate,
+)
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
@@ -96,6 +102,8 @@ def parent_context(headers: Mapping[str, str]) -> Any:
 
     _, trace_id, span_id, flags = carried[TRACEPARENT].split("-", 4)[:4]
     state = carried.get(TRACESTATE)
+    if state and not valid_tracestate(state):
+        state = None  # dropped, as the SDK would, but without its warning per message
     ctx = SpanContext(int(trace_id, 16), int(span_id, 16), is_remote=True,
                       trace_flags=TraceFlags(int(flags, 16) & TraceFlags.SAMPLED),
                       trace_state=TraceState.from_header([state]) if state else None)

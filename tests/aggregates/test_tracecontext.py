@@ -81,3 +81,25 @@ def test_a_handler_set_traceparent_wins_and_no_context_adds_nothing() -> None:
 def test_only_a_well_formed_traceparent_is_carried(headers: dict[str, str],
                                                     expected: dict[str, str] | None) -> None:
     assert trace_headers(headers) == expected
+
+
+@pytest.mark.parametrize(("value", "valid"), [
+    ("congo=t61rcWkgMzE", True),
+    ("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE", True),
+    ("a=1 , b=2\t,c=3", True),  # optional white space around commas
+    ("a=b,,c=d", True),  # empty list members are allowed
+    ("tenant1@sys=x", True),
+    ("a" + "b" * 255 + "=v", True),
+    (",".join(f"k{i}=v" for i in range(32)), True),
+    (",".join(f"k{i}=v" for i in range(33)), False),  # at most 32 members
+    ("a=b,a=c", False),  # duplicate key
+    ("A=1", False), ("é=1", False), ("1a=1", False),
+    ("a=b c", True),  # a space inside a value
+    ("a=", False), ("a= ", False), ("a", False), ("a=b=c", False), ("a=\x7f", False),
+    ("a" + "b" * 256 + "=v", False),
+    ("a=\udc80", False),
+])
+def test_valid_tracestate_follows_the_w3c_grammar(value: str, valid: bool) -> None:
+    from aggregates.tracecontext import valid_tracestate
+
+    assert valid_tracestate(value) is valid
