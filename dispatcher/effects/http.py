@@ -133,11 +133,7 @@ def http_effect(type: str, settings: Mapping[str, Any], *, setting_prefix: str) 
     headers: dict[str, Template] = {}
     for name, value in spec.headers.items():
         setting = f"{p}.headers.{name}"
-        if not _HEADER_NAME.fullmatch(name):
-            raise ConfigurationError(f"{setting}: not a valid header name")
-        if name.lower() in _RESERVED_HEADERS:
-            raise ConfigurationError(f"{setting}: set by aggbox itself (every request sends "
-                                     "Idempotency-Key and User-Agent); remove it")
+        _check_header_name(name, setting)
         template = parse_template(value, setting=setting)
         if any(c in template.literals() for c in "\r\n\x00"):
             raise ConfigurationError(f"{setting}: a header value must be one line")
@@ -145,11 +141,7 @@ def http_effect(type: str, settings: Mapping[str, Any], *, setting_prefix: str) 
     secret_headers: dict[str, str] = {}
     for name, env in spec.headers_env.items():
         setting = f"{p}.headers_env.{name}"
-        if not _HEADER_NAME.fullmatch(name):
-            raise ConfigurationError(f"{setting}: not a valid header name")
-        if name.lower() in _RESERVED_HEADERS:
-            raise ConfigurationError(f"{setting}: set by aggbox itself (every request sends "
-                                     "Idempotency-Key and User-Agent); remove it")
+        _check_header_name(name, setting)
         if name.lower() in {h.lower() for h in headers}:
             raise ConfigurationError(f"{setting}: also in {p}.headers; keep one of them")
         check_env_secret(env, setting=setting, what="the header's value", one_line=True)
@@ -204,6 +196,14 @@ def _content_type(value: str, p: str) -> str:
 
 def _json_string_escape(value: str) -> str:
     return json.dumps(value, ensure_ascii=False)[1:-1]
+
+
+def _check_header_name(name: str, setting: str) -> None:
+    if not _HEADER_NAME.fullmatch(name):
+        raise ConfigurationError(f"{setting}: not a valid header name")
+    if name.lower() in _RESERVED_HEADERS:
+        raise ConfigurationError(f"{setting}: set by aggbox itself (every request sends "
+                                 "Idempotency-Key and User-Agent); remove it")
 
 
 def _url_template(text: str, *, setting: str) -> Template:
