@@ -13,6 +13,7 @@ Add fixtures below; keep each one small and commented.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import uuid
@@ -132,3 +133,15 @@ def otel_spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
     yield exporter
     provider.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """``aggbox.cli.main()`` run in-process points the root logger at the stderr of that
+    moment (pytest's capture, closed after the test); put the handlers back, so later
+    records from background threads (servers, clients) do not hit a closed stream."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
