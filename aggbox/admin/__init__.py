@@ -219,9 +219,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help="only the effects of this aggregate, e.g. Order/o-17")
     p.add_argument("--older-than", metavar="MINUTES", type=_minutes,
                    help="only records whose last attempt is older than MINUTES")
-    p.add_argument("--collection", metavar="NAME", default=DEFAULT_COLLECTION,
-                   help=f"the attempt records' collection (dispatcher setting "
-                   f"effect_collection; default {DEFAULT_COLLECTION})")
+    p.add_argument("--collection", metavar="NAME",
+                   help="the attempt records' collection (default: effect_collection of the "
+                   f"[dispatcher] settings, {DEFAULT_COLLECTION} unless changed)")
     p.add_argument("--limit", metavar="N", type=_positive, default=50,
                    help="show at most N (default 50)")
     p.add_argument("--json", action="store_true",

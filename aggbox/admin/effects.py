@@ -9,6 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from aggbox.admin._shared import _console, _database, _print_json, _table
+from aggregates.errors import ConfigurationError
 
 __all__ = ["STATES", "cmd_effects_list", "effects_query"]
 
@@ -35,7 +36,24 @@ def effects_query(*, state: str, effect_type: str | None,
     return query
 
 
+def _collection(args: argparse.Namespace) -> str:
+    """``--collection``, else the dispatcher's ``effect_collection`` (``[dispatcher]`` of
+    ``--config``, ``AGGBOX_DISPATCHER_EFFECT_COLLECTION``), else its default."""
+    if args.collection:
+        return str(args.collection)
+    from pydantic import ValidationError
+
+    from dispatcher.settings import DispatcherSettings
+
+    try:
+        return DispatcherSettings.load(config_file=args.config).effect_collection
+    except ValidationError as exc:
+        raise ConfigurationError(f"invalid [dispatcher] settings: {exc}; or pass "
+                                 "--collection NAME") from None
+
+
 def cmd_effects_list(args: argparse.Namespace) -> int:
+    args.collection = _collection(args)
     now = datetime.now(UTC)
     query = effects_query(state=args.state, effect_type=args.effect_type,
                           aggregate=args.aggregate, older_than=args.older_than, now=now)

@@ -12,6 +12,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -357,7 +358,8 @@ def test_the_effect_is_a_client_span_between_the_entry_and_its_result(
 
 def test_aggbox_effects_list_finds_open_failed_and_stale_attempts(
         ewriter: StoreWriter, ddb: Database[Any], store: AggboxSettings,
-        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
     import json
 
     from aggbox.cli import main
@@ -403,6 +405,14 @@ def test_aggbox_effects_list_finds_open_failed_and_stale_attempts(
     with pytest.raises(SystemExit):
         main(["effects", "list", "--older-than", "soon"])
     assert "is not a number of minutes" in capsys.readouterr().err
+    # The collection comes from the dispatcher's effect_collection setting.
+    ddb.my_effects.insert_one({"_id": "x", "state": "attempting", "attempts": 1,
+                               "last_at": stale, "type": "BookShipment"})
+    config = tmp_path / "aggbox.toml"
+    config.write_text('[dispatcher]\neffect_collection = "my_effects"\n')
+    assert listing("--config", str(config))["total"] == 1
+    assert listing("--config", str(config), "--collection", "aggbox_effects")["total"] == 1
+    assert listing("--config", str(config), "--collection", "nothing_here")["total"] == 0
 
 
 
