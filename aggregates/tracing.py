@@ -124,11 +124,14 @@ class ChunkTrace:
         self._per_message = per_message
         self._start = time.time_ns()
         self._messages: dict[_Key, Message] = {}
+        #: the input's context per message, parsed once (links, then its handling span)
+        self._parents: dict[_Key, Any] = {}
         links: list[Link] = []
         for m in messages:
-            self._messages.setdefault((m.aggregate_type, m.aggregate_id, m.message_id), m)
+            key = (m.aggregate_type, m.aggregate_id, m.message_id)
+            self._messages.setdefault(key, m)
             if len(links) < MAX_LINKS and m.headers:
-                parent = parent_context(m.headers)
+                parent = self._parent(key, m)
                 if parent is not None:
                     ctx = _otel.get_current_span(parent).get_span_context()
                     links.append(Link(ctx, {"messaging.message.id": m.message_id}))
@@ -141,6 +144,11 @@ class ChunkTrace:
                         "aggbox.aggregate.types": types})
         self._handling: dict[_Key, Span] = {}
 
+    def _parent(self, key: _Key, msg: Message) -> Any:
+        if key not in self._parents:
+            self._parents[key] = parent_context(msg.headers)
+        return self._parents[key]
+
     def emit_headers(self, msg: Message) -> dict[str, str]:
         """The trace headers of the entries ``msg`` emits: its handling span's."""
         return format_traceparent(self._handling_span(msg))
@@ -152,7 +160,7 @@ class ChunkTrace:
             from opentelemetry.trace import SpanKind
 
             span = self._tracer.start_span(
-                f"aggbox.handle {msg.type}", context=parent_context(msg.headers),
+                f"aggbox.handle {msg.type}", context=self._parent(key, msg),
                 kind=SpanKind.CONSUMER, start_time=self._start,
                 attributes={"messaging.message.id": msg.message_id,
                             "aggbox.aggregate.type": msg.aggregate_type,
@@ -195,11 +203,9 @@ class ChunkTrace:
                     attrs[TRACEPARENT] = carried[TRACEPARENT]
             self.span.add_event(f"aggbox.{o.outcome}", attrs)
         # A message whose handler ran but did not end applied (refused by a later check,
-        # a duplicate after a conflict, …): its span ends too, with what became of it.
-        ended = {(o.aggregate_type, o.aggregate_id, o.message_id) for o in outcomes
-                 if o.outcome == "applied"}
-        for key, span in self._handling.items():
-            if key not in ended and span.is_recording():
+        # a duplicate after a conflict, …): its span, still open, ends too, saying so.
+        for span in self._handling.values():
+            if span.is_recording():  # an ended (or unsampled) span records nothing more
                 span.set_attribute("aggbox.outcome", "not_applied")
                 span.end()
         for kind, n in counts.items():

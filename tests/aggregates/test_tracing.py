@@ -242,3 +242,19 @@ def test_the_library_and_the_dispatcher_import_without_opentelemetry() -> None:
                          timeout=120, check=False, cwd=Path(__file__).resolve().parents[2])
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == PARENT
+
+
+def test_a_handler_that_ran_but_was_not_applied_ends_its_span_saying_so(
+        otel_spans: Any) -> None:
+    """The handler emitted (so its span exists), then the size check refused the message:
+    the span still ends, marked not applied, and the chunk span has the refusal's event."""
+    db = memory_database()
+    big = _traced(msg("b1", mtype="Big", payload={"size": 100_000}))
+    out = writer(db, max_document_bytes=64 * 1024).process([big])
+    assert out[0].outcome != "applied"
+    spans = otel_spans.get_finished_spans()
+    (handling,) = _handling(spans)
+    assert handling.attributes["aggbox.outcome"] == "not_applied"
+    assert handling.parent is not None and handling.parent.span_id == 0x00f067aa0ba902b7
+    (write,) = _writes(spans)
+    assert [e.attributes["messaging.message.id"] for e in write.events] == ["b1"]
