@@ -27,12 +27,23 @@ from aggregates.storeerrors import is_fatal
 from dispatcher.balance import plan
 from dispatcher.errors import check_fatal
 from dispatcher.metrics import Health, Metrics
-from dispatcher.partlease import PartitionLeases
+from dispatcher.partlease import HeartbeatLapsed, PartitionLeases
+from dispatcher.ratelimit import RateLimited
 from dispatcher.timing import Timing
 
 __all__ = ["Balancer"]
 
+
+def describe_store_error(exc: PyMongoError) -> str:
+    """One line (pymongo's topology description left out)."""
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first.split(', Timeout:')[0][:300]}"
+
 log = logging.getLogger("aggbox.dispatcher")
+
+#: A lease round slower than this fraction of the TTL is reported (a round that takes half
+#: of it leaves the heartbeat no time to be renewed before it lapses).
+SLOW_ROUND_FRACTION = 0.25
 
 #: Round period while the share is not settled (partitions to claim that others still
 #: hold, or a hand-over in progress), so joining instances get their share quickly.
@@ -69,6 +80,9 @@ class Balancer:
         self.members: tuple[str, ...] = ()
         self._settled = False
         self._task: asyncio.Task[None] | None = None
+        #: monotonic time lease rounds began to be too slow or to fail (None: they are fine)
+        self.trouble_since: float | None = None
+        self._loud = RateLimited(log, every_s=30.0, collection=name, clock=timing.monotonic)
 
     # -- what the worker reads ---------------------------------------------------------------
     def active(self) -> frozenset[int]:
@@ -158,8 +172,9 @@ class Balancer:
             except PyMongoError as exc:
                 check_fatal(exc, f"{self.name}: partition leases")
                 self._error(f"{type(exc).__name__}: {exc}")
-                log.warning("%s: partition lease round failed: %s", self.name, exc,
-                            extra={"collection": self.name})
+                self._loud.warning("failed", "%s: partition lease round failed: %s",
+                                   self.name, describe_store_error(exc))
+                self._trouble(True)
                 self._settled = True  # back to the normal period: no tight retry loop
             await asyncio.sleep(self._next_delay())
 
@@ -174,16 +189,17 @@ class Balancer:
         """One round (public for tests)."""
         leases = self.leases
         before = self.active()
+        started = self.timing.monotonic()
         await leases.ensure()
-        await leases.heartbeat(published=self._published())
-        sent = await leases.renew()
+        lapsed = await leases.heartbeat(published=self._published())
         members, views = await leases.read()
         self._contact()
         if self._on_members is not None:
             self._on_members(leases)
         self.rounds += 1
-        lost = leases.confirm(views, sent)
-        if lost:
+        lost = leases.confirm(views)
+        self._report_round(self.timing.monotonic() - started, lapsed)
+        if lost and lapsed is None:
             self.metrics.handovers.labels(self.name, "lost").inc(len(lost))
             log.warning("%s: %d partition(s) taken over by others after our lease expired",
                         self.name, len(lost), extra={"collection": self.name})
@@ -196,7 +212,11 @@ class Balancer:
         idle = surplus - self._publishing()
         self.release_wanted = surplus - idle
         await self._release(idle)
-        claimed = await leases.claim(decided.claim, views) if decided.claim else []
+        # The first round only announces this instance: instances that start together see
+        # each other in their second round (0.5 s later) and claim toward their fair
+        # share, instead of the first one to finish a round claiming everything.
+        claim = decided.claim if self.rounds > 1 else ()
+        claimed = await leases.claim(claim, views) if claim else []
         for c in claimed:
             self.metrics.handovers.labels(self.name, f"claimed_{c.handover}").inc()
         if any(c.handover != "new" for c in claimed):
@@ -206,7 +226,51 @@ class Balancer:
                                        else c.handover for c in claimed})),
                      extra={"collection": self.name})
         held = len(leases.held)
-        self._settled = held == decided.quota and not self.release_wanted
+        self._settled = (self.rounds > 1 and held == decided.quota
+                         and not self.release_wanted)
         self.metrics.partitions_owned.labels(self.name).set(held)
         if self.active() != before or self.release_wanted:
             self.changed.set()
+
+    # -- lease health --------------------------------------------------------------------------
+    def _report_round(self, took_s: float, lapsed: HeartbeatLapsed | None) -> None:
+        """Round-trip figures, and loud words when the store is too slow for the leases:
+        a round that takes a quarter of the TTL leaves no room for the next renewal."""
+        leases, ttl = self.leases, self.leases.ttl_s
+        self.metrics.lease_round_seconds.labels(self.name).observe(took_s)
+        now = self.timing.monotonic()
+        until = leases.lease_valid_until()
+        slow = took_s > ttl * SLOW_ROUND_FRACTION
+        if lapsed is not None:
+            self.metrics.lease_lapses.labels(self.name).inc()
+            since = ("never renewed" if lapsed.since_last_s is None
+                     else f"{lapsed.since_last_s:.1f} s after the last renewal")
+            self._loud.error(
+                "lapsed", "%s: heartbeat lapsed (%s, lease_ttl_s %.4g): %d partition(s) "
+                "dropped, continuing as %s; lease round took %.2f s — the store answers too "
+                "slowly: relieve it or raise lease_ttl_s", self.name, since, ttl, lapsed.held,
+                lapsed.rejoined, took_s)
+        elif until is not None and until <= now:
+            self._loud.error(
+                "expired", "%s: lease round took %.2f s, longer than the leases stay valid "
+                "(%.2f s of lease_ttl_s %.4g): nothing is published until a round is quicker; "
+                "relieve the store or raise lease_ttl_s", self.name, took_s,
+                ttl * (1 - leases.margin), ttl)
+        elif slow:
+            self._loud.warning(
+                "slow", "%s: lease round took %.2f s, over a quarter of lease_ttl_s (%.4g s); "
+                "leases lapse when rounds near half of it: relieve the store or raise "
+                "lease_ttl_s", self.name, took_s, ttl)
+        trouble = lapsed is not None or slow or (until is not None and until <= now)
+        self._trouble(trouble)
+
+    def _trouble(self, trouble: bool) -> None:
+        now = self.timing.monotonic()
+        if trouble:
+            if self.trouble_since is None:
+                self.trouble_since = now
+        elif self.trouble_since is not None:
+            log.info("%s: lease rounds are quick again (%.1f s after trouble began)",
+                     self.name, now - self.trouble_since, extra={"collection": self.name})
+            self.trouble_since = None
+        self.health.lease_trouble(self.name, self.trouble_since)

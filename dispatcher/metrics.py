@@ -42,6 +42,7 @@ __all__ = ["Health", "Metrics", "MetricsServer"]
 
 log = logging.getLogger("aggbox.dispatcher.metrics")
 
+_LEASE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4, 8, 16, 32)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300)
 
 
@@ -79,6 +80,13 @@ class Metrics:
         self.partitions_owned = Gauge(
             p + "partitions_owned", "Partitions of the collection this instance holds a "
             "lease on.", ["collection"], registry=r)
+        self.lease_round_seconds = Histogram(
+            p + "lease_round_seconds", "Duration of a partition lease round (heartbeat, "
+            "reads, claims); above a quarter of lease_ttl_s it is logged, near half of it "
+            "leases lapse.", ["collection"], buckets=_LEASE_BUCKETS, registry=r)
+        self.lease_lapses = Counter(
+            p + "lease_lapses", "Heartbeats that could not be renewed in time: every lease "
+            "of the instance dropped (alert).", ["collection"], registry=r)
         self.effects_missing = Gauge(
             p + "effects_missing", "Effect types other live instances execute and this one "
             "does not: their entries wait here (configure the same effects everywhere).",
@@ -139,6 +147,8 @@ class WorkerHealth:
     #: last successful MongoDB round trip (start-up counts, so a new worker has a grace period)
     last_contact: float = field(default_factory=time.monotonic)
     error: str | None = None
+    #: since when (monotonic) lease rounds are too slow or fail; None while they are fine
+    lease_trouble_since: float | None = None
 
 
 class Health:
@@ -146,8 +156,11 @@ class Health:
     :meth:`contact` after each successful MongoDB round trip).
 
     A worker is healthy while its role is starting, standby or active, it beat within
-    ``stale_after_s`` and it reached MongoDB within ``unhealthy_after_s`` — a loop that only
-    retries failing server calls still beats, so the beat alone proves nothing."""
+    ``stale_after_s``, it reached MongoDB within ``unhealthy_after_s`` — a loop that only
+    retries failing server calls still beats, so the beat alone proves nothing — and its
+    partition lease rounds have not been too slow (or failing) for longer than
+    ``unhealthy_after_s`` (a store too slow for the leases answers, yet nothing is
+    published)."""
 
     def __init__(self, *, stale_after_s: float = 60.0, unhealthy_after_s: float = 30.0
                  ) -> None:
@@ -169,6 +182,10 @@ class Health:
         w = self.workers.setdefault(collection, WorkerHealth())
         w.last_contact = time.monotonic()
 
+    def lease_trouble(self, collection: str, since: float | None) -> None:
+        """Lease rounds are too slow or fail since ``since`` (None: fine again)."""
+        self.workers.setdefault(collection, WorkerHealth()).lease_trouble_since = since
+
     def fail(self, collection: str, error: str) -> None:
         w = self.workers.setdefault(collection, WorkerHealth())
         w.role, w.error = "failed", error
@@ -180,11 +197,15 @@ class Health:
         for name, w in self.workers.items():
             age = now - w.last_beat
             silent = now - w.last_contact
+            trouble = (0.0 if w.lease_trouble_since is None
+                       else now - w.lease_trouble_since)
             healthy = (w.role in ("standby", "active", "starting") and age <= self.stale_after_s
-                       and silent <= self.unhealthy_after_s)
+                       and silent <= self.unhealthy_after_s
+                       and trouble <= self.unhealthy_after_s)
             ok = ok and healthy
             workers[name] = {"role": w.role, "mode": w.mode, "seconds_since_progress":
                              round(age, 3), "seconds_since_server_contact": round(silent, 3),
+                             "seconds_of_lease_trouble": round(trouble, 3),
                              "healthy": healthy, "error": w.error}
         return ok, {"status": "ok" if ok else "unhealthy", "collections": workers}
 

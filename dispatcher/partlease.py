@@ -2,23 +2,32 @@
 "Scale-out: partitions and leases"; the rule deciding what to claim or release is
 :mod:`dispatcher.balance`).
 
-Two collections, one document per (collection, partition) and per (collection, instance):
+Two collections, one document per (collection, partition) and per (collection, member):
 
-- leases ``{_id: join_parts(db, collection, str(p)), scope, partition, owner (None once
-  released), expires_at, epoch, since, previous, handover, handed_at}``: ``epoch`` is
-  incremented by every claim — the fencing token that publishes carry;
-- members ``{_id: join_parts(db, collection, instance), scope, instance, host, pid,
-  started_at, heartbeat_at, expires_at, partitions, published, effects}`` (``effects``: the
-  effect types the instance executes, dispatcher/effects/guard.py).
+- members ``{_id: join_parts(db, collection, member), scope, instance, member, host, pid,
+  started_at, heartbeat_at, expires_at, partitions, published, effects}``: the heartbeat,
+  and the validity of every lease the member holds. ``member`` is the instance id, with
+  ``#<n>`` appended for the n-th incarnation (n ≥ 2) after a heartbeat lapsed;
+  ``effects``: the effect types the instance executes (dispatcher/effects/guard.py);
+- leases ``{_id: join_parts(db, collection, str(p)), scope, partition, owner (a member;
+  None once released), epoch, since, previous, handover, handed_at, released_by,
+  released_at}``: ``epoch`` is incremented by every claim — the fencing token that
+  publishes carry. A lease is live while its owner's heartbeat is.
 
-Every write that gives or keeps a lease is one atomic conditional write per document, so
-the store never has two owners for one partition: a claim matches only a free lease
-(``owner`` None or ``expires_at`` at or before the claimer's clock), a renewal only the
-holder's own. The holder counts a lease as held until ``ttl`` after it *sent* the renewal,
-minus a margin (:func:`dispatcher.balance.valid_until`), so it stops before a claimer may
-take it over. A lease taken over after expiry (not released) is published only
-``grace_s`` after the claim: time for whatever the previous holder had already handed to
-its producer to settle.
+A renewal round writes one document — the heartbeat — however many partitions the member
+holds; a lease document is written only when it changes hands (claim, release, takeover).
+The heartbeat is extended only while it still has more than ``margin · ttl`` to run on the
+member's own clock (a conditional update); once it lapsed, the member never extends it
+again, drops every lease and starts over under a new member name, so the leases of the
+lapsed name stay free for anyone. A claim is a compare-and-set on the lease's (owner,
+epoch) as read, made only when the owner is not a live member: as long as the hosts'
+clocks agree within ``margin · ttl``, a member whose heartbeat a claimer saw expired can no
+longer extend it (docs/design.md gives the argument), so the store never has two live
+owners for one partition. The holder counts its leases as held until ``ttl`` after it
+*sent* its last successful heartbeat, minus the margin (:func:`dispatcher.balance.
+valid_until`), so it stops before a claimer may take them over. A lease taken over from a
+member whose heartbeat expired (not released) is published only ``grace_s`` after the
+claim: time for whatever the previous holder had already handed to its producer to settle.
 """
 
 from __future__ import annotations
@@ -41,12 +50,9 @@ from aggregates.keys import join_parts
 from aggregates.partitions import PARTITIONS
 from dispatcher.balance import LeaseView, valid_until
 
-__all__ = ["Claimed", "PartitionLeases", "default_instance_id"]
+__all__ = ["Claimed", "HeartbeatLapsed", "PartitionLeases", "default_instance_id"]
 
 log = logging.getLogger("aggbox.dispatcher.lease")
-
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-
 
 def default_instance_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -73,8 +79,27 @@ class Claimed:
     previous: str | None
 
 
+@dataclass(frozen=True, slots=True)
+class HeartbeatLapsed:
+    """The heartbeat could not be extended: it had (nearly) expired. Every lease of
+    ``member`` is gone; the instance continues as ``rejoined``."""
+
+    member: str
+    rejoined: str
+    #: seconds since the last successful heartbeat was sent (None: never sent one)
+    since_last_s: float | None
+    held: int
+
+
+#: How long a member document stays after its heartbeat expired (so ``aggbox
+#: dispatch-status`` shows a killed instance as DEAD for a while), at least.
+DEAD_MEMBER_RETENTION_S = 300.0
+
+
 class PartitionLeases:
-    """The leases of one collection's partitions, from the point of view of ``owner``."""
+    """The leases of one collection's partitions, from the point of view of one instance.
+
+    ``owner`` is the name the instance holds leases under (its current incarnation)."""
 
     def __init__(self, leases: AsyncCollection[Any], members: AsyncCollection[Any], *,
                  database: str, collection: str, owner: str, ttl_s: float,
@@ -85,12 +110,15 @@ class PartitionLeases:
         self.leases = leases
         #: the effect types this instance executes, announced in its heartbeat
         self.effect_types = frozenset(effect_types)
-        #: from the last :meth:`read`: instance → (heartbeat expiry, its effect types)
+        #: from the last :meth:`read`: member → (heartbeat expiry, its effect types)
         self.member_effects: dict[str, tuple[datetime, frozenset[str]]] = {}
         self.members = members
         self.database = database
         self.collection = collection
         self.scope = f"{database}.{collection}"
+        #: the instance id as configured; ``owner`` adds the incarnation
+        self.instance = owner
+        self.incarnation = 1
         self.owner = owner
         self.ttl_s = ttl_s
         self.grace_s = grace_s
@@ -104,14 +132,22 @@ class PartitionLeases:
         self.not_before: dict[int, float] = {}
         #: partition → lease epoch of our claim (the fencing token)
         self.epochs: dict[int, int] = {}
+        #: partition → who released it last (from the last :meth:`read`)
+        self.released_by: dict[int, str] = {}
         self.started_at = clock()
+        #: monotonic time the last successful heartbeat was sent; None before the first
+        self.last_heartbeat_sent: float | None = None
+        #: round trip of the last successful heartbeat (seconds)
+        self.last_round_trip_s: float | None = None
+        self.retention_s = max(DEAD_MEMBER_RETENTION_S, 10 * ttl_s)
+        self._registered = False
         self._ensured = False
 
     def key(self, partition: int) -> str:
         return join_parts(self.database, self.collection, str(partition))
 
-    def _member_key(self) -> str:
-        return join_parts(self.database, self.collection, self.owner)
+    def _member_key(self, member: str | None = None) -> str:
+        return join_parts(self.database, self.collection, member or self.owner)
 
     # -- what may be published now ---------------------------------------------------------
     def publishable(self) -> frozenset[int]:
@@ -130,6 +166,12 @@ class PartitionLeases:
         ends = [t for t in self.not_before.values() if t > now]
         return min(ends) if ends else None
 
+    def lease_valid_until(self) -> float | None:
+        """Until when (monotonic) the leases held count, from the last heartbeat."""
+        if self.last_heartbeat_sent is None:
+            return None
+        return valid_until(self.last_heartbeat_sent, self.ttl_s, self.margin)
+
     # -- store round trips -------------------------------------------------------------------
     async def ensure(self) -> None:
         """Create the lease documents that do not exist yet (free). Idempotent; racing
@@ -137,7 +179,7 @@ class PartitionLeases:
         if self._ensured:
             return
         docs = [{"_id": self.key(p), "scope": self.scope, "partition": p, "owner": None,
-                 "expires_at": _EPOCH, "epoch": 0} for p in range(self.partitions)]
+                 "epoch": 0} for p in range(self.partitions)]
         existing = {d["_id"] async for d in self.leases.find({"scope": self.scope}, {"_id": 1})}
         missing = [d for d in docs if d["_id"] not in existing]
         if missing:
@@ -148,61 +190,110 @@ class PartitionLeases:
                     raise
         self._ensured = True
 
-    async def heartbeat(self, *, published: int = 0) -> None:
-        now = self._clock()
-        await self.members.update_one(
-            {"_id": self._member_key()},
-            {"$set": {"scope": self.scope, "instance": self.owner, "host": socket.gethostname(),
-                      "pid": os.getpid(), "heartbeat_at": now,
-                      "expires_at": now + timedelta(seconds=self.ttl_s),
-                      "partitions": sorted(self.held), "published": published,
-                      "effects": sorted(self.effect_types)},
-             "$setOnInsert": {"started_at": self.started_at}},
-            upsert=True)
+    def _heartbeat_fields(self, now: datetime, published: int) -> dict[str, Any]:
+        return {"scope": self.scope, "instance": self.instance, "member": self.owner,
+                "host": socket.gethostname(), "pid": os.getpid(), "heartbeat_at": now,
+                "expires_at": now + timedelta(seconds=self.ttl_s),
+                "partitions": sorted(self.held), "published": published,
+                "effects": sorted(self.effect_types)}
 
-    async def renew(self) -> float:
-        """Extend every lease this instance owns in the store. Returns the monotonic time the
-        renewal was sent (what :meth:`confirm` counts validity from)."""
+    async def heartbeat(self, *, published: int = 0) -> HeartbeatLapsed | None:
+        """Extend this member's heartbeat — the validity of every lease it holds — with one
+        conditional write. Returns what happened when it had lapsed (the instance then
+        continues under a new member name, holding nothing)."""
         sent = self._monotonic()
         now = self._clock()
-        await self.leases.update_many(
-            {"scope": self.scope, "owner": self.owner},
-            {"$set": {"expires_at": now + timedelta(seconds=self.ttl_s)}})
-        return sent
+        fields = self._heartbeat_fields(now, published)
+        lapsed: HeartbeatLapsed | None = None
+        if self._registered:
+            # Only while more than the margin is left on our own clock: a claimer that saw
+            # the heartbeat expired on its clock (at most margin·ttl ahead) can then be sure
+            # it is never extended again (docs/design.md "Scale-out").
+            result = await self.members.update_one(
+                {"_id": self._member_key(), "member": self.owner,
+                 "expires_at": {"$gt": now + timedelta(seconds=self.margin * self.ttl_s)}},
+                {"$set": fields})
+            if result.matched_count == 1:
+                self._renewed(sent)
+                return None
+            lapsed = self._rejoin(sent)
+            fields = self._heartbeat_fields(now, published)
+        await self.members.update_one(
+            {"_id": self._member_key()},
+            {"$set": fields, "$setOnInsert": {"started_at": self.started_at}}, upsert=True)
+        self._registered = True
+        self._renewed(sent)
+        return lapsed
+
+    def _renewed(self, sent: float) -> None:
+        self.last_heartbeat_sent = sent
+        self.last_round_trip_s = max(0.0, self._monotonic() - sent)
+
+    def _rejoin(self, sent: float) -> HeartbeatLapsed:
+        """The heartbeat lapsed: drop everything, continue as the next incarnation."""
+        before = self.owner
+        since = None if self.last_heartbeat_sent is None else sent - self.last_heartbeat_sent
+        held = len(self.held)
+        self.forget_some(list(self.held))
+        self.incarnation += 1
+        self.owner = f"{self.instance}#{self.incarnation}"
+        self.last_heartbeat_sent = None
+        log.debug("%s: heartbeat of %s lapsed; continuing as %s", self.scope, before,
+                  self.owner)
+        return HeartbeatLapsed(before, self.owner, since, held)
 
     async def read(self) -> tuple[dict[str, datetime], dict[int, LeaseView]]:
-        """Live-or-not members (instance → heartbeat expiry) and every lease of the scope."""
+        """Members (member → heartbeat expiry, live or not) and every lease of the scope,
+        each lease's expiry being its owner's heartbeat expiry (None: no such member).
+        Member documents expired for longer than the retention are removed (a write only
+        when there are some)."""
         members: dict[str, datetime] = {}
         effects: dict[str, tuple[datetime, frozenset[str]]] = {}
+        now = self._clock()
+        stale: list[Any] = []
         async for m in self.members.find({"scope": self.scope},
-                                         {"instance": 1, "expires_at": 1, "effects": 1}):
+                                         {"instance": 1, "member": 1, "expires_at": 1,
+                                          "effects": 1}):
             exp = _aware(m.get("expires_at"))
-            if isinstance(m.get("instance"), str) and exp is not None:
-                members[m["instance"]] = exp
-                types = m.get("effects")
-                effects[m["instance"]] = (exp, frozenset(
-                    t for t in types if isinstance(t, str)) if isinstance(types, list)
-                    else frozenset())
+            name = m.get("member", m.get("instance"))
+            if not isinstance(name, str) or exp is None:
+                continue
+            if exp + timedelta(seconds=self.retention_s) < now and name != self.owner:
+                stale.append(m["_id"])
+                continue
+            members[name] = exp
+            types = m.get("effects")
+            effects[name] = (exp, frozenset(t for t in types if isinstance(t, str))
+                             if isinstance(types, list) else frozenset())
         self.member_effects = effects
         leases: dict[int, LeaseView] = {}
+        released: dict[int, str] = {}
         async for d in self.leases.find({"scope": self.scope},
-                                        {"partition": 1, "owner": 1, "expires_at": 1,
-                                         "epoch": 1}):
+                                        {"partition": 1, "owner": 1, "epoch": 1,
+                                         "released_by": 1}):
             p = d.get("partition")
             if isinstance(p, int) and 0 <= p < self.partitions:
                 owner = d.get("owner")
-                leases[p] = LeaseView(p, owner if isinstance(owner, str) else None,
-                                      _aware(d.get("expires_at")), int(d.get("epoch") or 0))
+                owner = owner if isinstance(owner, str) else None
+                leases[p] = LeaseView(p, owner, members.get(owner) if owner else None,
+                                      int(d.get("epoch") or 0))
+                if isinstance(d.get("released_by"), str):
+                    released[p] = d["released_by"]
+        self.released_by = released
+        if stale:
+            await self.members.delete_many(
+                {"_id": {"$in": stale},
+                 "expires_at": {"$lt": now - timedelta(seconds=self.retention_s)}})
         return members, leases
 
-    def confirm(self, leases: Mapping[int, LeaseView], sent: float) -> set[int]:
-        """After :meth:`renew` (sent at ``sent``) and :meth:`read`: the leases the store
-        says are ours are held until ``valid_until(sent)``; the others are dropped.
-        Returns the partitions lost since the last round."""
+    def confirm(self, leases: Mapping[int, LeaseView]) -> set[int]:
+        """After :meth:`heartbeat` and :meth:`read`: the leases the store says are ours are
+        held until the heartbeat's validity ends; the others are dropped. Returns the
+        partitions lost since the last round."""
         ours = {p for p, v in leases.items() if v.owner == self.owner}
         lost = set(self.held) - ours
-        until = valid_until(sent, self.ttl_s, self.margin)
-        self.held = {p: until for p in ours}
+        until = self.lease_valid_until()
+        self.held = {p: until for p in ours} if until is not None else {}
         for p in lost:
             self.not_before.pop(p, None)
             self.epochs.pop(p, None)
@@ -212,43 +303,46 @@ class PartitionLeases:
 
     async def claim(self, wanted: Iterable[int], seen: Mapping[int, LeaseView]
                     ) -> list[Claimed]:
-        """Try to take the free ones among ``wanted`` (one conditional update for all; each
-        document is matched atomically). ``seen`` is the lease state they were chosen from
-        (it tells how each was handed over)."""
-        ids = {self.key(p): p for p in wanted}
-        if not ids:
-            return []
-        sent = self._monotonic()
+        """Try to take ``wanted`` (free as of ``seen``: no owner, or an owner whose heartbeat
+        expired): one compare-and-set per lease on the (owner, epoch) read, all in one
+        unordered bulk write; then read back which succeeded."""
+        until = self.lease_valid_until()
+        if until is None or until <= self._monotonic():
+            return []  # no heartbeat to hold them under
+        chosen: dict[int, Claimed] = {}
+        ops = []
         now = self._clock()
-        await self.leases.update_many(
-            {"_id": {"$in": list(ids)},
-             "$or": [{"owner": None}, {"expires_at": {"$lte": now}}]},
-            {"$set": {"owner": self.owner, "expires_at": now + timedelta(seconds=self.ttl_s),
-                      "since": now, "handed_at": now},
-             "$inc": {"epoch": 1}})
-        got: list[Claimed] = []
-        until = valid_until(sent, self.ttl_s, self.margin)
-        async for d in self.leases.find({"_id": {"$in": list(ids)}, "owner": self.owner},
-                                        {"partition": 1, "epoch": 1}):
-            p = int(d["partition"])
+        for p in wanted:
             before = seen.get(p)
-            if before is None or (before.owner is None and before.epoch == 0):
-                kind, previous = "new", None
-            elif before.owner is None:
-                kind, previous = "released", None
+            if before is None:
+                continue  # no lease document (ensure() creates them all): next round
+            if before.owner is None:
+                kind = "new" if before.epoch == 0 else "released"
+                previous = self.released_by.get(p) if kind == "released" else None
             else:
                 kind, previous = "expired", before.owner
-            got.append(Claimed(p, int(d.get("epoch") or 0), kind, previous))
+            chosen[p] = Claimed(p, before.epoch + 1, kind, previous)
+            ops.append(UpdateOne(
+                {"_id": self.key(p), "owner": before.owner, "epoch": before.epoch},
+                {"$set": {"owner": self.owner, "since": now, "handed_at": now,
+                          "handover": kind, "previous": previous},
+                 "$inc": {"epoch": 1}}))
+        if not ops:
+            return []
+        sent = self._monotonic()
+        await self.leases.bulk_write(ops, ordered=False)
+        got: list[Claimed] = []
+        async for d in self.leases.find({"_id": {"$in": [self.key(p) for p in chosen]},
+                                         "owner": self.owner}, {"partition": 1, "epoch": 1}):
+            p = int(d["partition"])
+            c = chosen.get(p)
+            if c is None or int(d.get("epoch") or 0) != c.epoch:
+                continue
+            got.append(c)
             self.held[p] = until
-            self.epochs[p] = int(d.get("epoch") or 0)
-            if kind == "expired" and self.grace_s > 0:
+            self.epochs[p] = c.epoch
+            if c.handover == "expired" and self.grace_s > 0:
                 self.not_before[p] = sent + self.grace_s
-        if got:
-            await self.leases.bulk_write(
-                [UpdateOne({"_id": self.key(c.partition), "owner": self.owner,
-                            "epoch": c.epoch},
-                           {"$set": {"handover": c.handover, "previous": c.previous}})
-                 for c in got], ordered=False)
         return got
 
     async def release(self, partitions: Iterable[int]) -> None:
@@ -259,14 +353,14 @@ class PartitionLeases:
         if parts:
             await self.leases.update_many(
                 {"_id": {"$in": [self.key(p) for p in parts]}, "owner": self.owner},
-                {"$set": {"owner": None, "expires_at": _EPOCH,
+                {"$set": {"owner": None, "released_by": self.owner,
                           "released_at": self._clock()}})
 
     async def leave(self) -> None:
         """Graceful stop: release everything and remove the heartbeat."""
         self.forget_some(list(self.held))
         await self.leases.update_many({"scope": self.scope, "owner": self.owner},
-                                      {"$set": {"owner": None, "expires_at": _EPOCH,
+                                      {"$set": {"owner": None, "released_by": self.owner,
                                                 "released_at": self._clock()}})
         await self.members.delete_one({"_id": self._member_key()})
 

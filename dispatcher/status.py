@@ -11,7 +11,7 @@ and, with ONE aggregation on the collection, the pending outbox entries per part
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -90,6 +90,8 @@ class InstanceStatus:
     pid: int | None = None
     #: its member document has not expired
     live: bool = False
+    #: when its heartbeat (and with it every lease it holds) expires
+    expires_at: datetime | None = None
     heartbeat_age_s: float | None = None
     started_at: datetime | None = None
     published: int | None = None
@@ -197,17 +199,24 @@ def read_status(db: Database[Any], collection: str, *,
     status = DispatchStatus(database=db.name, collection=collection, now=now,
                             partitions=partitions)
 
+    instances: dict[str, InstanceStatus] = {}
+    for doc in db[member_collection].find({"scope": scope}):
+        member = _member(doc, now)
+        if member is not None:
+            instances[member.instance] = member
+            member.live = member.expires_at is not None and member.expires_at > now
+
+    # A lease is live while its owner's heartbeat is (dispatcher/partlease.py).
     owners: dict[int, str] = {}  # partition → owner of its live lease
     latest: Handover | None = None
-    fields = {f: 1 for f in ("partition", "owner", "expires_at", "epoch", "previous",
-                             "handover", "handed_at", "since")}
+    fields = {f: 1 for f in ("partition", "owner", "epoch", "previous", "handover",
+                             "handed_at", "since")}
     for doc in db[partition_collection].find({"scope": scope}, fields):
         p = doc.get("partition")
         if not isinstance(p, int) or not 0 <= p < partitions:
             continue
         owner = doc.get("owner")
-        expires = _opt_utc(doc.get("expires_at"))
-        if isinstance(owner, str) and expires is not None and expires > now:
+        if isinstance(owner, str) and owner in instances and instances[owner].live:
             owners[p] = owner
         kind = doc.get("handover")
         at = _opt_utc(doc.get("handed_at")) or _opt_utc(doc.get("since"))
@@ -215,33 +224,13 @@ def read_status(db: Database[Any], collection: str, *,
             continue  # never handed over, or released since (no current owner)
         if latest is None or at > latest.at:
             epoch = doc.get("epoch")
-            latest = Handover(partition=p, previous=doc.get("previous"), owner=owner,
-                              kind=str(kind), at=at,
+            previous = doc.get("previous")
+            latest = Handover(partition=p, previous=previous if isinstance(previous, str)
+                              else None, owner=owner, kind=str(kind), at=at,
                               epoch=epoch if isinstance(epoch, int) else None)
     status.last_handover = latest
     status.unowned = [p for p in range(partitions) if p not in owners]
 
-    instances: dict[str, InstanceStatus] = {}
-    for doc in db[member_collection].find({"scope": scope}):
-        name = doc.get("instance")
-        if not isinstance(name, str):
-            continue
-        expires = _opt_utc(doc.get("expires_at"))
-        heartbeat = _opt_utc(doc.get("heartbeat_at"))
-        pid = doc.get("pid")
-        published = doc.get("published")
-        reported = doc.get("partitions")
-        effects = doc.get("effects")
-        instances[name] = InstanceStatus(
-            instance=name, host=doc.get("host"), pid=pid if isinstance(pid, int) else None,
-            live=expires is not None and expires > now,
-            heartbeat_age_s=_age(heartbeat, now),
-            started_at=_opt_utc(doc.get("started_at")),
-            published=published if isinstance(published, int) else None,
-            reported=sorted(x for x in reported if isinstance(x, int))
-            if isinstance(reported, list) else [],
-            effects=sorted(x for x in effects if isinstance(x, str))
-            if isinstance(effects, list) else [])
     for p, owner in sorted(owners.items()):
         instances.setdefault(owner, InstanceStatus(instance=owner)).partitions.append(p)
 
@@ -273,6 +262,25 @@ def read_status(db: Database[Any], collection: str, *,
     status.fair = fair({i.instance: len(i.partitions) for i in status.instances if i.live},
                        partitions)
     return status
+
+
+def _member(doc: Mapping[str, Any], now: datetime) -> InstanceStatus | None:
+    """One member document (an instance's heartbeat), or None when it names no member."""
+    name = doc.get("member", doc.get("instance"))
+    if not isinstance(name, str):
+        return None
+    pid, published = doc.get("pid"), doc.get("published")
+    reported, effects = doc.get("partitions"), doc.get("effects")
+    return InstanceStatus(
+        instance=name, host=doc.get("host"), pid=pid if isinstance(pid, int) else None,
+        expires_at=_opt_utc(doc.get("expires_at")),
+        heartbeat_age_s=_age(_opt_utc(doc.get("heartbeat_at")), now),
+        started_at=_opt_utc(doc.get("started_at")),
+        published=published if isinstance(published, int) else None,
+        reported=sorted(x for x in reported if isinstance(x, int))
+        if isinstance(reported, list) else [],
+        effects=sorted(x for x in effects if isinstance(x, str))
+        if isinstance(effects, list) else [])
 
 
 def _utc(value: datetime) -> datetime:

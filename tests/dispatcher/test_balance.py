@@ -4,8 +4,13 @@ the instances' rounds checked with hypothesis.
 The model (:class:`Cluster`) simulates, in memory, the I/O around :func:`plan` described in
 docs/design.md "Scale-out: partitions and leases": a true time ``T`` (the monotonic clock of
 every instance), a wall clock per instance skewed by at most ``margin * ttl / 2`` (so two
-clocks differ by at most ``margin * ttl``), a lease table, a member table and, per instance,
-the partitions it counts as held (partition → ``valid_until`` on its monotonic clock). Each
+clocks differ by at most ``margin * ttl``), a lease table (owner, epoch), a member table
+(heartbeat expiry, extended only while more than the margin is left on the member's own
+clock; a lapsed member rejoins under a new name) and, per instance, the partitions it
+counts as held (partition → ``valid_until`` of its last heartbeat on its monotonic clock).
+A round's claims are compare-and-sets on what it read, and may land after other instances'
+rounds (``begin`` / ``finish``, ``overlap``): without the margin on the heartbeat's
+renewal this model finds two holders of one partition. Each
 action is atomic (each store write is). Time is counted in ticks of 1/64 s: exact both as
 binary floats and as microseconds, so comparisons at the exact bounds are exact; skews are
 drawn mostly at the bounds, and a "jump" action advances to (a tick around) the next instant
@@ -219,15 +224,33 @@ EXPIRED_EVERYWHERE = int(TTL * (1 + MARGIN) * TICKS_PER_S) + 1
 @dataclass
 class Lease:
     owner: str | None
-    expires_at: datetime
     epoch: int
+
+
+@dataclass
+class Pending:
+    """A round between its read and its claims (the claims are compare-and-sets on what was
+    read, sent later)."""
+
+    views: dict[int, LeaseView]
+    claim: tuple[int, ...]
 
 
 @dataclass
 class Instance:
     name: str
     skew: int  # ticks
+    #: the member name it holds leases under (``name``, then ``name#2`` … after a lapse)
+    owner: str = ""
+    incarnation: int = 1
+    registered: bool = False
+    #: monotonic time its last successful heartbeat was sent
+    sent: float | None = None
     held: dict[int, float] = field(default_factory=dict)
+    pending: Pending | None = None
+
+    def __post_init__(self) -> None:
+        self.owner = self.owner or self.name
 
 
 class ModelError(AssertionError):
@@ -235,17 +258,20 @@ class ModelError(AssertionError):
 
 
 class Cluster:
-    def __init__(self, partitions: int, *, renew_all_owned: bool) -> None:
+    """The store as dispatcher/partlease.py uses it: one heartbeat per member, extended
+    only while more than ``margin · ttl`` is left on the member's clock; leases with an
+    owner and an epoch, live while the owner's heartbeat is; claims are compare-and-sets on
+    (owner, epoch) as read, possibly sent long after the read (``begin`` / ``finish``)."""
+
+    def __init__(self, partitions: int) -> None:
         self.partitions = partitions
-        #: True: a round renews every lease the store says is ours and then holds them all
-        #: (dispatcher/partlease.py renew + confirm); False: only those it holds (the brief)
-        self.renew_all_owned = renew_all_owned
         self.t = 0  # ticks of true time
-        self.leases: dict[int, Lease] = {}
+        self.leases: dict[int, Lease] = {p: Lease(None, 0) for p in range(partitions)}
         self.members: dict[str, datetime] = {}
         self.live: dict[str, Instance] = {}
         self.joined = 0
-        self.trace: list[str] = [f"P={partitions} renew_all_owned={renew_all_owned}"]
+        self.lapses = 0
+        self.trace: list[str] = [f"P={partitions}"]
         self._last: dict[int, tuple[str | None, int]] = {}
         self._epoch_owner: dict[tuple[int, int], str] = {}
 
@@ -288,13 +314,12 @@ class Cluster:
 
     def upcoming(self) -> list[int]:
         """The coming instants (ticks) at which something changes: a held lease lapses, a
-        lease or a heartbeat expires on some live instance's clock."""
+        heartbeat expires (or nears its margin) on some live instance's clock."""
         events = {int(until * TICKS_PER_S) for inst in self.live.values()
                   for until in inst.held.values()}
-        expiries = [lz.expires_at for lz in self.leases.values() if lz.owner is not None]
-        expiries += self.members.values()
-        events |= {self.ticks(exp) - inst.skew for exp in expiries
-                   for inst in self.live.values()}
+        margin = int(MARGIN * TTL * TICKS_PER_S)
+        events |= {self.ticks(exp) - inst.skew - m for exp in self.members.values()
+                   for inst in self.live.values() for m in (0, margin)}
         return sorted(e for e in events if e > self.t)
 
     def jump(self, index: int, offset: int) -> None:
@@ -314,32 +339,43 @@ class Cluster:
     def leave(self, inst: Instance) -> None:
         inst.held.clear()  # stop publishing everything
         for lz in self.leases.values():
-            if lz.owner == inst.name:
+            if lz.owner == inst.owner:
                 lz.owner = None
-        self.members.pop(inst.name, None)
+        self.members.pop(inst.owner, None)
         del self.live[inst.name]
         self.log(f"leave {inst.name}")
 
-    def round(self, inst: Instance) -> None:
-        me, mono, now = inst.name, self.mono, self.wall(inst)
-        self.members[me] = now + TTL_D
-        until = valid_until(mono, TTL, MARGIN)
-        if self.renew_all_owned:
-            for lz in self.leases.values():
-                if lz.owner == me:
-                    lz.expires_at = now + TTL_D
-            inst.held = {p: until for p, lz in self.leases.items() if lz.owner == me}
-        else:
-            for p, held_until in list(inst.held.items()):
-                found = self.leases.get(p)
-                if held_until > mono and found is not None and found.owner == me:
-                    found.expires_at = now + TTL_D
-                    inst.held[p] = until
-                else:
-                    del inst.held[p]
-        views = {p: LeaseView(p, lz.owner, lz.expires_at, lz.epoch)
-                 for p, lz in self.leases.items()}
+    def heartbeat(self, inst: Instance) -> None:
+        mono, now = self.mono, self.wall(inst)
+        if inst.registered:
+            exp = self.members.get(inst.owner)
+            if exp is not None and exp > now + timedelta(seconds=MARGIN * TTL):
+                self.members[inst.owner] = now + TTL_D
+                inst.sent = mono
+                return
+            # lapsed: everything dropped, a new member name
+            inst.held.clear()
+            inst.incarnation += 1
+            inst.owner = f"{inst.name}#{inst.incarnation}"
+            self.lapses += 1
+            self.log(f"lapse {inst.name}: now {inst.owner}")
+        self.members[inst.owner] = now + TTL_D
+        inst.registered = True
+        inst.sent = mono
+
+    def views(self) -> dict[int, LeaseView]:
+        return {p: LeaseView(p, lz.owner, self.members.get(lz.owner) if lz.owner else None,
+                             lz.epoch) for p, lz in self.leases.items()}
+
+    def begin(self, inst: Instance) -> None:
+        """Heartbeat, read, confirm, plan, release; the claims are left pending."""
+        self.heartbeat(inst)
+        me, now = inst.owner, self.wall(inst)
+        assert inst.sent is not None
+        until = valid_until(inst.sent, TTL, MARGIN)
+        views = self.views()
         members = dict(self.members)
+        inst.held = {p: until for p, v in views.items() if v.owner == me}
         decided = plan(me=me, now=now, members=members, leases=views,
                        partitions=self.partitions)
         self.check_plan(decided, me, now, members, views)
@@ -348,21 +384,32 @@ class Cluster:
             lz = self.leases[p]
             if lz.owner == me:
                 lz.owner = None
+        inst.pending = Pending(views, decided.claim)
+        self.log(f"begin {inst.name} as {me}: members={','.join(decided.members)} "
+                 f"quota={decided.quota} keep={sorted(decided.keep)} "
+                 f"release={sorted(decided.release)} claim={list(decided.claim)}")
+
+    def finish(self, inst: Instance) -> None:
+        """The pending claims: compare-and-set on (owner, epoch) as read."""
+        pending, inst.pending = inst.pending, None
+        if pending is None or inst.sent is None:
+            return
+        until = valid_until(inst.sent, TTL, MARGIN)
+        if until <= self.mono:
+            return  # no heartbeat to hold them under (PartitionLeases.claim)
         claimed = []
-        for p in decided.claim:
-            current = self.leases.get(p)
-            if current is None:
-                self.leases[p] = Lease(me, now + TTL_D, 1)
-            elif current.owner is None or current.expires_at <= now:
-                current.owner, current.expires_at = me, now + TTL_D
-                current.epoch += 1
-            else:
-                continue  # lost the race (not in this atomic model: plan read just now)
-            inst.held[p] = until
-            claimed.append(p)
-        self.log(f"round {me}: members={','.join(decided.members)} quota={decided.quota} "
-                 f"keep={sorted(decided.keep)} release={sorted(decided.release)} "
-                 f"claimed={claimed} held={sorted(inst.held)}")
+        for p in pending.claim:
+            seen, lz = pending.views[p], self.leases[p]
+            if lz.owner == seen.owner and lz.epoch == seen.epoch:
+                lz.owner = inst.owner
+                lz.epoch += 1
+                inst.held[p] = until
+                claimed.append(p)
+        self.log(f"finish {inst.name}: claimed={claimed} held={sorted(inst.held)}")
+
+    def round(self, inst: Instance) -> None:
+        self.begin(inst)
+        self.finish(inst)
 
     # -- checks ---------------------------------------------------------------------------
     def check_plan(self, decided: Plan, me: str, now: datetime, members: dict[str, datetime],
@@ -397,7 +444,7 @@ class Cluster:
                     raise self.fail(f"(a) partition {p} held by {holders[p]} and {inst.name}")
                 holders[p] = inst.name
                 lz = self.leases.get(p)
-                if lz is None or lz.owner != inst.name:
+                if lz is None or lz.owner != inst.owner:
                     raise self.fail(f"(a) {inst.name} holds {p} but the lease is {lz}")
         for p, lz in self.leases.items():
             owner, epoch = self._last.get(p, (None, 0))
@@ -418,12 +465,12 @@ class Cluster:
                 for p in range(self.partitions)}
 
     def converged(self) -> bool:
-        names = list(self.live)
+        names = [i.owner for i in self.live.values()]
         counts = dict.fromkeys(names, 0)
         for holders in self.holdings().values():
             if len(holders) != 1:
                 return False
-            counts[holders[0]] += 1
+            counts[self.live[holders[0]].owner] += 1
         if any(counts[n] != quota(n, names, self.partitions) for n in names):
             return False
         if not fair(counts, self.partitions):
@@ -477,7 +524,7 @@ steps = st.one_of(
                 int(TTL * (1 + MARGIN) + 1) * TICKS_PER_S),
     st.integers(0, 3 * int(TTL) * TICKS_PER_S),            # anything, beyond the ttl too
 )
-rounds = st.tuples(st.just("round"), who, st.just(0))
+rounds = st.tuples(st.sampled_from(["round", "round", "begin", "finish"]), who, st.just(0))
 actions: st.SearchStrategy[Action] = st.one_of(
     rounds,
     st.tuples(st.just("advance"), steps, st.just(0)),
@@ -485,6 +532,8 @@ actions: st.SearchStrategy[Action] = st.one_of(
     rounds,
     st.tuples(st.just("jump"), st.integers(0, 3), st.integers(-1, 1)),
     rounds,
+    # a claim sent after another instance's round: the read-then-compare-and-set race
+    st.tuples(st.just("overlap"), who, who),
     st.tuples(st.just("join"), skews, st.just(0)),
     st.tuples(st.just("leave"), who, st.just(0)),
     st.tuples(st.just("crash"), who, st.just(0)),
@@ -501,12 +550,25 @@ def run(cluster: Cluster, script: list[Action]) -> None:
             cluster.advance(a)
         elif kind == "jump":
             cluster.jump(a, b)
+        elif kind == "overlap":
+            first, second = cluster.pick(a), cluster.pick(b)
+            if first is None or second is None or first is second:
+                continue
+            cluster.begin(first)
+            cluster.check()
+            cluster.round(second)
+            cluster.check()
+            cluster.finish(first)
         else:
             inst = cluster.pick(a)
             if inst is None:
                 continue
             if kind == "round":
                 cluster.round(inst)
+            elif kind == "begin":
+                cluster.begin(inst)
+            elif kind == "finish":
+                cluster.finish(inst)
             elif kind == "leave":
                 cluster.leave(inst)
             elif kind == "crash":
@@ -519,13 +581,12 @@ def run(cluster: Cluster, script: list[Action]) -> None:
 @given(partitions=st.integers(1, 24),
        initial=st.lists(skews, min_size=1, max_size=MAX_LIVE),
        script=st.lists(actions, min_size=10, max_size=80),
-       renew_all_owned=st.booleans(),
        settle_step=st.integers(0, ROUND_PERIOD))
 @settings(max_examples=200, deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 def test_model_safe_and_converges(partitions: int, initial: list[int], script: list[Action],
-                                  renew_all_owned: bool, settle_step: int) -> None:
-    cluster = Cluster(partitions, renew_all_owned=renew_all_owned)
+                                  settle_step: int) -> None:
+    cluster = Cluster(partitions)
     for skew in initial:
         cluster.join(skew)
     cluster.check()
@@ -536,7 +597,7 @@ def test_model_safe_and_converges(partitions: int, initial: list[int], script: l
 def test_model_takeover_at_the_exact_clock_bound() -> None:
     """The worst case the margin covers: the holder's clock 1 s behind, the claimer's 1 s
     ahead; the claim succeeds exactly when the holder stops counting the lease."""
-    cluster = Cluster(1, renew_all_owned=False)
+    cluster = Cluster(1)
     cluster.join(-MAX_SKEW)
     cluster.join(+MAX_SKEW)
     holder, claimer = cluster.live["k0"], cluster.live["d1"]
@@ -554,9 +615,31 @@ def test_model_takeover_at_the_exact_clock_bound() -> None:
     cluster.check()
 
 
-@pytest.mark.parametrize("renew_all_owned", [False, True])
-def test_model_join_leave_crash_scenario(renew_all_owned: bool) -> None:
-    cluster = Cluster(8, renew_all_owned=renew_all_owned)
+def test_model_a_paused_holder_cannot_extend_a_heartbeat_a_claimer_saw_expired() -> None:
+    """The race of a claim sent after its read: the claimer reads the holder's heartbeat
+    expired (its clock ahead), the holder (clock behind) tries to renew before the claim
+    lands — the renewal is refused (less than the margin left on its own clock), so the
+    holder lapses and rejoins under a new name holding nothing, and the claim succeeds."""
+    cluster = Cluster(1)
+    cluster.join(-MAX_SKEW)
+    cluster.join(+MAX_SKEW)
+    holder, claimer = cluster.live["k0"], cluster.live["d1"]
+    cluster.round(holder)
+    cluster.advance(int(TTL * (1 - MARGIN) * TICKS_PER_S))  # paused till its lease lapsed
+    cluster.begin(claimer)  # reads the holder expired, wants partition 0
+    assert cluster.live["d1"].pending is not None and claimer.pending is not None
+    assert claimer.pending.claim == (0,)
+    cluster.round(holder)  # renewal refused: lapsed, rejoins as k0#2
+    assert holder.owner == "k0#2" and holder.held == {} and cluster.lapses == 1
+    cluster.check()
+    cluster.finish(claimer)
+    assert list(claimer.held) == [0] and cluster.leases[0].owner == "d1"
+    cluster.check()
+    cluster.settle(40)
+
+
+def test_model_join_leave_crash_scenario() -> None:
+    cluster = Cluster(8)
     for skew in (0, 30, -50):
         cluster.join(skew)
     cluster.settle(40)

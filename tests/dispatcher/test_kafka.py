@@ -24,7 +24,7 @@ import pytest
 from pymongo.database import Database
 
 from aggbox.servers import LocalKafka, LocalMongo, create_topic
-from aggregates import AggboxSettings, Message, StoreWriter
+from aggregates import AggboxSettings, Message, StoreWriter, parse_fence
 from aggregates.ops import DeadLetterStore
 from aggregates.partitions import PARTITIONS, partition_of
 from dispatcher.balance import fair
@@ -189,9 +189,12 @@ def test_kill_9_between_publish_pull_and_checkpoint_loses_nothing(
 
 def _owners(ddb: Database[Any]) -> dict[str, int]:
     """Live partition leases per instance."""
-    now = datetime.now(UTC)
+    now, scope = datetime.now(UTC), f"{ddb.name}.emitters"
+    # A lease is live while its owner's heartbeat is (dispatcher/partlease.py).
+    live = [m["member"] for m in ddb.aggbox_dispatcher_members.find(
+        {"scope": scope, "expires_at": {"$gt": now}})]
     return dict(Counter(d["owner"] for d in ddb.aggbox_dispatcher_partitions.find(
-        {"scope": f"{ddb.name}.emitters", "owner": {"$ne": None}, "expires_at": {"$gt": now}})))
+        {"scope": scope, "owner": {"$in": live}})))
 
 
 def _evenly_spread(ddb: Database[Any], instances: set[str]) -> bool:
@@ -263,12 +266,15 @@ def test_instances_share_partitions_through_kill_join_and_graceful_stop(
     id_of: dict[tuple[str, int], str] = {}
     newest: dict[str, int] = {}
     fences: dict[str, int] = {}
+    scope = (ddb.name, "emitters")
     for (agg, mid, seq), msg in got:
         assert id_of.setdefault((agg, seq), mid) == mid  # a republish has the same id
         # The lease epoch in the fence header never goes back for one aggregate: no record
         # of a previous holder arrived after one of the next holder.
-        partition, epoch = map(int, _headers(msg)[H_FENCE].split(":"))
-        assert partition == partition_of(agg) and epoch >= fences.get(agg, 0), (agg, epoch)
+        fence = parse_fence(_headers(msg)[H_FENCE])
+        epoch = fence.epoch
+        assert (fence.database, fence.collection) == scope, fence
+        assert fence.partition == partition_of(agg) and epoch >= fences.get(agg, 0), (agg, epoch)
         fences[agg] = epoch
         if seq < newest.get(agg, 0):
             # Backwards only to republish what the killed instance had published but not

@@ -38,6 +38,7 @@ class ScriptedLeases:
         self.held: dict[int, float] = {}
         self.released: list[int] = []
         self.left = False
+        self.ttl_s, self.margin = 3600.0, 0.2
 
     async def ensure(self) -> None:
         return None
@@ -47,14 +48,14 @@ class ScriptedLeases:
         if answer is not None:
             raise answer
 
-    async def renew(self) -> float:
-        return time.monotonic()
+    def lease_valid_until(self) -> float:
+        return time.monotonic() + 3600
 
     async def read(self) -> tuple[dict[str, datetime], dict[int, LeaseView]]:
         return {}, {p: LeaseView(p, self.owner if p in self.held else None, _FAR)
                     for p in range(self.partitions)}
 
-    def confirm(self, leases: Any, sent: float) -> set[int]:
+    def confirm(self, leases: Any) -> set[int]:
         return set()
 
     async def claim(self, wanted: Any, seen: Any) -> list[Claimed]:
