@@ -32,6 +32,7 @@ from aggregates.document import F_OUTBOX, F_TYPE
 from aggregates.fold import DeadLetter
 from aggregates.reasons import Reason
 from aggregates.storeerrors import is_fatal
+from dispatcher.errors import describe_store_error
 from dispatcher.faults import Faults
 from dispatcher.inflight import InFlight
 from dispatcher.metrics import Metrics
@@ -363,7 +364,8 @@ class Cycle:
                 if is_fatal(exc) or backoff.attempt + 1 >= _PULL_ATTEMPTS:
                     raise
                 delay = backoff.next()
-                log.warning("pull from %s failed (%s); retrying in %.2fs", self.collection, exc,
-                            delay, extra={"collection": self.collection})
+                log.warning("pull from %s failed (%s); retrying in %.2fs", self.collection,
+                            describe_store_error(exc), delay,
+                            extra={"collection": self.collection})
                 await pause(self.timing, delay)
 

@@ -12,7 +12,10 @@ partition leases are released so the other instances take them over at once, and
 
 With ``once=True``, :meth:`run` raises :class:`OnceGaveUp` when a collection makes no
 progress for ``once_timeout_s`` (MongoDB or the broker unreachable): the command line prints
-it as one error line and exits with status 1.
+it as one error line and exits with status 1. A MongoDB never reached at all (the start-up
+``ping`` finds no server within the server selection timeout) or a broker never reached
+(the publisher's ``unreachable``, e.g. Kafka: every broker down and no metadata ever
+fetched, once a delivery failed) ends it sooner, as :class:`NeverReached`.
 
 A store error no retry can fix — wrong password, missing privilege, bad URI
 (:mod:`aggregates.storeerrors`) — stops every worker within seconds and :meth:`run` raises
@@ -32,7 +35,7 @@ import logging
 import signal
 from typing import Any
 
-from pymongo import AsyncMongoClient
+from pymongo import AsyncMongoClient, ReadPreference
 from pymongo.errors import PyMongoError
 
 from aggregates.aggregate import Registry
@@ -40,7 +43,13 @@ from aggregates.effects import Effects
 from aggregates.errors import AggboxError, ConfigurationError
 from aggregates.settings import AggboxSettings
 from dispatcher.effects.guard import EffectGuard, FleetEffects
-from dispatcher.errors import FatalStoreError, check_fatal
+from dispatcher.errors import (
+    TRACE_LOGGER,
+    FatalStoreError,
+    check_fatal,
+    is_unreachable,
+    never_reached,
+)
 from dispatcher.faults import Faults
 from dispatcher.metrics import Health, Metrics, MetricsServer
 from dispatcher.partlease import default_instance_id
@@ -50,14 +59,19 @@ from dispatcher.settings import DispatcherSettings
 from dispatcher.timing import REAL_TIME, Timing
 from dispatcher.worker import CollectionWorker
 
-__all__ = ["Dispatcher", "FatalStoreError", "OnceGaveUp", "check_replies", "load_effects",
-           "resolve_collections"]
+__all__ = ["Dispatcher", "FatalStoreError", "NeverReached", "OnceGaveUp", "check_replies",
+           "load_effects", "resolve_collections"]
 
 log = logging.getLogger("aggbox.dispatcher")
 
 
 class OnceGaveUp(AggboxError):
     """``--once`` stopped because a collection made no progress for ``once_timeout_s``."""
+
+
+class NeverReached(OnceGaveUp):
+    """``--once`` stopped because MongoDB or the broker was never reached since start (no
+    point waiting ``once_timeout_s``). ``str()`` is the one line for the operator."""
 
 
 def resolve_collections(settings: DispatcherSettings) -> list[tuple[str, str | None]]:
@@ -142,7 +156,10 @@ class Dispatcher:
         self._tasks: list[asyncio.Task[None]] = []
         self._signals = 0
         self._gave_up: str | None = None
+        self._never_reached = False
         self._fatal: FatalStoreError | None = None
+        #: the broker's publisher, before effect routing and guards wrap it
+        self._broker: Publisher = self.publisher
 
     # -- control ----------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -212,7 +229,10 @@ class Dispatcher:
         client = await self._client_for()
         db = client[self.store.database]
         rc = 0
+        self._broker = self.publisher
         try:
+            if once:
+                await self._reach_store(client)
             if len(self.effects):
                 self.publisher = await self._effect_router(db)
             # Entries of effects other instances execute and this one lacks wait here.
@@ -261,14 +281,38 @@ class Dispatcher:
         if self._fatal is not None:
             raise self._fatal
         if self._gave_up is not None:
-            raise OnceGaveUp(self._gave_up)
+            raise (NeverReached if self._never_reached else OnceGaveUp)(self._gave_up)
         return rc
+
+    async def _reach_store(self, client: AsyncMongoClient[Any]) -> None:
+        """``--once``: one ``ping`` first. A server not reached within the server selection
+        timeout ends the run at once with one line naming the (redacted) URI — the workers
+        would only retry until ``once_timeout_s``. Any member answers (``nearest``): a
+        replica set without a primary was reached, and is left to the workers."""
+        try:
+            await client.admin.command("ping", read_preference=ReadPreference.NEAREST)
+        except PyMongoError as exc:
+            check_fatal(exc, "MongoDB")  # e.g. a wrong password: FatalStoreError
+            if not is_unreachable(exc):
+                return  # the server answered: the workers deal with the rest
+            timeout = client.options.server_selection_timeout
+            message = never_reached(self.store.mongodb_uri or "", exc, timeout)
+            logging.getLogger(TRACE_LOGGER).error(
+                message, exc_info=(type(exc), exc, exc.__traceback__))
+            raise NeverReached(message) from exc
 
     async def _once_watchdog(self, stop: asyncio.Event) -> None:
         """``--once`` must end: abandon the run when a collection has made no progress for
         ``once_timeout_s`` (nothing was pulled that was not published: at-least-once holds)."""
         limit = self.settings.once_timeout_s
         while not stop.is_set():
+            unreachable = getattr(self._broker, "unreachable", None)
+            if isinstance(unreachable, str) and unreachable:  # never reached since start
+                self._gave_up, self._never_reached = unreachable, True
+                stop.set()
+                for t in self._tasks:
+                    t.cancel()
+                return
             now = self.timing.monotonic()  # the workers' clock (progress_at)
             for w, task in zip(self.workers, self._tasks, strict=True):
                 if task.done() or now - w.progress_at <= limit:

@@ -22,6 +22,7 @@ from typing import Any
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import OperationFailure, PyMongoError
 
+from dispatcher.errors import describe_store_error
 from dispatcher.faults import Faults, InjectedInvalidate
 from dispatcher.metrics import Metrics
 from dispatcher.stream import (
@@ -119,8 +120,8 @@ class StreamMode:
             except OperationFailure as again:
                 if again.code in CHANGE_STREAMS_UNSUPPORTED:
                     raise
-                log.warning("%s: opening a new stream failed: %s", self.name, again,
-                            extra={"collection": self.name})
+                log.warning("%s: opening a new stream failed: %s", self.name,
+                            describe_store_error(again), extra={"collection": self.name})
         await self._open_at_now(reason)
 
     async def _reopen(self) -> None:
@@ -257,16 +258,16 @@ class StreamMode:
         try:
             await self._settle()
         except PyMongoError as exc:
-            log.warning("%s: pull before the final checkpoint failed: %s", self.name, exc,
-                        extra={"collection": self.name})
+            log.warning("%s: pull before the final checkpoint failed: %s", self.name,
+                        describe_store_error(exc), extra={"collection": self.name})
             return
         if self._retry_pending() or sweep_pending:
             return
         try:
             await self.checkpoint()
         except PyMongoError as exc:
-            log.warning("%s: final checkpoint failed: %s", self.name, exc,
-                        extra={"collection": self.name})
+            log.warning("%s: final checkpoint failed: %s", self.name,
+                        describe_store_error(exc), extra={"collection": self.name})
 
     async def close(self) -> None:
         self._unsaved = None  # a later activation never saves a token of this one

@@ -44,7 +44,13 @@ from dispatcher.backlog import measure_backlog
 from dispatcher.balancer import Balancer
 from dispatcher.cycle import Cycle, CycleResult
 from dispatcher.effects.guard import FleetEffects
-from dispatcher.errors import FatalStoreError, check_fatal, one_line
+from dispatcher.errors import (
+    FatalStoreError,
+    RateLimitedLog,
+    check_fatal,
+    describe_store_error,
+    one_line,
+)
 from dispatcher.faults import Faults
 from dispatcher.inflight import InFlight
 from dispatcher.metrics import Health, Metrics
@@ -138,6 +144,9 @@ class CollectionWorker:
         #: without): a server answer while standby, published entries or a completed sweep
         self.progress_at = timing.monotonic()
         self.last_error: str | None = None
+        #: retried failures: one line each, at most one per minute per cause
+        self._warn = RateLimitedLog(log, every_s=60.0, collection=collection,
+                                    clock=timing.monotonic)
 
     @property
     def stats(self) -> WorkerStats:
@@ -314,9 +323,10 @@ class CollectionWorker:
         delay = self.retries.failed()
         self.metrics.backoffs.labels(self.name, cause).inc()
         self.health.beat(self.name)
-        self.last_error = self.health.workers[self.name].error = f"{type(exc).__name__}: {exc}"
-        log.warning("%s: %s failure (%s); retrying in %.2fs", self.name, cause, exc, delay,
-                    extra={"collection": self.name, "cause": cause})
+        text = describe_store_error(exc) if cause == "store" else one_line(exc)
+        self.last_error = self.health.workers[self.name].error = text
+        self._warn.warning(cause, "%s: %s failure (%s); retrying in %.2fs", self.name, cause,
+                           text, delay, exc=exc, extra={"cause": cause})
 
     def _absorb(self, res: CycleResult) -> None:
         c = self._counts
@@ -328,10 +338,12 @@ class CollectionWorker:
             delay = self.retries.failed()
             self.metrics.backoffs.labels(self.name, "broker").inc()
             self.last_error = f"publishing failed: {res.retry_error}"
-            log.warning("%s: publishing failed (%s); %d document(s) kept pending, retry in "
-                        "%.2fs", self.name, res.retry_error, len(res.retry), delay,
-                        extra={"collection": self.name, "cause": "broker"})
+            self._warn.warning("broker", "%s: publishing failed (%s); %d document(s) kept "
+                               "pending, retry in %.2fs", self.name,
+                               one_line(res.retry_error or "no error text"), len(res.retry),
+                               delay, extra={"cause": "broker"})
         elif res.published or res.dead_lettered:
+            self._warn.reset()  # the next failure is news again
             self._progress()
             self.retries.succeeded()
             if self.name in self.health.workers:

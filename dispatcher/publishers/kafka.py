@@ -13,7 +13,11 @@ off. Records the broker will never accept (too large, invalid topic name, policy
 librdkafka's own log lines (e.g. one "Connect to … failed" per reconnect attempt while the
 broker is down) go through the ``aggbox.dispatcher.kafka`` logger, at most one line per
 distinct message (numbers ignored) per :data:`LOG_INTERVAL_S`; the next one says how many
-were suppressed."""
+were suppressed.
+
+A broker never reached since start is :attr:`KafkaPublisher.unreachable` (one line): set
+once a delivery failed while librdkafka reported every broker down and no metadata request
+ever succeeded (``--once`` then ends at once instead of retrying until ``once_timeout_s``)."""
 
 from __future__ import annotations
 
@@ -44,6 +48,10 @@ _TOO_LARGE: Final = frozenset({10, 18})  # MSG_SIZE_TOO_LARGE, RECORD_LIST_TOO_L
 _INVALID_TOPIC: Final = frozenset({17})  # TOPIC_EXCEPTION
 _REJECTED: Final = frozenset({87, 44, -186})  # INVALID_RECORD, POLICY_VIOLATION, _INVALID_ARG
 _FATAL: Final = -150
+# librdkafka's reports of brokers it cannot reach (error_cb): _ALL_BROKERS_DOWN, and the
+# causes worth quoting, _TRANSPORT (connection refused, reset) and _RESOLVE (DNS).
+_ALL_BROKERS_DOWN: Final = -187
+_UNREACHABLE_CAUSES: Final = frozenset({-195, -193})
 
 #: Settings the dispatcher's guarantees depend on; ``kafka_config`` cannot override them.
 FORCED_CONFIG: Final[Mapping[str, Any]] = {"enable.idempotence": True, "acks": "all"}
@@ -177,6 +185,18 @@ class KafkaPublisher:
         self._fatal: str | None = None
         self._thread: threading.Thread | None = None
         self._rdkafka_log = RateLimitedLog(log)
+        #: a broker answered since start (a delivery or a metadata request succeeded)
+        self._reached = False
+        #: librdkafka said every broker is down; the last cause it gave (error_cb)
+        self._all_down = False
+        self._down_cause: str | None = None
+        self._unreachable: str | None = None
+
+    @property
+    def unreachable(self) -> str | None:
+        """One line when no broker was ever reached since start (see the module
+        documentation), else ``None``."""
+        return self._unreachable
 
     async def start(self) -> None:
         try:
@@ -199,6 +219,10 @@ class KafkaPublisher:
         self._thread.start()
 
     def _on_error(self, err: Any) -> None:
+        if err.code() == _ALL_BROKERS_DOWN:
+            self._all_down = True
+        elif err.code() in _UNREACHABLE_CAUSES:
+            self._down_cause = err.str()
         if err.fatal():
             self._fatal = err.str()
             log.error("kafka producer fatal error: %s; the producer is recreated", err.str())
@@ -250,8 +274,37 @@ class KafkaPublisher:
         except TimeoutError:
             for i in range(len(records)):
                 batch.settle(i, PublishResult.retryable("no delivery report in time"))
-        return [r if r is not None else PublishResult.retryable("no report")
-                for r in batch.results]
+        results = [r if r is not None else PublishResult.retryable("no report")
+                   for r in batch.results]
+        if not self._reached:
+            await self._check_reached(results)
+        return results
+
+    async def _check_reached(self, results: list[PublishResult]) -> None:
+        """Note a broker answering; after failed deliveries with every broker reported down,
+        ask for metadata once: no answer either means no broker was ever reached."""
+        if any(r.status == "ok" for r in results):
+            self._reached = True
+            return
+        if not self._all_down or not any(r.status == "retryable" for r in results):
+            return
+        producer = self._producer
+        if producer is None:
+            return
+        import confluent_kafka
+
+        try:
+            await asyncio.to_thread(producer.list_topics,
+                                    timeout=min(2.0, max(0.5, self.delivery_timeout_s)))
+        except confluent_kafka.KafkaException as exc:
+            cause = self._down_cause or exc.args[0].str()
+            cause = cause if len(cause) <= 120 else cause[:117] + "..."
+            self._unreachable = (
+                f"no Kafka broker reachable at {self.bootstrap_servers[:80]} ({cause}); check "
+                "that the brokers run and that --bootstrap-servers "
+                "(kafka_bootstrap_servers) names them")
+            return
+        self._reached = True
 
     async def close(self) -> None:
         producer, self._producer = self._producer, None
