@@ -168,7 +168,7 @@ class Balancer:
     async def _run(self) -> None:
         while not self.stop.is_set():
             try:
-                await self.round()
+                await self._watched_round()
             except PyMongoError as exc:
                 check_fatal(exc, f"{self.name}: partition leases")
                 self._error(f"{type(exc).__name__}: {exc}")
@@ -177,6 +177,24 @@ class Balancer:
                 self._trouble(True)
                 self._settled = True  # back to the normal period: no tight retry loop
             await asyncio.sleep(self._next_delay())
+
+    async def _watched_round(self) -> None:
+        """A round, watched: one still running after a quarter of the TTL is trouble from
+        its start on (so /healthz turns while a round hangs, not only after it ended)."""
+        started = self.timing.monotonic()
+        task = asyncio.ensure_future(self.round())
+        try:
+            done, _ = await asyncio.wait({task}, timeout=self.leases.ttl_s * SLOW_ROUND_FRACTION)
+            if not done:
+                self._trouble(True, since=started)
+                self._loud.warning("hanging", "%s: lease round still running after %.2f s "
+                                   "(lease_ttl_s %.4g): the store answers slowly",
+                                   self.name, self.timing.monotonic() - started,
+                                   self.leases.ttl_s)
+            await task
+        finally:
+            if not task.done():
+                task.cancel()
 
     def _next_delay(self) -> float:
         delay = self.interval_s if self._settled else min(self.interval_s, _UNSETTLED_S)
@@ -244,12 +262,12 @@ class Balancer:
         if lapsed is not None:
             self.metrics.lease_lapses.labels(self.name).inc()
             since = ("never renewed" if lapsed.since_last_s is None
-                     else f"{lapsed.since_last_s:.1f} s after the last renewal")
+                     else f"{lapsed.since_last_s:.1f} s since the last renewal")
             self._loud.error(
                 "lapsed", "%s: heartbeat lapsed (%s, lease_ttl_s %.4g): %d partition(s) "
-                "dropped, continuing as %s; lease round took %.2f s — the store answers too "
-                "slowly: relieve it or raise lease_ttl_s", self.name, since, ttl, lapsed.held,
-                lapsed.rejoined, took_s)
+                "dropped, continuing as %s; lease rounds were too slow or failing: relieve "
+                "the store or raise lease_ttl_s", self.name, since, ttl, lapsed.held,
+                lapsed.rejoined)
         elif until is not None and until <= now:
             self._loud.error(
                 "expired", "%s: lease round took %.2f s, longer than the leases stay valid "
@@ -264,11 +282,11 @@ class Balancer:
         trouble = lapsed is not None or slow or (until is not None and until <= now)
         self._trouble(trouble)
 
-    def _trouble(self, trouble: bool) -> None:
+    def _trouble(self, trouble: bool, *, since: float | None = None) -> None:
         now = self.timing.monotonic()
         if trouble:
             if self.trouble_since is None:
-                self.trouble_since = now
+                self.trouble_since = now if since is None else since
         elif self.trouble_since is not None:
             log.info("%s: lease rounds are quick again (%.1f s after trouble began)",
                      self.name, now - self.trouble_since, extra={"collection": self.name})
