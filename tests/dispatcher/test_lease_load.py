@@ -17,6 +17,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -29,6 +30,7 @@ from aggbox.servers import LocalMongo
 from aggregates import AggboxSettings, StoreWriter
 from aggregates.partitions import PARTITIONS
 from dispatcher.daemon import Dispatcher
+from dispatcher.status import format_status, read_status
 from tests.dispatcher.helpers import (
     ListPublisher,
     check_delivery,
@@ -221,12 +223,28 @@ def test_instances_starting_together_claim_their_fair_share_from_the_first_claim
                 "aggbox_dispatcher_partition_handovers_total",
                 {"collection": "emitters", "kind": "released"}) or 0.0
                 for n, x in balancers.items()}
+            # A killed instance's heartbeat, expired an hour ago: removed by the next round
+            # (dispatch-status shows it DEAD only for the retention).
+            await db.aggbox_dispatcher_members.insert_one(
+                {"_id": "killed", "scope": f"{ddb.name}.emitters", "member": "killed",
+                 "instance": "killed", "expires_at": datetime.now(UTC) - timedelta(hours=1)})
+            # a stops gracefully: b takes its half over, and the hand-over names a.
+            await a.close()
+            await b.round()
+            await b.round()
+            status = await asyncio.to_thread(read_status, ddb, "emitters")
             for x in balancers.values():
                 await x.leases.leave()
-            return {"held": held, "released": released}
+            return {"held": held, "released": released, "status": status}
         finally:
             await client.close()
 
     result = asyncio.run(main())
     assert result["held"] == {"a": PARTITIONS // 2, "b": PARTITIONS // 2}, result
     assert result["released"] == {"a": 0, "b": 0}, result
+    status = result["status"]
+    assert [i.instance for i in status.instances] == ["b"]  # a left, "killed" removed
+    assert status.fair and len(status.instances[0].partitions) == PARTITIONS
+    h = status.last_handover
+    assert h is not None and (h.previous, h.owner, h.kind) == ("a", "b", "released"), h
+    assert "a → b (released)" in format_status(status)
