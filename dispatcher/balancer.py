@@ -25,19 +25,13 @@ from pymongo.errors import PyMongoError
 
 from aggregates.storeerrors import is_fatal
 from dispatcher.balance import plan
-from dispatcher.errors import check_fatal
+from dispatcher.errors import RateLimitedLog, check_fatal, describe_store_error
 from dispatcher.metrics import Health, Metrics
 from dispatcher.partlease import HeartbeatLapsed, PartitionLeases
-from dispatcher.ratelimit import RateLimited
 from dispatcher.timing import Timing
 
 __all__ = ["Balancer"]
 
-
-def describe_store_error(exc: PyMongoError) -> str:
-    """One line (pymongo's topology description left out)."""
-    first = str(exc).splitlines()[0] if str(exc) else ""
-    return f"{type(exc).__name__}: {first.split(', Timeout:')[0][:300]}"
 
 log = logging.getLogger("aggbox.dispatcher")
 
@@ -82,7 +76,7 @@ class Balancer:
         self._task: asyncio.Task[None] | None = None
         #: monotonic time lease rounds began to be too slow or to fail (None: they are fine)
         self.trouble_since: float | None = None
-        self._loud = RateLimited(log, every_s=30.0, collection=name, clock=timing.monotonic)
+        self._loud = RateLimitedLog(log, every_s=30.0, collection=name, clock=timing.monotonic)
 
     # -- what the worker reads ---------------------------------------------------------------
     def active(self) -> frozenset[int]:
@@ -171,9 +165,9 @@ class Balancer:
                 await self._watched_round()
             except PyMongoError as exc:
                 check_fatal(exc, f"{self.name}: partition leases")
-                self._error(f"{type(exc).__name__}: {exc}")
+                self._error(describe_store_error(exc))
                 self._loud.warning("failed", "%s: partition lease round failed: %s",
-                                   self.name, describe_store_error(exc))
+                                   self.name, describe_store_error(exc), exc=exc)
                 self._trouble(True)
                 self._settled = True  # back to the normal period: no tight retry loop
             await asyncio.sleep(self._next_delay())
