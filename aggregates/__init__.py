@@ -1,7 +1,8 @@
 """aggbox's library for domain teams — the domain API: aggregate types and handlers, ``Emit``
 and refs, the message envelope, dedup strategies, state codecs, the store writer, settings,
-errors, outcomes and reason codes, and the side effects executed after a write
-(``Effects``: docs/side-effects.md).
+errors, outcomes and reason codes, the side effects executed after a write
+(``Effects``: docs/side-effects.md), and ``parse_fence`` for the ``fence`` header of the
+records the dispatcher publishes.
 
 Elsewhere, by what they do:
 
@@ -48,6 +49,7 @@ from aggregates.errors import (
     UnknownSchemaVersion,
     UpcastFailed,
 )
+from aggregates.fence import Fence, InvalidFence, parse_fence
 from aggregates.ids import emitted_message_id
 from aggregates.outcomes import Outcome, OutcomeCounts
 from aggregates.reasons import Reason
@@ -66,11 +68,13 @@ __all__ = [
     "Effects",
     "Emit",
     "EnvelopeError",
+    "Fence",
     "Handled",
     "Handler",
     "HandlerError",
     "HighWater",
     "Inbox",
+    "InvalidFence",
     "InvalidFieldName",
     "InvalidPayload",
     "Message",
@@ -94,4 +98,5 @@ __all__ = [
     "UnknownSchemaVersion",
     "UpcastFailed",
     "emitted_message_id",
+    "parse_fence",
 ]

@@ -78,6 +78,10 @@ class _Doc:
     key: Any
     records: list[OutboundRecord | InvalidEntry]
     stale: list[str]
+    #: the ``fence`` header its records carry (None: none), and the document it came from
+    #: (to compute the fence again before the pull)
+    fence: str | None = None
+    doc: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
 
 class Cycle:
@@ -197,7 +201,7 @@ class Cycle:
             for r in records:
                 if isinstance(r, OutboundRecord):
                     r.headers[H_FENCE] = fence
-        return _Doc(key, records, claim.stale)
+        return _Doc(key, records, claim.stale, fence, doc)
 
     async def _send(self, docs: list[_Doc]) -> CycleResult:
         """Publish one chunk and write its dead letters; its pull is started in the
@@ -307,6 +311,7 @@ class Cycle:
 
     async def _complete(self, pulls: list[tuple[_Doc, list[str], list[str]]],
                         published: int) -> None:
+        pulls = self._still_fenced(pulls)
         try:
             await self._pull([(d.key, done + d.stale) for d, done, _ in pulls
                               if done or d.stale])
@@ -323,6 +328,31 @@ class Cycle:
         if stale:
             self._m_stale.inc(stale)
         self._m_batches.inc()
+
+    def _still_fenced(self, pulls: list[tuple[_Doc, list[str], list[str]]]
+                      ) -> list[tuple[_Doc, list[str], list[str]]]:
+        """The pulls of documents whose lease is still held at the epoch their records were
+        published under; the others are released, not pulled. A record the publisher
+        acknowledged after its lease ended is a late copy (docs/design.md "Fencing"): left
+        in the outbox, its entry is published again by the owner that took over, under a
+        higher epoch — pulled, the late copy could be its only copy, and a consumer that
+        drops late copies would lose it."""
+        held = self.lease_held()
+        keep: list[tuple[_Doc, list[str], list[str]]] = []
+        late: list[tuple[_Doc, list[str], list[str]]] = []
+        for pull in pulls:
+            d = pull[0]
+            same = d.fence is None or self.fence is None or self.fence(d.doc) == d.fence
+            (keep if held and same else late).append(pull)
+        if late:
+            entries = sum(len(done) for _d, done, _r in late)
+            log.warning("%s: %d published entr%s of %d document(s) left in the outbox: the "
+                        "lease they were published under ended before the publisher answered "
+                        "(late copies; the partition's next owner publishes them again)",
+                        self.collection, entries, "y" if entries == 1 else "ies", len(late),
+                        extra={"collection": self.collection})
+            self._release(late)
+        return keep
 
     @staticmethod
     def _ids(records: Sequence[OutboundRecord | InvalidEntry]) -> list[str]:

@@ -32,17 +32,26 @@ Actions:
   ``mongod`` answers to ``$changeStream`` (tests the fallback to polling);
 - ``invalidate`` (at ``stream_read``) — the stream ends as after an ``invalidate`` event
   (collection dropped or renamed on MongoDB), which mongo-java-server never sends: raises
-  :class:`InjectedInvalidate`, which the worker turns into that event.
+  :class:`InjectedInvalidate`, which the worker turns into that event;
+- ``pause=SECONDS`` — the whole process stops for that long (a blocking sleep: no lease
+  round, no heartbeat, nothing else of the event loop runs), as in a long GC or VM pause
+  or ``SIGSTOP``. At ``before_publish`` it is the owner paused between its last lease check
+  and the publisher's send: its leases expire, another instance claims them, and the
+  records it then sends are late copies (docs/design.md "Fencing").
 
 Example: ``Faults.parse("after_publish:kill@3")`` kills the process right after the
-third batch was acknowledged by the broker and before it was pulled.
+third batch was acknowledged by the broker and before it was pulled;
+``Faults.parse("before_publish:pause=8@2")`` stops it for 8 s right before it hands its
+second batch to the publisher.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import signal
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Final, Literal
@@ -59,9 +68,9 @@ POINTS: Final = ("stream_open", "stream_read", "before_publish", "after_publish"
                  "after_checkpoint", "effect_before_call", "effect_after_call",
                  "effect_after_result")
 Action = Literal["kill", "exit", "history_lost", "invalid_token", "no_change_streams",
-                 "invalidate"]
+                 "invalidate", "pause"]
 ACTIONS: Final = ("kill", "exit", "history_lost", "invalid_token", "no_change_streams",
-                  "invalidate")
+                  "invalidate", "pause")
 
 CHANGE_STREAM_HISTORY_LOST: Final = 286
 INVALID_RESUME_TOKEN: Final = 260
@@ -78,6 +87,8 @@ class FaultRule:
     point: str
     action: Action
     at: int = 1
+    #: how long ``pause`` stops the process
+    seconds: float = 0.0
 
 
 class Faults:
@@ -96,21 +107,32 @@ class Faults:
                 continue
             point, _, rest = part.partition(":")
             action, _, count = rest.partition("@")
+            action, has_arg, arg = action.partition("=")
             if point not in POINTS or action not in ACTIONS:
                 raise ConfigurationError(
                     f"fault rules: bad rule {part!r}; use point:action[@n] with point in "
-                    f"{POINTS} and action in {ACTIONS}"
+                    f"{POINTS} and action in {ACTIONS} (pause=SECONDS)"
                 )
             try:
                 at = int(count) if count else 1
             except ValueError:
                 raise ConfigurationError(f"fault rules: bad count in {part!r}") from None
-            rules.append(FaultRule(point, action, at))  # type: ignore[arg-type]
+            seconds = 0.0
+            if action == "pause" or has_arg:
+                try:
+                    seconds = float(arg)
+                except ValueError:
+                    seconds = -1.0
+                if action != "pause" or not (0 < seconds < math.inf):
+                    raise ConfigurationError(
+                        f"fault rules: bad rule {part!r}; only pause takes a value: "
+                        f"pause=SECONDS, a positive number")
+            rules.append(FaultRule(point, action, at, seconds))  # type: ignore[arg-type]
         return cls(rules)
 
-    def add(self, point: str, action: Action, at: int = 1) -> None:
+    def add(self, point: str, action: Action, at: int = 1, seconds: float = 0.0) -> None:
         """Arm a rule at run time (in-process tests); ``at`` counts from now."""
-        self.rules.append(FaultRule(point, action, self.hits[point] + at))
+        self.rules.append(FaultRule(point, action, self.hits[point] + at, seconds))
 
     def hit(self, point: str) -> None:
         """Called by the dispatcher at each point; does nothing unless a rule matches."""
@@ -124,6 +146,12 @@ class Faults:
 
     def _act(self, rule: FaultRule) -> None:
         log.warning("fault injection: %s at %s (hit %d)", rule.action, rule.point, rule.at)
+        if rule.action == "pause":
+            for handler in logging.getLogger().handlers:
+                handler.flush()
+            time.sleep(rule.seconds)  # blocking on purpose: the whole process stands still
+            log.warning("fault injection: pause at %s ended after %.1fs", rule.point,
+                        rule.seconds)
         if rule.action == "kill":
             for handler in logging.getLogger().handlers:
                 handler.flush()

@@ -39,6 +39,7 @@ from bson.tz_util import utc as _BSON_UTC
 
 from aggregates.envelope import KIND_EVENT, KIND_HEADER, KIND_INPUT, MAX_ID_LENGTH, Message
 from aggregates.errors import AggboxError, EnvelopeError
+from aggregates.fence import FENCE_HEADER
 
 __all__ = [
     "HEADER_NAMES",
@@ -65,11 +66,11 @@ H_AGGREGATE_ID: Final = "aggregate_id"
 #: ``input`` (addressed to the aggregate the envelope names) or ``event`` (not addressed:
 #: the emitting aggregate's event, not input for it); also in an event's envelope headers.
 H_KIND: Final = KIND_HEADER
-#: ``<partition>:<epoch>`` of the lease under which the record was published (set by the
-#: dispatcher, not by :func:`build_record`): per partition the epoch only grows, so a
-#: record with a lower epoch than one already seen comes from a previous holder — a late
-#: copy of an entry, never a new one (docs/design.md "Scale-out: partitions and leases").
-H_FENCE: Final = "fence"
+#: ``<database>.<collection>/<partition>:<epoch>`` of the lease under which the record was
+#: published (set by the dispatcher, not by :func:`build_record`; read it with
+#: :func:`aggregates.fence.parse_fence`). Epochs count per (database, collection,
+#: partition); what a consumer may conclude from them: docs/design.md "Fencing".
+H_FENCE: Final = FENCE_HEADER
 
 #: Headers set on every record (the entry's own headers are added unless they clash).
 HEADER_NAMES: Final = (

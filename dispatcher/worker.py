@@ -40,6 +40,7 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import OperationFailure, PyMongoError
 
 from aggregates.document import F_OUTBOX, F_PARTITION, F_TYPE
+from aggregates.fence import fence_scope
 from dispatcher.backlog import measure_backlog
 from dispatcher.balancer import Balancer
 from dispatcher.cycle import Cycle, CycleResult
@@ -99,6 +100,8 @@ class CollectionWorker:
         self.metrics, self.health, self.faults = metrics, health, faults
         self.stop, self.once, self.timing = stop, once, timing
         self.scope = key = f"{db.name}.{collection}"
+        #: ``<database>.<collection>``, checked to parse back (aggregates/fence.py)
+        self._fence_scope = fence_scope(db.name, collection)
         self.leases = PartitionLeases(db[s.partition_collection], db[s.member_collection],
                                       database=db.name, collection=collection, owner=owner,
                                       ttl_s=s.lease_ttl_s, grace_s=s.takeover_grace_s,
@@ -223,11 +226,11 @@ class CollectionWorker:
         self.health.beat(self.name, role="stopped")
 
     def _fence(self, doc: Mapping[str, Any]) -> str | None:
-        """The ``fence`` header of a document's records: its partition (0 without ``_p``)
-        and the epoch of our lease on it."""
+        """The ``fence`` header of a document's records (:mod:`aggregates.fence`): this
+        collection, its partition (0 without ``_p``) and the epoch of our lease on it."""
         p = doc.get(F_PARTITION, 0)
         epoch = self.leases.epochs.get(p) if isinstance(p, int) else None
-        return None if epoch is None else f"{p}:{epoch}"
+        return None if epoch is None else f"{self._fence_scope}/{p}:{epoch}"
 
     def _contact(self) -> None:
         self.health.contact(self.name)
