@@ -13,6 +13,15 @@ streams the dispatcher uses), with its data in one file, so it survives ``aggbox
 and the next ``aggbox local start``. H2 commits about once a second, so a crash (SIGKILL,
 power loss) may lose the last second of writes; ``aggbox local stop`` closes the file cleanly.
 
+The launcher replaces mongo-java-server's oplog (never trimmed, read whole by every change-stream
+read) with a bounded one indexed by timestamp, and registers H2's version for every request
+(without it, long reads under writes failed with ``MVStoreException: Chunk N not found``); see
+the comments in ``java/AggboxMongoH2Server.java``. The oplog keeps at most
+``AGGBOX_LOCAL_OPLOG_MAX_ENTRIES`` entries (default 250,000) and none older than
+``AGGBOX_LOCAL_OPLOG_MAX_HOURS`` (default 168, a week), trimmed every
+``AGGBOX_LOCAL_OPLOG_TRIM_INTERVAL_S`` seconds (default 10); ``0`` turns a bound off. A change
+stream resumed from a trimmed point fails with code 286 (ChangeStreamHistoryLost), as on MongoDB.
+
 Files under the state directory (``$AGGBOX_HOME``, default ``~/.aggbox``)::
 
     local-mongodb.json       state: pid, port, uri, started_at, kind, data, log (atomic writes)
@@ -66,6 +75,14 @@ _READY = b"AGGBOX-MJS READY"
 _BIND_FAILED_EXIT = 3
 _PORT_ATTEMPTS = 5
 _STATE_FILE = "local-mongodb.json"
+
+#: The oplog's bounds (environment variable, default); 0 turns a bound off.
+OPLOG_MAX_ENTRIES_ENV = "AGGBOX_LOCAL_OPLOG_MAX_ENTRIES"
+OPLOG_MAX_HOURS_ENV = "AGGBOX_LOCAL_OPLOG_MAX_HOURS"
+OPLOG_TRIM_INTERVAL_ENV = "AGGBOX_LOCAL_OPLOG_TRIM_INTERVAL_S"
+DEFAULT_OPLOG_MAX_ENTRIES = 250_000
+DEFAULT_OPLOG_MAX_HOURS = 168.0
+DEFAULT_OPLOG_TRIM_INTERVAL_S = 10
 _LOCK_FILE = "local-mongodb.lock"
 
 
@@ -206,6 +223,28 @@ def local_mongodb_uri() -> str | None:
     return state.uri if state is not None else None
 
 
+def _env_number(name: str, default: float) -> float:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ServerError(f"{name} must be a number, not {raw!r}") from None
+    if value < 0:
+        raise ServerError(f"{name} must not be negative, not {raw!r}")
+    return value
+
+
+def oplog_options() -> list[str]:
+    """The launcher's oplog options from the environment (``AGGBOX_LOCAL_OPLOG_*``)."""
+    entries = int(_env_number(OPLOG_MAX_ENTRIES_ENV, DEFAULT_OPLOG_MAX_ENTRIES))
+    age_s = int(_env_number(OPLOG_MAX_HOURS_ENV, DEFAULT_OPLOG_MAX_HOURS) * 3600)
+    interval_s = max(1, int(_env_number(OPLOG_TRIM_INTERVAL_ENV, DEFAULT_OPLOG_TRIM_INTERVAL_S)))
+    return ["--oplog-max-entries", str(entries), "--oplog-max-age-seconds", str(age_s),
+            "--oplog-trim-interval-seconds", str(interval_s)]
+
+
 def _wait_ready(proc: subprocess.Popen[bytes], log_path: Path, offset: int, uri: str,
                 timeout: float) -> None:
     from pymongo import MongoClient
@@ -266,6 +305,7 @@ def start_persistent_mongodb(*, timeout: float = 60.0) -> tuple[LocalServerState
         jars = maven.resolve_classpath(_POM)
         classes = maven.compile_java(_LAUNCHER, jars)
         classpath = maven.classpath_string([classes, *jars])
+        oplog = oplog_options()
         directory = data_dir()
         directory.mkdir(parents=True, exist_ok=True)
         data_file = directory / "aggbox.mv"
@@ -274,7 +314,7 @@ def start_persistent_mongodb(*, timeout: float = 60.0) -> tuple[LocalServerState
             port = _process.free_port()
             argv = [java, "-XX:+UseParallelGC", "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
                     "-Dorg.slf4j.simpleLogger.showDateTime=true", "-cp", classpath, _LAUNCHER,
-                    str(port), str(data_file)]
+                    str(port), str(data_file), *oplog]
             offset = log_path.stat().st_size if log_path.exists() else 0
             proc = _spawn(argv, log_path)
             uri = f"mongodb://127.0.0.1:{port}/?directConnection=true"
