@@ -297,14 +297,15 @@ def spawn_dispatcher(mongo: LocalMongo, bootstrap: str, database: str, prefix: s
 
 
 def lease_owners(db: Any) -> dict[str, int]:
-    """Partitions of ``emitters`` per owner whose lease has not expired."""
-    now = datetime.now(UTC)
+    """Partitions of ``emitters`` per owner whose heartbeat has not expired (a lease is
+    live while its owner's heartbeat is: dispatcher/partlease.py)."""
+    now, scope = datetime.now(UTC), f"{db.name}.emitters"
+    live = {m["member"] for m in db.aggbox_dispatcher_members.find(
+        {"scope": scope, "expires_at": {"$gt": now}}, {"member": 1})}
     owners: dict[str, int] = {}
     for d in db.aggbox_dispatcher_partitions.find(
-            {"scope": f"{db.name}.emitters", "owner": {"$ne": None}},
-            {"owner": 1, "expires_at": 1}):
-        if d.get("expires_at") is not None and d["expires_at"] > now:
-            owners[d["owner"]] = owners.get(d["owner"], 0) + 1
+            {"scope": scope, "owner": {"$in": sorted(live)}}, {"owner": 1}):
+        owners[d["owner"]] = owners.get(d["owner"], 0) + 1
     return owners
 
 
