@@ -5,7 +5,7 @@ Every running dispatcher instance of a collection runs the same rule in each ren
 members (heartbeat documents not expired) and the partition leases. There is no
 coordinator; the instances converge because they all compute the same quotas:
 
-- the live members sorted by instance id, ``N`` of them (this instance always counts, even
+- the live members (heartbeats not expired) sorted by member name, ``N`` of them (this instance always counts, even
   if its own heartbeat could not be written);
 - member ``i``'s quota is ``P // N``, plus one for the first ``P % N`` members — the quotas
   add up to exactly ``P``, and none is above ``⌈P/N⌉``;
@@ -32,7 +32,9 @@ __all__ = ["LeaseView", "Plan", "fair", "plan", "quota", "valid_until"]
 
 @dataclass(frozen=True, slots=True)
 class LeaseView:
-    """One partition lease as read: ``owner`` is ``None`` after a graceful release."""
+    """One partition lease as read: ``owner`` is ``None`` after a graceful release;
+    ``expires_at`` is the owner's heartbeat expiry (``None``: the owner has no heartbeat
+    document) — a lease is live while its owner's heartbeat is (dispatcher/partlease.py)."""
 
     partition: int
     owner: str | None
