@@ -115,7 +115,8 @@ class Cycle:
         self.metrics = metrics
         self.faults = faults
         self.lease_held = lease_held
-        #: a document → the ``fence`` header of its records (None: no header)
+        #: a document → the ``fence`` header of its records: its lease now (None: no header,
+        #: the lease is not held)
         self.fence = fence
         self.source_type = source_type or coll.name
         self.backoff_initial_s = backoff_initial_s
@@ -332,18 +333,20 @@ class Cycle:
     def _still_fenced(self, pulls: list[tuple[_Doc, list[str], list[str]]]
                       ) -> list[tuple[_Doc, list[str], list[str]]]:
         """The pulls of documents whose lease is still held at the epoch their records were
-        published under; the others are released, not pulled. A record the publisher
-        acknowledged after its lease ended is a late copy (docs/design.md "Fencing"): left
-        in the outbox, its entry is published again by the owner that took over, under a
-        higher epoch — pulled, the late copy could be its only copy, and a consumer that
-        drops late copies would lose it."""
-        held = self.lease_held()
+        published under (without a fence: while the whole set is held); the others are
+        released, not pulled. A record the publisher acknowledged after its lease ended is
+        a late copy (docs/design.md "Fencing"): left in the outbox, its entry is published
+        again by the owner that took over, under a higher epoch — pulled, the late copy
+        could be its only copy, and a consumer that drops late copies would lose it."""
         keep: list[tuple[_Doc, list[str], list[str]]] = []
         late: list[tuple[_Doc, list[str], list[str]]] = []
         for pull in pulls:
             d = pull[0]
-            same = d.fence is None or self.fence is None or self.fence(d.doc) == d.fence
-            (keep if held and same else late).append(pull)
+            if d.fence is None or self.fence is None:
+                held = self.lease_held()
+            else:
+                held = self.fence(d.doc) == d.fence
+            (keep if held else late).append(pull)
         if late:
             entries = sum(len(done) for _d, done, _r in late)
             log.warning("%s: %d published entr%s of %d document(s) left in the outbox: the "

@@ -227,9 +227,13 @@ class CollectionWorker:
 
     def _fence(self, doc: Mapping[str, Any]) -> str | None:
         """The ``fence`` header of a document's records (:mod:`aggregates.fence`): this
-        collection, its partition (0 without ``_p``) and the epoch of our lease on it."""
+        collection, its partition (0 without ``_p``) and the epoch of our lease on it —
+        ``None`` unless that lease counts as held right now (the cycle compares it again
+        before the ``$pull``)."""
         p = doc.get(F_PARTITION, 0)
-        epoch = self.leases.epochs.get(p) if isinstance(p, int) else None
+        if not isinstance(p, int) or not self.leases.holds((p,)):
+            return None
+        epoch = self.leases.epochs.get(p)
         return None if epoch is None else f"{self._fence_scope}/{p}:{epoch}"
 
     def _contact(self) -> None:

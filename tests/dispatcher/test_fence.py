@@ -57,6 +57,11 @@ def test_entries_acknowledged_after_the_lease_ended_are_left_to_the_next_owner(
         lease_ttl_s=1.5, takeover_grace_s=0.2, backoff_initial_ms=50, backoff_max_ms=400,
         batch_size=50, max_batch_records=40, instance_id="A"), store=store, publisher=pub)
     members, leases = ddb.aggbox_dispatcher_members, ddb.aggbox_dispatcher_partitions
+    in_p = {a for a in emitted if partition_of(a) == p}
+
+    def outboxes() -> dict[str, list[str]]:
+        return {d["_id"]: [e["id"] for e in d["outbox"]]
+                for d in ddb.emitters.find({"outbox.0": {"$exists": True}}, {"outbox": 1})}
 
     async def body() -> None:
         await asyncio.wait_for(started.wait(), 20)
@@ -70,12 +75,13 @@ def test_entries_acknowledged_after_the_lease_ended_are_left_to_the_next_owner(
                           {"$set": {"owner": "intruder"}, "$inc": {"epoch": 1}})
         await wait_for(lambda: not worker.leases.holds((p,)), 10, "A to lose partition p")
         answer.set()  # the acknowledgement comes after the lease ended
-        await wait_for(lambda: len(pub.records) >= 20, 10, "the acknowledgement")
+        # What A still holds is pulled; nothing of p is: its entries wait for the
+        # partition's owner …
+        await wait_for(lambda: outboxes() == {a: emitted[a] for a in emitted if a in in_p},
+                       10, "the other partitions' entries to be pulled")
         rounds = worker.balancer.rounds
         await wait_for(lambda: worker.balancer.rounds >= rounds + 2, 10, "two lease rounds")
-        # Nothing of p was pulled: its entries wait for the partition's owner …
-        doc = ddb.emitters.find_one({"_id": stolen}, {"outbox": 1})
-        assert doc is not None and [e["id"] for e in doc["outbox"]] == emitted[stolen]
+        assert outboxes() == {a: emitted[a] for a in in_p}
         # … who publishes them again under its own epoch (here A again, once the intruder
         # is gone: epoch 3).
         members.update_one({"_id": "intruder"}, {"$set": {"expires_at": _in(-1)}})
@@ -89,6 +95,11 @@ def test_entries_acknowledged_after_the_lease_ended_are_left_to_the_next_owner(
         fence = parse_fence(r.headers[H_FENCE])
         assert fence.scope == scope and fence.partition == partition_of(str(r.document_id))
         fences.setdefault(r.message_id, []).append(fence.epoch)
-    for mid in emitted[stolen]:
-        assert fences[mid] == [1, 3], fences[mid]  # the late copy, then the next owner's
-    assert any("left in the outbox" in r.getMessage() for r in caplog.records)
+    for a in in_p:
+        for mid in emitted[a]:
+            assert fences[mid] == [1, 3], fences[mid]  # the late copy, then the next owner's
+    for a in set(emitted) - in_p:
+        for mid in emitted[a]:
+            assert fences[mid] == [1], fences[mid]  # pulled at once: published once
+    assert any(f"{2 * len(in_p)} published entries of {len(in_p)} document(s) left in the "
+               "outbox" in r.getMessage() for r in caplog.records)
