@@ -69,6 +69,7 @@ __all__ = [
     "server_operation_time",
     "shared_local_mongodb",
     "start_local_mongodb",
+    "start_mongo_java_server",
 ]
 
 MongoKind = Literal["external", "mongod", "mongo-java-server"]
@@ -83,6 +84,10 @@ _MJS_BIND_FAILED_EXIT = 3  # exit status of the launcher when the port is taken
 _REPLICA_SET = "rs0"
 _MONGOD_ADDRESS_IN_USE_EXIT = 48  # mongod ExitCode::netError ("Address already in use")
 _PORT_ATTEMPTS = 5
+#: mongo-java-server started without its oplog: no change streams at all.
+_MJS_WITHOUT_OPLOG = MongoCapabilities(
+    change_streams=False, change_streams_complete=False, change_streams_await=False,
+    sessions=False, transactions=False, enforces_16mb=False)
 
 
 
@@ -214,7 +219,15 @@ def _ping(uri: str) -> bool:
         client.close()
 
 
-def _start_mjs(timeout: float, java_options: Sequence[str]) -> LocalMongo:
+def start_mongo_java_server(*, timeout: float = 60.0, oplog: bool = True) -> LocalMongo:
+    """A new mongo-java-server, whatever ``AGGBOX_MONGODB_URI`` and ``AGGBOX_LOCAL_MONGO``
+    say. ``oplog=False``: no oplog, so ``$changeStream`` is refused as on a standalone
+    ``mongod`` (tests of the polling fallback, e.g. ``aggbox check-store``'s)."""
+    return _start_mjs(timeout, (), oplog=oplog)
+
+
+def _start_mjs(timeout: float, java_options: Sequence[str], *, oplog: bool = True
+               ) -> LocalMongo:
     java = maven.java_executable()
     jars = maven.resolve_classpath(_MJS_POM)
     classes = maven.compile_java(_MJS_LAUNCHER, jars)
@@ -233,6 +246,7 @@ def _start_mjs(timeout: float, java_options: Sequence[str]) -> LocalMongo:
             classpath,
             _MJS_LAUNCHER,
             str(port),
+            *(() if oplog else ("--no-oplog",)),
         ]
         proc = _process.ServerProcess("mongo-java-server", argv, log_path, watch_stdin=True)
         offset = log_path.stat().st_size if log_path.exists() else 0
@@ -255,7 +269,7 @@ def _start_mjs(timeout: float, java_options: Sequence[str]) -> LocalMongo:
         return LocalMongo(
             uri,
             "mongo-java-server",
-            MongoCapabilities.mongo_java_server(),
+            MongoCapabilities.mongo_java_server() if oplog else _MJS_WITHOUT_OPLOG,
             process=proc,
             work_dir=work_dir,
         )

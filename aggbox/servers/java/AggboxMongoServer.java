@@ -2,11 +2,13 @@
  * aggbox's launcher for mongo-java-server (de.bwaldvogel:mongo-java-server), the MongoDB
  * stand-in used by tests and the embedded default when no mongod is available.
  *
- * Usage: java -cp <classes>:<jars> AggboxMongoServer <port> [--ignore-stdin]
+ * Usage: java -cp <classes>:<jars> AggboxMongoServer <port> [--ignore-stdin] [--no-oplog]
  *
  * - in-memory backend, reporting MongoDB 5.0.0 / wire version 13 (pymongo >= 4.18 refuses
  *   the library's default wire version 8);
- * - oplog enabled (change streams);
+ * - oplog enabled (change streams), unless --no-oplog is given: then the server refuses
+ *   $changeStream as a standalone mongod does (code 40573; the library itself would fail
+ *   with a NullPointerException and no code), for tests of the polling fallback;
  * - binds 127.0.0.1:<port> only and prints "AGGBOX-MJS READY 127.0.0.1:<port>" on stdout;
  * - exits when its stdin reaches end of file (the parent process closed the pipe or died),
  *   unless --ignore-stdin is given, and on SIGTERM/SIGINT (JVM shutdown hook).
@@ -17,6 +19,10 @@
 import de.bwaldvogel.mongo.MongoServer;
 import de.bwaldvogel.mongo.MongoVersion;
 import de.bwaldvogel.mongo.backend.memory.MemoryBackend;
+import de.bwaldvogel.mongo.bson.Document;
+import de.bwaldvogel.mongo.exception.MongoServerError;
+
+import io.netty.channel.Channel;
 
 import java.util.List;
 
@@ -35,21 +41,45 @@ public final class AggboxMongoServer {
         }
     }
 
+    /** Without an oplog: {@code $changeStream} refused with a standalone mongod's error. */
+    private static final class NoOplogBackend extends MemoryBackend {
+        @Override
+        public Document handleCommand(Channel channel, String databaseName, String command, Document query) {
+            if ("aggregate".equalsIgnoreCase(command) && opensChangeStream(query)) {
+                throw new MongoServerError(40573, "Location40573",
+                    "The $changeStream stage is only supported on replica sets");
+            }
+            return super.handleCommand(channel, databaseName, command, query);
+        }
+
+        private static boolean opensChangeStream(Document query) {
+            Object pipeline = query.get("pipeline");
+            if (!(pipeline instanceof List<?> stages) || stages.isEmpty()) {
+                return false;
+            }
+            return stages.get(0) instanceof Document first && first.containsKey("$changeStream");
+        }
+    }
+
     private AggboxMongoServer() {
     }
 
     public static void main(String[] args) throws Exception {
         if (args.length < 1) {
-            System.err.println("usage: AggboxMongoServer <port> [--ignore-stdin]");
+            System.err.println("usage: AggboxMongoServer <port> [--ignore-stdin] [--no-oplog]");
             System.exit(2);
         }
         int port = Integer.parseInt(args[0]);
-        boolean watchStdin = !(args.length > 1 && "--ignore-stdin".equals(args[1]));
+        List<String> options = List.of(args).subList(1, args.length);
+        boolean watchStdin = !options.contains("--ignore-stdin");
+        boolean oplog = !options.contains("--no-oplog");
 
-        MemoryBackend backend = new MemoryBackend();
+        MemoryBackend backend = oplog ? new MemoryBackend() : new NoOplogBackend();
         backend.version(new Mongo50());
         MongoServer server = new MongoServer(backend);
-        server.enableOplog();
+        if (oplog) {
+            server.enableOplog();
+        }
         try {
             server.bind("127.0.0.1", port);
         } catch (RuntimeException e) {
