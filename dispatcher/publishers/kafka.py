@@ -301,8 +301,7 @@ class KafkaPublisher:
             cause = cause if len(cause) <= 120 else cause[:117] + "..."
             self._unreachable = (
                 f"no Kafka broker reachable at {self.bootstrap_servers[:80]} ({cause}); check "
-                "that the brokers run and that --bootstrap-servers "
-                "(kafka_bootstrap_servers) names them")
+                "that the brokers run and that --bootstrap-servers names them")
             return
         self._reached = True
 
