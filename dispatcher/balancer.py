@@ -111,7 +111,8 @@ class Balancer:
             if is_fatal(exc):  # the error that ended the worker: reported once, by it
                 return
             log.warning("%s: could not release the partition leases (%s); they expire by "
-                        "themselves", self.name, exc, extra={"collection": self.name})
+                        "themselves", self.name, describe_store_error(exc),
+                        extra={"collection": self.name})
         self.metrics.partitions_owned.labels(self.name).set(0)
 
     async def wait_active(self) -> frozenset[int] | None:
