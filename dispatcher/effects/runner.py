@@ -35,6 +35,14 @@ from typing import Any
 
 from pymongo.errors import PyMongoError
 
+from aggregates.effect_rules import (
+    MAX_ERROR,
+    effect_call,
+    exhausted_error,
+    payload_problem,
+    retry_reason,
+    with_attempt,
+)
 from aggregates.effects import (
     Effect,
     EffectCall,
@@ -43,7 +51,6 @@ from aggregates.effects import (
     reply_message,
 )
 from aggregates.envelope import Message
-from aggregates.errors import EnvelopeError
 from aggregates.outcomes import Outcome
 from aggregates.reasons import Reason
 from aggregates.tracing import format_traceparent
@@ -62,7 +69,7 @@ trace_log = logging.getLogger("aggbox.trace")
 #: Applies reply messages (the store writer, in a thread): one outcome per message.
 ReplyWriter = Callable[[list[Message]], Awaitable[list[Outcome]]]
 
-_MAX_ERROR = 2000
+_MAX_ERROR = MAX_ERROR
 
 
 def _now() -> datetime:
@@ -251,28 +258,13 @@ def reply_for(record: OutboundRecord, effect: Effect, call: EffectCall, att: Att
 
 def _call_of(record: OutboundRecord, trace: Mapping[str, str] | None = None) -> EffectCall:
     """The call of an effect entry; ``trace`` (the effect span's headers) replaces the
-    entry's trace context in its headers."""
-    env = record.envelope
-    src = record.entry.get("source")
-    atype = (str(src["type"]) if isinstance(src, Mapping) and src.get("type")
-             else record.source_type)
-    headers = env.get("headers") or {}
-    return EffectCall(
-        idempotency_key=record.message_id,
-        type=str(env.get("type")),
-        payload=env.get("payload") or {},
-        aggregate_type=atype,
-        aggregate_id=str(record.document_id),
-        headers={**{str(k): str(v) for k, v in headers.items()}, **(trace or {})},
-        correlation_id=env.get("correlation_id"),
-        created_at=record.created_at,
-    )
+    entry's trace context in its headers (:func:`aggregates.effect_rules.effect_call`)."""
+    return effect_call(record.envelope, record.entry, source_type=record.source_type,
+                       document_id=record.document_id, created_at=record.created_at,
+                       trace=trace)
 
 
-def _with_attempt(call: EffectCall, attempt: int) -> EffectCall:
-    return EffectCall(call.idempotency_key, call.type, call.payload, call.aggregate_type,
-                      call.aggregate_id, attempt=max(1, attempt), headers=call.headers,
-                      correlation_id=call.correlation_id, created_at=call.created_at)
+_with_attempt = with_attempt
 
 
 def _meta(record: OutboundRecord, call: EffectCall) -> dict[str, Any]:
@@ -293,30 +285,18 @@ async def _invoke(fn: Callable[[EffectCall], Any], call: EffectCall, timeout_s: 
 
 
 def _retry_reason(effect: Effect, exc: BaseException, what: str = "call") -> tuple[str, str]:
-    if isinstance(exc, TimeoutError):
-        return Reason.EFFECT_TIMEOUT, f"{what} did not finish within {effect.timeout_s:g}s"
-    if isinstance(exc, EffectError):
-        return exc.reason, _text(exc.detail or exc)
-    trace_log.error("effect %s: the %s function raised", effect.type, what, exc_info=exc)
-    return Reason.EFFECT_ERROR, _text(f"{type(exc).__name__}: {exc}")
+    if not isinstance(exc, TimeoutError | EffectError):
+        trace_log.error("effect %s: the %s function raised", effect.type, what, exc_info=exc)
+    return retry_reason(effect, exc, what=what)
 
 
 def _exhausted(effect: Effect, att: AttemptRecord | None) -> str:
-    last = att.last_error if att is not None and att.last_error else "no result recorded"
-    return f"{effect.max_attempts} attempts; last: {last}"
+    return exhausted_error(effect, att.last_error if att is not None else None)
 
 
 def _payload_problem(payload: Any, effect: Effect, call: EffectCall) -> str | None:
-    if not isinstance(payload, Mapping):
-        return (f"the {effect.type} function returned {type(payload).__name__}, not a "
-                "payload dict (or None)")
-    try:
-        Message.from_dict({"message_id": "x", "type": effect.on_success,
-                           "aggregate_type": call.aggregate_type,
-                           "aggregate_id": call.aggregate_id, "payload": dict(payload)})
-    except EnvelopeError as exc:
-        return f"the {effect.type} result cannot be a message payload: {exc}"
-    return None
+    return payload_problem(payload, effect, aggregate_type=call.aggregate_type,
+                           aggregate_id=call.aggregate_id)
 
 
 def _text(value: object) -> str:
