@@ -3,6 +3,7 @@
 - ``aggbox.commands.run``      — ``aggbox run``, ``aggbox stream`` (the Spark pipeline)
 - ``aggbox.commands.dispatch`` — ``aggbox dispatch`` (the outbox dispatcher)
 - ``aggbox.commands.dispatch_status`` — ``aggbox dispatch-status`` (who dispatches what)
+- ``aggbox.commands.check_store`` — ``aggbox check-store`` (does a MongoDB do what aggbox needs)
 - ``aggbox.admin.register``    — ``aggbox deadletters …``, ``aggbox parked …``, ``aggbox indexes``
 - ``aggbox.demo.register``     — ``aggbox demo``
 
@@ -31,6 +32,7 @@ from aggregates.errors import AggboxError
 
 SUBCOMMAND_MODULES = (
     "aggbox.commands.run", "aggbox.commands.dispatch", "aggbox.commands.dispatch_status",
+    "aggbox.commands.check_store",
     "aggbox.admin", "aggbox.demo", "aggbox.configref",
     "aggbox.reasonref",
     "aggbox.local",

@@ -1,0 +1,219 @@
+"""``aggbox check-store`` (aggbox/checkstore/): against the suite's local server (the table,
+exit 0, the scratch database dropped; a non-empty --database refused), against a
+mongo-java-server started without its oplog (change streams refused: the dispatcher polls,
+exit 0), against a port nobody listens on (one line, quickly), and the pure parts."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pymongo import MongoClient
+
+from aggbox.checkstore.logic import (
+    DEFAULT_TIMEOUT_S,
+    client_options,
+    database_problem,
+    padded,
+    retryable_writes,
+    scratch_name,
+)
+from aggbox.checkstore.report import CheckResult, Report, Status
+from aggbox.cli import main
+from aggbox.servers import LocalMongo
+
+CHECK_IDS = ["conditional_update", "bulk_errors", "upsert_race", "bson_types", "indexes",
+             "size_budget", "size_limit", "change_stream", "resume", "retryable_writes"]
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    rc = main(["check-store", *argv])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# -- against the suite's server --------------------------------------------------------------
+@pytest.mark.mongo
+def test_the_local_server_passes_and_the_scratch_database_is_dropped(
+        mongo_server: LocalMongo, mongo_client: MongoClient[dict[str, Any]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # No --uri: AGGBOX_MONGODB_URI (the session fixture exports the server's URI).
+    before = set(mongo_client.list_database_names())
+    rc, out, err = run(capsys)
+    assert rc == 0, out + err
+    assert "aggbox_check_" in out and "(dropped)" in out
+    for word in ("conditional update on {_id, _v}", "per-operation errors", "upsert race",
+                 "Decimal128", "TTL", "max_document_bytes", "16 MiB", "updateLookup",
+                 "resume after a stored token", "retryable writes"):
+        assert word in out, word
+    assert out.count("PASS") >= 7 and "FAIL" not in out
+    last = out.strip().splitlines()[-1]
+    assert last.startswith("aggbox's guarantees hold here")
+    if not mongo_server.capabilities.enforces_16mb:  # mongo-java-server
+        assert "aggbox's own budget guards it" in out
+    after = set(mongo_client.list_database_names())
+    assert not {d for d in after - before if d.startswith("aggbox_check_")}
+
+
+@pytest.mark.mongo
+def test_json_is_one_object_and_names_each_check(
+        mongo_uri: str, mongo_server: LocalMongo, mongo_client: MongoClient[dict[str, Any]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    name = scratch_name()
+    rc, out, err = run(capsys, "--uri", mongo_uri, "--database", name, "--json")
+    assert rc == 0, out + err
+    report = json.loads(out)  # the whole of stdout is one JSON object
+    assert [c["id"] for c in report["checks"]] == CHECK_IDS
+    statuses = {c["id"]: c["status"] for c in report["checks"]}
+    assert "FAIL" not in statuses.values()
+    for check in ("conditional_update", "bulk_errors", "upsert_race", "bson_types", "indexes",
+                  "size_budget"):
+        assert statuses[check] == "PASS", report
+    if mongo_server.capabilities.change_streams:
+        assert statuses["change_stream"] == statuses["resume"] == "PASS"
+        assert report["verdict"] == "aggbox's guarantees hold here"
+    expected_limit = "PASS" if mongo_server.capabilities.enforces_16mb else "UNSUPPORTED"
+    assert statuses["size_limit"] == expected_limit
+    assert report["database"] == name and report["database_dropped"] is True
+    assert report["exit_status"] == 0 and report["usable"] is True
+    assert name not in mongo_client.list_database_names()
+
+
+@pytest.mark.mongo
+def test_a_non_empty_database_is_refused_and_left_alone(
+        mongo_uri: str, mongo_client: MongoClient[dict[str, Any]],
+        capsys: pytest.CaptureFixture[str]) -> None:
+    name = scratch_name()
+    mongo_client[name]["mine"].insert_one({"_id": 1})
+    try:
+        rc, out, err = run(capsys, "--uri", mongo_uri, "--database", name)
+        assert rc == 2 and out == ""
+        assert len(err.strip().splitlines()) == 1
+        assert "not empty" in err and name in err
+        assert mongo_client[name].list_collection_names() == ["mine"]
+        assert mongo_client[name]["mine"].count_documents({}) == 1
+    finally:
+        mongo_client.drop_database(name)
+
+
+@pytest.mark.mongo
+def test_a_failing_check_fails_the_command(
+        mongo_uri: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from aggbox.checkstore import checks, runner
+
+    def stale_write_wins(ctx: checks.Context) -> checks.Outcome:
+        return Status.FAIL, "stale _v matched 1", "effects could be lost"
+
+    broken = checks.Check("conditional_update", "conditional update on {_id, _v}",
+                          stale_write_wins, "")
+    monkeypatch.setattr(runner, "CHECKS", (broken, *checks.CHECKS[1:2]))
+    rc, out, err = run(capsys, "--uri", mongo_uri, "--json")
+    assert rc == 1, err
+    report = json.loads(out)
+    assert report["verdict"] == ("aggbox's guarantees do not hold here: conditional update "
+                                 "on {_id, _v}")
+    assert report["usable"] is False and report["database_dropped"] is True
+
+
+# -- a server that refuses change streams -------------------------------------------------------
+@pytest.fixture(scope="module")
+def no_oplog_server() -> Iterator[LocalMongo]:
+    """mongo-java-server without its oplog: ``$changeStream`` refused with code 40573, as
+    on a standalone mongod."""
+    from aggbox.servers.mongo import start_mongo_java_server
+
+    with start_mongo_java_server(oplog=False) as server:
+        yield server
+
+
+def test_without_change_streams_the_dispatcher_polls(
+        no_oplog_server: LocalMongo, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "--uri", no_oplog_server.uri)
+    assert rc == 0, out + err
+    line = next(x for x in out.splitlines() if "updateLookup" in x)
+    assert line.lstrip().startswith("UNSUPPORTED")
+    assert "40573" in out and "dispatcher will poll (mode auto falls back)" in out
+    assert out.strip().splitlines()[-1] == (
+        "aggbox's guarantees hold here with the dispatcher polling")
+    assert "FAIL" not in out
+
+
+# -- unreachable, usage errors -----------------------------------------------------------------
+def test_an_unreachable_server_is_one_line_quickly(capsys: pytest.CaptureFixture[str]) -> None:
+    started = time.monotonic()
+    rc, out, err = run(capsys, "--uri",
+                       "mongodb://ada:s3cret@127.0.0.1:1/?serverSelectionTimeoutMS=2000")
+    assert time.monotonic() - started < 10
+    assert rc == 1 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "not reachable" in lines[0] and "connection refused" in lines[0]
+    assert "s3cret" not in err and "ada:***@" in err
+    assert "Topology" not in err and "--uri" in err
+
+
+def test_without_any_mongodb_it_says_so_and_starts_nothing(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Any) -> None:
+    monkeypatch.delenv("AGGBOX_MONGODB_URI", raising=False)
+    monkeypatch.delenv("AGGBOX_CONFIG", raising=False)
+    monkeypatch.setenv("AGGBOX_HOME", str(tmp_path))  # no `aggbox local start` server here
+    rc, out, err = run(capsys)
+    assert rc == 2 and out == ""
+    assert "no MongoDB to check" in err and "never starts a server" in err
+
+
+@pytest.mark.parametrize("argv", [["--database", "admin"], ["--database", "a.b"],
+                                  ["--timeout", "0"], ["--uri", "localhost:27017"]])
+def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, *argv)
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+
+
+# -- pure parts ----------------------------------------------------------------------------------
+def result(check: str, status: Status) -> CheckResult:
+    return CheckResult(check, check.replace("_", " "), status, "seen", "aggbox")
+
+
+def test_verdicts_and_exit_statuses() -> None:
+    ok = [result("conditional_update", Status.PASS), result("size_limit", Status.UNSUPPORTED)]
+    assert Report("u", "s", "d", ok).verdict == "aggbox's guarantees hold here"
+    polling = [*ok, result("change_stream", Status.UNSUPPORTED)]
+    assert Report("u", "s", "d", polling).verdict == (
+        "aggbox's guarantees hold here with the dispatcher polling")
+    assert Report("u", "s", "d", polling).exit_status == 0
+    failed = Report("u", "s", "d", [*polling, result("bson_types", Status.FAIL)])
+    assert failed.verdict == "aggbox's guarantees do not hold here: bson types"
+    assert failed.exit_status == 1 and failed.as_dict()["usable"] is False
+
+
+def test_timeouts_come_from_the_option_then_the_uri_then_the_default() -> None:
+    plain = client_options("mongodb://h/", None)
+    assert plain["serverSelectionTimeoutMS"] == DEFAULT_TIMEOUT_S * 1000
+    in_uri = client_options("mongodb://h/?serverSelectionTimeoutMS=2000&connectTimeoutMS=9", None)
+    assert "serverSelectionTimeoutMS" not in in_uri and "connectTimeoutMS" not in in_uri
+    assert client_options("mongodb://h/?serverselectiontimeoutms=2000", 1.5)[
+        "serverSelectionTimeoutMS"] == 1500
+
+
+def test_database_names_and_sizes() -> None:
+    assert scratch_name().startswith("aggbox_check_") and len(scratch_name()) == 21
+    assert database_problem("aggbox_check_x") is None
+    assert database_problem("local") and database_problem("a b") and database_problem("x" * 64)
+    import bson
+
+    for size in (100, 64 * 1024, 1_000_003):
+        assert len(bson.encode(padded({"_id": "b", "state": {}}, size))) == size
+
+
+def test_retryable_writes_need_a_replica_set_with_sessions() -> None:
+    rs = {"setName": "rs0", "logicalSessionTimeoutMinutes": 30}
+    assert retryable_writes(rs, {})[0] is True
+    assert retryable_writes({"msg": "isdbgrid", "logicalSessionTimeoutMinutes": 30}, {})[0]
+    assert retryable_writes(rs, {"retrywrites": "false"}) == (
+        False, "replica set rs0, but retryWrites=false in the URI")
+    assert retryable_writes({"logicalSessionTimeoutMinutes": 30}, {})[0] is False
