@@ -158,6 +158,9 @@ def bson_types(ctx: Context) -> Outcome:
         "at": datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=UTC),
         "offset": datetime(2026, 6, 30, 23, 59, 59, 999000,
                            tzinfo=timezone(timedelta(hours=2))),
+        # the inbox's shape: an array of [message id, occurred_at, payload hash] arrays
+        "inbox": [["m1", datetime(2026, 1, 2, 3, 4, 5, 1000, tzinfo=UTC), "h1"],
+                  ["m2", None, None]],
     }
     coll = ctx.db["check_types"]
     coll.insert_one({"_id": "t", "state": to_bson(values)})
@@ -170,7 +173,8 @@ def bson_types(ctx: Context) -> Outcome:
         "datetime range": {"state.at": {"$gte": values["at"], "$lt": values["offset"]}},
     }
     unmatched = [name for name, q in queries.items() if coll.count_documents(q) != 1]
-    seen = ("Decimal128 (34 digits), UUID (binary subtype 4), tz-aware datetimes (ms) "
+    seen = ("Decimal128 (34 digits), UUID (binary subtype 4), tz-aware datetimes (ms), "
+            "nested arrays (the inbox) "
             + ("read back equal" if not wrong else f"read back DIFFERENT: {', '.join(wrong)}")
             + ("; queries by value match" if not unmatched
                else f"; queries by {', '.join(unmatched)} did NOT match"))
