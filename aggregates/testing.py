@@ -10,6 +10,9 @@ dedup, outbox and parking rules as the real writer (both use :func:`aggregates.f
 
 Effects (docs/side-effects.md): ``h.effect_result(book, result={"tracking": "T-1"})`` delivers
 the result of the pending ``BookShipment`` entry the way the dispatcher's effect runner does.
+
+A flow across aggregates, with effects and faults: :class:`Scenario` (docs/testing.md), and
+:func:`check_fault_tolerance` to run it under random faults.
 """
 
 from __future__ import annotations
@@ -299,4 +302,15 @@ def _freeze(value: Any) -> Any:
     return value
 
 
-__all__ = ["AggregateHarness", "Source", "Step", "memory_database", "message"]
+# A whole flow of several aggregates (docs/testing.md): imported last, they build on the
+# harness above.
+from aggregates._scenario_effects import Answer, EffectCallRecord  # noqa: E402
+from aggregates._scenario_faults import Fault, FaultSource, RandomFaults  # noqa: E402
+from aggregates._scenario_property import FaultToleranceError, check_fault_tolerance  # noqa: E402
+from aggregates._scenario_timeline import Exchange, Timeline  # noqa: E402
+from aggregates.scenario import FlowDoesNotSettle, Scenario, ScenarioError  # noqa: E402
+
+__all__ = ["AggregateHarness", "Answer", "EffectCallRecord", "Exchange", "Fault", "FaultSource",
+           "FaultToleranceError", "FlowDoesNotSettle", "RandomFaults", "Scenario",
+           "ScenarioError", "Source", "Step", "Timeline", "check_fault_tolerance",
+           "memory_database", "message"]
