@@ -2,34 +2,37 @@
 :func:`spark.session.build_session` plus what needs Maven.
 
 ``spark.session`` never downloads anything (docs/design.md, "Layering"). Here, when Spark's
-Kafka source is wanted, its dependency ``spark-token-provider-kafka-0-10`` is resolved the
-way some Maven mirrors require: ``[spark] kafka_token_provider_version`` pins it, else the
-session is started with the exact version and, when Ivy fails (patch releases such as 4.0.1
-are missing on some mirrors), started again with ``<major>.<minor>.0`` — excluded from Ivy,
-fetched with Maven into the aggbox cache, put on the classpath. The JVM's log4j
-configuration goes into the aggbox cache too.
+Kafka source is wanted, its jars are resolved **once** with Maven into the aggbox cache
+(:func:`kafka_jars`) and put on the classpath with ``spark.jars`` — no Ivy at session start.
+The Kafka source's dependency ``spark-token-provider-kafka-0-10`` is missing on Maven Central
+for some patch releases (4.0.1): ``[spark] kafka_token_provider_version`` pins it, else the
+exact version is tried and then ``<major>.<minor>.0``; whichever resolved first is cached and
+used from then on without calling Maven. A Spark Connect session (``--remote``,
+``$SPARK_REMOTE``) gets nothing: the Kafka source must be on the server's classpath (start it
+with ``--jars`` of :func:`kafka_jars`, or ``--packages``). The JVM's log4j configuration goes
+into the aggbox cache too.
 """
 
 from __future__ import annotations
 
 import logging
-import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from aggbox.servers.maven import cache_dir, mvn_executable
+from aggbox.servers.errors import ServerError
+from aggbox.servers.maven import cache_dir, cached_pom, resolve_pom
 from aggregates.errors import ConfigurationError
 from spark.session import (
     TOKEN_PROVIDER,
-    gateway_failed,
     kafka_package,
     kafka_token_provider_fallback,
+    remote_url,
 )
 from spark.session import build_session as _build
 from spark.settings import SparkSettings
 
-__all__ = ["build_session", "fetch_jar"]
+__all__ = ["build_session", "kafka_jars"]
 
 log = logging.getLogger("aggbox.spark")
 
@@ -44,54 +47,112 @@ def build_session(
     log_file: Path | str | None = None,
 ) -> Any:
     """Create (or return the active) SparkSession, as :func:`spark.session.build_session`,
-    with the Kafka source's token provider resolved (see the module docstring)."""
+    with Spark's Kafka source from :func:`kafka_jars` (see the module docstring)."""
     s = settings or SparkSettings.load()
-    common: dict[str, Any] = {
-        "packages": list(packages), "conf": conf, "log_file": log_file,
-        "show_console_progress": show_console_progress,
-        "log_config_dir": cache_dir() / "spark",
-    }
-    if not kafka:
-        return _build(s, **common)
+    jars = kafka_jars(s) if kafka and not remote_url(s) else []
+    return _build(s, packages=list(packages), jars=jars, conf=conf, log_file=log_file,
+                  show_console_progress=show_console_progress,
+                  log_config_dir=cache_dir() / "spark")
+
+
+# Spark's parent pom names a Maven Central mirror on a host that may not resolve
+# (gcs-maven-central-mirror); the same id pointing at Maven Central overrides it, so Maven
+# never waits on it. Mirrors configured in ~/.m2/settings.xml still apply.
+_KAFKA_POM = """\
+<?xml version="1.0" encoding="UTF-8"?>
+<!-- Spark's Kafka source for aggbox (aggbox/session.py), written and resolved by aggbox. -->
+<project xmlns="http://maven.apache.org/POM/4.0.0">
+  <modelVersion>4.0.0</modelVersion>
+  <groupId>aggbox.spark</groupId>
+  <artifactId>spark-kafka-classpath</artifactId>
+  <version>1</version>
+  <packaging>pom</packaging>
+  <repositories>
+    <repository>
+      <id>gcs-maven-central-mirror</id>
+      <url>https://repo.maven.apache.org/maven2</url>
+    </repository>
+  </repositories>
+  <dependencies>
+    <dependency>
+      <groupId>{group}</groupId>
+      <artifactId>{artifact}</artifactId>
+      <version>{version}</version>
+      <exclusions>
+        <exclusion>
+          <groupId>org.apache.spark</groupId>
+          <artifactId>{token_artifact}</artifactId>
+        </exclusion>
+      </exclusions>
+    </dependency>
+    <dependency>
+      <groupId>org.apache.spark</groupId>
+      <artifactId>{token_artifact}</artifactId>
+      <version>{token_version}</version>
+    </dependency>
+  </dependencies>
+</project>
+"""
+
+
+def _kafka_pom(coordinate: str, token_version: str) -> str:
+    group, artifact, version = coordinate.split(":")
+    return _KAFKA_POM.format(group=group, artifact=artifact, version=version,
+                             token_artifact=TOKEN_PROVIDER.split(":")[1],
+                             token_version=token_version)
+
+
+def _spark_artifacts() -> set[str]:
+    """Artifact names (without version) of the jars the installed PySpark brings."""
+    import pyspark
+
+    jars = Path(pyspark.__file__).parent / "jars"
+    return {j.name.rsplit("-", 1)[0] for j in jars.glob("*.jar")}
+
+
+def _not_in_spark(jars: list[Path]) -> list[Path]:
+    """``jars`` without those Spark has already (Hadoop client, Scala, slf4j, …): resolved
+    names are ``<groupId>.<artifactId>-<version>.jar``."""
+    have = _spark_artifacts()
+    out = []
+    for jar in jars:
+        stem = jar.name.rsplit("-", 1)[0]
+        if not any(stem == a or stem.endswith("." + a) for a in have):
+            out.append(jar)
+    return out
+
+
+def kafka_jars(settings: SparkSettings | None = None) -> list[Path]:
+    """The jars of Spark's Kafka source (``[spark] kafka_package``, default: the installed
+    PySpark's version) and of its dependencies that Spark does not bring itself, resolved
+    with Maven once into the aggbox cache (see the module docstring)."""
+    s = settings or SparkSettings.load()
+    coordinate = kafka_package(s)
+    version = coordinate.split(":")[2]
     if s.kafka_token_provider_version:
-        return _pinned(s, s.kafka_token_provider_version, common)
-    try:
-        return _build(s, kafka=True, **common)
-    except Exception as exc:
-        if not gateway_failed(exc):
-            raise
-        pinned = kafka_token_provider_fallback()
-        log.warning(
-            "could not start Spark with %s (Ivy could not resolve a dependency, see above); "
-            "retrying with %s:%s. Set [spark] kafka_token_provider_version to choose.",
-            kafka_package(s), TOKEN_PROVIDER, pinned,
-        )
-        return _pinned(s, pinned, common)
+        candidates = [s.kafka_token_provider_version]
+    else:
+        candidates = list(dict.fromkeys([version, kafka_token_provider_fallback()]))
+    poms = [(v, _kafka_pom(coordinate, v)) for v in candidates]
+    for _v, text in poms:  # resolved before: no Maven at all
+        cached = cached_pom("spark-kafka", text)
+        if cached is not None:
+            return _not_in_spark(cached)
+    failures: list[str] = []
+    for v, text in poms:
+        try:
+            jars = resolve_pom("spark-kafka", text)
+        except ServerError as exc:
+            failures.append(f"{TOKEN_PROVIDER}:{v}: {str(exc).splitlines()[0]}")
+            continue
+        if v != version:
+            log.info("Spark's Kafka source %s with %s:%s (%s is not on Maven Central)",
+                     coordinate, TOKEN_PROVIDER, v, version)
+        return _not_in_spark(jars)
+    raise ConfigurationError(
+        f"cannot resolve Spark's Kafka source {coordinate} with Maven: "
+        + "; ".join(failures)
+        + ". Set [spark] kafka_package / kafka_token_provider_version to versions your Maven "
+        "mirror has."
+    )
 
-
-def _pinned(s: SparkSettings, version: str, common: dict[str, Any]) -> Any:
-    # Ivy cannot pin a transitive dependency: exclude it and put the pinned jar on the
-    # classpath ourselves.
-    jar = fetch_jar(f"{TOKEN_PROVIDER}:{version}")
-    return _build(s, kafka=True, jars=[jar], excludes=[TOKEN_PROVIDER], **common)
-
-
-def fetch_jar(coordinate: str) -> Path:
-    """One jar (no dependencies) from Maven Central, cached in the aggbox cache directory."""
-    _group, artifact, version = coordinate.split(":")
-    target = cache_dir() / "jars" / "spark-extra"
-    jar = target / f"{artifact}-{version}.jar"
-    if jar.is_file():
-        return jar
-    target.mkdir(parents=True, exist_ok=True)
-    cmd = [mvn_executable(), "-q", "-B", "dependency:copy", f"-Dartifact={coordinate}",
-           f"-DoutputDirectory={target}"]
-    done = subprocess.run(cmd, cwd=target, stdin=subprocess.DEVNULL, capture_output=True,
-                          text=True, timeout=600, check=False)
-    if done.returncode != 0 or not jar.is_file():
-        raise ConfigurationError(
-            f"cannot fetch {coordinate} from Maven Central (exit {done.returncode}): "
-            f"{(done.stdout + done.stderr).strip()[-2000:]}. Set [spark] kafka_package / "
-            "kafka_token_provider_version to versions your Maven mirror has."
-        )
-    return jar

@@ -29,13 +29,24 @@ and :meth:`RunResult.raise_for_accounting` fails the run (or the micro-batch) ot
 (:mod:`spark.results`).
 Re-running the same input, or Spark re-running a task, is harmless: what was already
 applied comes back as ``duplicate``.
+
+``spark`` may be a Spark Connect session (``SparkSession.builder.remote(...)``, a
+Databricks notebook's): the pipeline uses DataFrames only — no ``sparkContext``, RDDs or
+accumulators. A stream's ``foreachBatch`` function then runs in a Python process of the
+Connect server: it is a picklable object (:class:`MicroBatch`; the pipeline pickles
+without its session and registry, both found again there), and each micro-batch's result
+comes back to this process through a one-row temporary view of the shared session, which
+:meth:`Pipeline.run_stream` reads (``on_batch`` is called here, in the client).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import logging
+import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,7 +64,7 @@ from spark.results import (
     new_run_id,
 )
 from spark.schema import OUTCOME_SCHEMA
-from spark.session import check_session
+from spark.session import check_session, is_connect
 from spark.settings import InputFormat, SparkSettings
 from spark.sources import (
     CE_HEADER_COLUMN,
@@ -116,6 +127,21 @@ class Pipeline:
             )
         self.mongodb_uri: str = uri
         self._indexes_done = False
+        self._pollers: dict[str, _BatchViews] = {}
+
+    # -- pickling (Spark Connect runs foreachBatch functions in the server's Python) ------
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in ("spark", "registry", "info", "_pollers"):
+            state.pop(name, None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.spark = None  # DataFrames carry their session (raw.sparkSession)
+        self.registry = Registry.from_module(self.aggregates)
+        self.info = RegistryInfo.from_registry(self.registry)
+        self._pollers = {}
 
     # -- the shared code path -----------------------------------------------------------
     def ensure_indexes(self) -> None:
@@ -170,7 +196,7 @@ class Pipeline:
             part = f"batch_id={batch_id}" if batch_id is not None else f"run_id={run_id}"
             target = outcomes_path.rstrip("/") + "/" + part
             outcomes.write.mode("overwrite").parquet(target)
-            outcomes = self.spark.read.schema(OUTCOME_SCHEMA).parquet(target)
+            outcomes = raw.sparkSession.read.schema(OUTCOME_SCHEMA).parquet(target)
         else:
             outcomes = outcomes.localCheckpoint(eager=True)
         counts, reasons, by_type = count_outcomes(outcomes)
@@ -221,20 +247,17 @@ class Pipeline:
         run_id = new_run_id()
         self.ensure_indexes()
 
-        def each(df: Any, batch_id: int) -> None:
-            df.persist()
-            try:
-                result = self.process(add_line_order(df), run_id=run_id, batch_id=batch_id,
-                                      outcomes_path=outcomes_path)
-            finally:
-                df.unpersist()
-            result.outcomes = None
+        connect = is_connect(self.spark)
+        views = _BatchViews(self.spark, stream_result, on_batch) if connect else None
+
+        def sink(result: RunResult) -> None:
             stream_result.batches.append(result)
-            log.info("micro-batch %d: %s", batch_id, result.summary())
             if on_batch is not None:
                 on_batch(result)
-            result.raise_for_accounting()
 
+        each = MicroBatch(self, run_id=run_id, outcomes_path=outcomes_path,
+                          sink=None if views is not None else sink,
+                          view_prefix=views.prefix if views is not None else None)
         writer = read_stream(self.spark, source).writeStream.foreachBatch(each)
         writer = writer.option("checkpointLocation", checkpoint)
         if query_name:
@@ -242,7 +265,18 @@ class Pipeline:
         writer = _with_trigger(writer, trigger or self.spark_settings.trigger)
         query = writer.start()
         stream_result.query_id = str(query.id)
+        if views is not None:
+            self._pollers[stream_result.query_id] = views
+            views.start(query)
         return query, stream_result
+
+    def collect_batches(self, stream_result: StreamResult) -> None:
+        """Spark Connect: take the results of micro-batches finished so far into
+        ``stream_result`` (a thread does it every half second while the query runs;
+        :meth:`run_stream` calls this once more at the end). Nothing to do otherwise."""
+        views = self._pollers.get(stream_result.query_id or "")
+        if views is not None:
+            views.poll()
 
     def run_stream(
         self,
@@ -273,6 +307,9 @@ class Pipeline:
                 query.stop()
         if failure is None:
             failure = query.exception()
+        views = self._pollers.pop(result.query_id or "", None)
+        if views is not None:
+            views.finish()
         if failure is not None:
             first = str(failure).strip().splitlines()[:8]
             raise StreamFailed(
@@ -286,6 +323,110 @@ class Pipeline:
 
 class StreamFailed(AggboxError):
     """The streaming query stopped with an error (see the message and the Spark log)."""
+
+
+class MicroBatch:
+    """The ``foreachBatch`` function: :meth:`Pipeline.process` on one micro-batch, its
+    accounting checked (an error fails the query, the checkpoint keeps the batch).
+
+    With a Spark Connect session it runs in a Python process of the server, so it must
+    pickle: no session, no client-side callbacks (``sink`` is None), and the result is
+    published as the temporary view ``<view_prefix><batch_id>`` of the shared session."""
+
+    def __init__(self, pipeline: Pipeline, *, run_id: str, outcomes_path: str | None,
+                 sink: Callable[[RunResult], None] | None,
+                 view_prefix: str | None) -> None:
+        self.pipeline = pipeline
+        self.run_id = run_id
+        self.outcomes_path = outcomes_path
+        self.sink = sink
+        self.view_prefix = view_prefix
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        df.persist()
+        try:
+            result = self.pipeline.process(add_line_order(df), run_id=self.run_id,
+                                           batch_id=batch_id, outcomes_path=self.outcomes_path)
+        finally:
+            df.unpersist()
+        result.outcomes = None
+        log.info("micro-batch %d: %s", batch_id, result.summary())
+        if self.sink is not None:
+            self.sink(result)
+        if self.view_prefix is not None:
+            df.sparkSession.createDataFrame(
+                [(batch_id, _result_json(result))], "batch_id long, result string",
+            ).createOrReplaceTempView(f"{self.view_prefix}{batch_id}")
+        result.raise_for_accounting()
+
+
+def _result_json(r: RunResult) -> str:
+    return json.dumps({
+        "run_id": r.run_id, "input_count": r.input_count, "counts": r.counts,
+        "reasons": [[*k, n] for k, n in r.reasons.items()],
+        "by_type": [[*k, n] for k, n in r.by_type.items()],
+        "outcomes_path": r.outcomes_path, "batch_id": r.batch_id, "seconds": r.seconds,
+    })
+
+
+def _result_from_json(text: str) -> RunResult:
+    d = json.loads(text)
+    return RunResult(
+        run_id=d["run_id"], input_count=d["input_count"], counts=d["counts"],
+        reasons={(o, r): n for o, r, n in d["reasons"]},
+        by_type={(a, m, o, r): n for a, m, o, r, n in d["by_type"]},
+        outcomes_path=d["outcomes_path"], batch_id=d["batch_id"], seconds=d["seconds"])
+
+
+class _BatchViews:
+    """Spark Connect: the client side of :class:`MicroBatch`'s result views. Reads each
+    new view once (in batch order), drops it, appends the result to the
+    :class:`StreamResult` and calls ``on_batch``."""
+
+    def __init__(self, spark: Any, stream_result: StreamResult,
+                 on_batch: Callable[[RunResult], None] | None,
+                 interval: float = 0.5) -> None:
+        self.spark = spark
+        self.stream_result = stream_result
+        self.on_batch = on_batch
+        self.interval = interval
+        self.prefix = f"aggbox_batch_{uuid.uuid4().hex[:12]}_"
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def poll(self) -> None:
+        with self._lock:
+            names = [t.name for t in self.spark.catalog.listTables(pattern=f"{self.prefix}*")
+                     if t.isTemporary]
+            found = sorted((int(n[len(self.prefix):]), n) for n in names
+                           if n.startswith(self.prefix) and n[len(self.prefix):].isdigit())
+            for _batch_id, name in found:
+                (row,) = self.spark.table(name).collect()
+                self.spark.catalog.dropTempView(name)
+                result = _result_from_json(row["result"])
+                self.stream_result.batches.append(result)
+                if self.on_batch is not None:
+                    self.on_batch(result)
+
+    def start(self, query: Any) -> None:
+        def loop() -> None:
+            while not self._stop.wait(self.interval):
+                try:
+                    self.poll()
+                except Exception as exc:  # the session may be closing; finish() reads again
+                    log.debug("reading micro-batch results: %s", exc)
+                    if not query.isActive:
+                        return
+
+        self._thread = threading.Thread(target=loop, name="aggbox-batch-results", daemon=True)
+        self._thread.start()
+
+    def finish(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        self.poll()
 
 
 def _with_trigger(writer: Any, trigger: str) -> Any:

@@ -1,8 +1,13 @@
 """What the command line shows: a live progress display of the running Spark stages and a
-summary table of outcomes at the end (``rich``; plain text when not on a terminal)."""
+summary table of outcomes at the end (``rich``; plain text when not on a terminal).
+
+The stages come from ``sparkContext.statusTracker()`` (polled), or on Spark Connect, which
+has no ``sparkContext``, from the progress the server reports with each operation
+(``spark.registerProgressHandler``)."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +35,12 @@ def spark_progress(spark: Any, console: Console, *, enabled: bool = True,
         TextColumn("{task.fields[extra]}"), TimeElapsedColumn(),
         console=console, transient=True,
     )
+    from spark.session import is_connect
+
+    if is_connect(spark):
+        with _connect_progress(spark, progress):
+            yield progress
+        return
     stop = threading.Event()
     tracker = spark.sparkContext.statusTracker()
     bars: dict[int, Any] = {}
@@ -61,6 +72,42 @@ def spark_progress(spark: Any, console: Console, *, enabled: bool = True,
         finally:
             stop.set()
             thread.join(timeout=2 * interval + 1)
+
+
+@contextmanager
+def _connect_progress(spark: Any, progress: Progress) -> Iterator[None]:
+    """Bars from the stage progress a Spark Connect server sends with each operation."""
+    bars: dict[tuple[str, int], Any] = {}
+    lock = threading.Lock()
+
+    def handler(stages: Any, inflight_tasks: int, operation_id: str | None,
+                done: bool) -> None:
+        try:
+            with lock:
+                seen = set()
+                for st in stages:
+                    key = (str(operation_id), int(st.stage_id))
+                    finished = st.num_completed_tasks >= st.num_tasks or done
+                    if finished:
+                        continue
+                    seen.add(key)
+                    if key not in bars:
+                        bars[key] = progress.add_task(f"stage {st.stage_id}",
+                                                      total=st.num_tasks, extra="")
+                    progress.update(bars[key], completed=st.num_completed_tasks,
+                                    total=st.num_tasks)
+                for key in [k for k in bars if k[0] == str(operation_id) and k not in seen]:
+                    progress.remove_task(bars.pop(key))
+        except Exception:  # the display must never break the job
+            return
+
+    spark.registerProgressHandler(handler)
+    with progress:
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):  # the session may be gone already
+                spark.removeProgressHandler(handler)
 
 
 def summary_table(title: str, input_count: int, counts: dict[str, int],

@@ -14,12 +14,20 @@ Under ``spark-submit`` (or in a notebook) pass your own session to the pipeline 
   aggregates, your aggregates module).
 - Spark's Kafka source ``org.apache.spark:spark-sql-kafka-0-10_2.13:<pyspark version>``
   through ``spark.jars.packages``, only when a Kafka stream is wanted (Ivy downloads it from
-  Maven Central once into ``~/.ivy2.5.2``). Its dependency ``spark-token-provider-kafka-0-10``
-  is missing on some Maven mirrors for patch releases (4.0.1 here): ``jars`` and
-  ``excludes`` let the caller exclude it from Ivy and put a pinned jar on the classpath. This
-  module never downloads anything itself; the ``aggbox`` command does that retry
-  (:func:`aggbox.session.build_session`, docs/design.md "Layering").
+  Maven Central into ``~/.ivy2.5.2``). Its dependency ``spark-token-provider-kafka-0-10`` is
+  missing on Maven Central for some patch releases (4.0.1 here): ``jars`` and ``excludes``
+  let the caller put resolved jars on the classpath instead. This module never downloads
+  anything itself; the ``aggbox`` command resolves the Kafka source's jars with Maven once
+  and passes them as ``jars`` (:func:`aggbox.session.build_session`, docs/design.md
+  "Layering").
 - ``spark.sql.session.timeZone=UTC``: ``occurred_at`` is compared and ordered in UTC.
+- ``remote`` (``[spark] remote``, ``--remote``, else ``$SPARK_REMOTE``): a **Spark Connect**
+  session (``sc://host:port``) instead of a JVM in this process. Only session-scoped SQL
+  settings can be set from a Connect client (shuffle partitions, Arrow batch size, time zone,
+  ``conf``); speculation, task retries, packages and jars are the server's
+  (:func:`check_session` reads what it runs with through ``spark.conf``). ``py_files`` go
+  with ``addArtifacts(pyfile=True)``. On that path aggbox never touches ``sparkContext``,
+  RDDs or accumulators (:func:`is_connect`).
 - ``log_file`` (the ``aggbox`` command passes its log file): the JVM's log4j output —
   start-up chatter and the stack traces of failed tasks, hundreds of lines — goes to that
   file (errors only) instead of stderr, unless you configured log4j yourself
@@ -33,6 +41,7 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -44,12 +53,16 @@ from spark.settings import SparkSettings
 
 __all__ = [
     "TOKEN_PROVIDER",
+    "add_py_files",
     "build_session",
     "check_session",
     "gateway_failed",
+    "is_connect",
     "kafka_package",
     "kafka_token_provider_fallback",
     "local_master",
+    "quiet_logs",
+    "remote_url",
 ]
 
 log = logging.getLogger("aggbox.spark")
@@ -76,6 +89,26 @@ def kafka_token_provider_fallback() -> str:
 
     major, minor = pyspark.__version__.split(".")[:2]
     return f"{major}.{minor}.0"
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (no ``sparkContext``, no RDDs)."""
+    module = type(spark).__module__
+    if not module.startswith("pyspark.sql.connect"):
+        return False
+    try:
+        from pyspark.sql.connect.session import SparkSession as ConnectSession
+    except ImportError:  # pragma: no cover - the connect client's dependencies are missing
+        return False
+    return isinstance(spark, ConnectSession)
+
+
+def remote_url(settings: SparkSettings | None = None) -> str | None:
+    """The Spark Connect URL to use: ``[spark] remote`` (``--remote``), else
+    ``$SPARK_REMOTE``; None for a session with its own JVM."""
+    if settings is not None and settings.remote:
+        return settings.remote
+    return os.environ.get("SPARK_REMOTE") or None
 
 
 def local_master(master: str, max_failures: int) -> str:
@@ -107,6 +140,9 @@ def build_session(
     default: a directory under the system's temporary directory). Static settings (packages,
     jars, master, log file) only apply when no session is running yet in this process."""
     s = settings or SparkSettings.load()
+    remote = remote_url(s)
+    if remote:
+        return _start_remote(s, remote, conf)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     values: dict[str, str] = {
@@ -187,15 +223,69 @@ def _start(s: SparkSettings, values: dict[str, str]) -> Any:
     for key, value in values.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    for path in s.py_files:
-        spark.sparkContext.addPyFile(path)
+    add_py_files(spark, s.py_files)
     return spark
+
+
+def _start_remote(s: SparkSettings, url: str, conf: Mapping[str, str] | None) -> Any:
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.builder.remote(url).getOrCreate()
+    values = {
+        "spark.sql.shuffle.partitions": str(s.shuffle_partitions),
+        "spark.sql.execution.arrow.maxRecordsPerBatch": str(s.arrow_batch_rows),
+        "spark.sql.session.timeZone": "UTC",
+        **s.conf, **(conf or {}),
+    }
+    for key, value in values.items():
+        # A Connect client can only change session-scoped SQL settings; the others are the
+        # server's (its spark-submit / spark-defaults.conf).
+        if not key.startswith("spark.sql."):
+            log.info("Spark Connect: %s is a setting of the server, not set from here", key)
+            continue
+        try:
+            spark.conf.set(key, value)
+        except Exception as exc:  # a static SQL setting
+            log.warning("Spark Connect: cannot set %s from the client (%s)", key,
+                        str(exc).splitlines()[0])
+    add_py_files(spark, s.py_files)
+    return spark
+
+
+def add_py_files(spark: Any, paths: Iterable[str]) -> None:
+    """Ship ``.py``/``.zip``/``.egg``/``.whl`` files to the executors (and put them on this
+    process's ``sys.path``): ``SparkContext.addPyFile``, or on Spark Connect
+    ``addArtifacts(pyfile=True)`` (which takes no ``.whl``: a wheel goes as a copy named
+    ``.zip``, zipimport reads it the same)."""
+    paths = list(paths)
+    if not paths:
+        return
+    if not is_connect(spark):
+        for path in paths:
+            spark.sparkContext.addPyFile(path)
+        return
+    for path in paths:
+        local = os.path.expanduser(path)
+        if local.endswith(".whl"):
+            target = Path(tempfile.mkdtemp(prefix="aggbox-pyfiles-")) / (
+                Path(local).name + ".zip")
+            shutil.copyfile(local, target)
+            local = str(target)
+        spark.addArtifacts(local, pyfile=True)
+
+
+def quiet_logs(spark: Any, level: str = "ERROR") -> None:
+    """``sparkContext.setLogLevel(level)`` for a session with its own JVM; a Connect
+    server's log is the server's business (nothing to do)."""
+    if not is_connect(spark):
+        spark.sparkContext.setLogLevel(level)
 
 
 def check_session(spark: Any) -> None:
     """Raise :class:`ConfigurationError` when the session would make the pipeline unsafe or
-    misleading (see the module docstring)."""
-    speculation = str(spark.sparkContext.getConf().get("spark.speculation", "false"))
+    misleading (see the module docstring). Reads ``spark.conf`` (a Spark Connect session
+    has no ``sparkContext``): a session's configuration includes the application's."""
+    speculation = str(spark.conf.get("spark.speculation", "false"))
     if speculation.strip().lower() == "true":
         raise ConfigurationError(
             "spark.speculation is on: speculative copies of writer tasks write the same "

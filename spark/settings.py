@@ -32,6 +32,13 @@ class SparkSettings(SectionSettings):
         "tasks are retried locally too. Ignored when a SparkSession already exists "
         "(spark-submit).",
     )
+    remote: str | None = Field(
+        None,
+        description="Spark Connect server to run on (`sc://host:port`, as for "
+        "`SparkSession.builder.remote`) instead of a Spark driver in this process; `master` "
+        "is then ignored. Unset: `$SPARK_REMOTE` if set. Session-scoped `spark.sql.*` "
+        "settings are set from here, the others are the server's.",
+    )
     app_name: str = Field("aggbox", description="Spark application name.")
     aggregates: str | None = Field(
         None,
@@ -42,7 +49,8 @@ class SparkSettings(SectionSettings):
     py_files: list[str] = Field(
         default_factory=list,
         description="Files (.py, .zip, .whl/.egg) shipped to every executor with "
-        "SparkContext.addPyFile, e.g. the zipped aggregates module.",
+        "SparkContext.addPyFile (Spark Connect: addArtifacts), e.g. the zipped aggregates "
+        "module.",
     )
     input_format: InputFormat = Field(
         "auto",
@@ -105,7 +113,8 @@ class SparkSettings(SectionSettings):
         None,
         description="Pin spark-token-provider-kafka-0-10 (a dependency of the Kafka source) to "
         "this version, for Maven mirrors that lack the exact one. Unset: the Kafka source's own "
-        "dependency; if that cannot be resolved, aggbox retries once with <major>.<minor>.0.",
+        "version if Maven resolves it, else <major>.<minor>.0 (Maven Central has no 4.0.1); "
+        "the `aggbox` command resolves the jars with Maven once, into its cache.",
     )
     conf: dict[str, str] = Field(
         default_factory=dict,

@@ -347,11 +347,8 @@ def test_pipeline_requires_a_uri_and_never_starts_a_server() -> None:
     from aggregates.settings import AggboxSettings
     from spark.pipeline import Pipeline
 
-    class Session:  # what check_session reads
-        class sparkContext:
-            @staticmethod
-            def getConf() -> dict[str, str]:
-                return {}
+    class Session:  # what check_session reads (spark.conf, also on Spark Connect)
+        conf: dict[str, str] = {}  # noqa: RUF012
 
     with pytest.raises(ConfigurationError, match="no MongoDB URI"):
         Pipeline(Session(), aggregates="aggbox.examples.orders", settings=AggboxSettings())

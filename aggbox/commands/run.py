@@ -47,6 +47,8 @@ The aggregates module must be importable here and in every Spark executor: insta
 cluster's Python environment, or ship it with --py-files (a .py, .zip or wheel), e.g.
   aggbox run --input 's3a://bucket/in/*.jsonl' --aggregates myteam.aggregates \\
              --py-files dist/myteam-1.0-py3-none-any.whl --master yarn
+On a Spark Connect server (Databricks, or start-connect-server.sh) pass --remote
+sc://HOST:PORT (or set SPARK_REMOTE) instead of --master.
 """
 
 _STREAM_DESCRIPTION = """\
@@ -75,6 +77,7 @@ _COMMON: list[SettingOption] = [
     SettingOption("--database", _A, "database", {"metavar": "NAME"}),
     SettingOption("--outcomes", _S, "outcomes_path", {"metavar": "DIR"}),
     SettingOption("--master", _S, "master", {"metavar": "MASTER"}),
+    SettingOption("--remote", _S, "remote", {"metavar": "sc://HOST:PORT"}),
     SettingOption("--shuffle-partitions", _S, "shuffle_partitions",
                   {"type": int, "metavar": "N"}),
     SettingOption("--py-files", _S, "py_files", {"metavar": "FILE", "action": "append"},
@@ -190,13 +193,15 @@ class _Context:
 
         from aggbox.logs import current_log_file
         from aggbox.session import build_session
+        from spark.session import quiet_logs, remote_url
 
-        self.owns_session = SparkSession.getActiveSession() is None
-        with self.console.status("starting Spark…"):
+        remote = remote_url(self.spark_settings)
+        self.owns_session = remote is not None or SparkSession.getActiveSession() is None
+        with self.console.status(f"connecting to {remote}…" if remote else "starting Spark…"):
             self.spark = build_session(self.spark_settings, kafka=self.kafka,
                                        log_file=current_log_file())
         if self.owns_session:
-            self.spark.sparkContext.setLogLevel("ERROR")
+            quiet_logs(self.spark)
         return self.spark
 
     def pipeline(self) -> Any:

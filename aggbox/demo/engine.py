@@ -40,11 +40,13 @@ def spark_session(workdir: Path) -> tuple[Any, bool]:
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    from spark.session import build_session
+    from spark.session import build_session, quiet_logs, remote_url
 
     active = SparkSession.getActiveSession()
     if active is not None:
         return active, False
+    if remote_url() is not None:  # SPARK_REMOTE: a Spark Connect session, no JVM here
+        return build_session(), True
     if SparkContext._active_spark_context is not None:
         # A context runs (created in another thread): share it, never stop it.
         return SparkSession.builder.getOrCreate(), False
@@ -54,7 +56,7 @@ def spark_session(workdir: Path) -> tuple[Any, bool]:
         "spark.ui.enabled": "false",
         "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log4j.as_uri()}",
     })
-    session.sparkContext.setLogLevel("ERROR")
+    quiet_logs(session)
     return session, True
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "INSTALL_HINT",
     "available_poms",
     "cache_dir",
+    "cached_pom",
     "classpath_string",
     "compile_java",
     "java_executable",
@@ -50,6 +51,7 @@ __all__ = [
     "javac_executable",
     "mvn_executable",
     "resolve_classpath",
+    "resolve_pom",
 ]
 
 #: What to install when the JVM or Maven is missing (Debian/Ubuntu).
@@ -198,7 +200,16 @@ def resolve_classpath(pom: str) -> list[Path]:
     later calls, also from other processes, only read the marker file. Concurrent first calls
     are serialised with a file lock, so Maven runs once.
     """
-    text = _pom_text(pom)
+    return resolve_pom(pom, _pom_text(pom))
+
+
+def cached_pom(name: str, text: str) -> list[Path] | None:
+    """The jars of :func:`resolve_pom` for this pom if they are in the cache (no Maven)."""
+    return _read_marker(cache_dir() / "jars" / f"{name}-{_digest(text)}", _MARKER)
+
+
+def resolve_pom(pom: str, text: str) -> list[Path]:
+    """As :func:`resolve_classpath`, for the pom ``text`` (cached as ``jars/<name>-<hash>``)."""
     key = f"{pom}-{_digest(text)}"
     target = cache_dir() / "jars" / key
     cached = _read_marker(target, _MARKER)

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,3 +33,15 @@ def pipeline(spark_session: Any, db: Any, mongo_uri: str) -> PipelineFactory:
                         spark_settings=spark_settings, mongodb_uri=mongo_uri)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Spark Connect server from the installed PySpark on loopback, with Spark's Kafka
+    source (the jars the ``aggbox`` command resolves); yields ``sc://127.0.0.1:<port>``.
+    Its Python workers find ``tests.spark.domain`` on PYTHONPATH (the repository)."""
+    from aggbox.session import kafka_jars
+    from tests.spark.servers import connect_server as start
+
+    with start(tmp_path_factory.mktemp("connect"), jars=kafka_jars()) as url:
+        yield url

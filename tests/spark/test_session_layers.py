@@ -1,7 +1,7 @@
 """``spark.session.build_session`` downloads nothing: it takes jar paths and Maven
 coordinates; ``aggbox.session.build_session`` (the command-line layer) resolves the Kafka
-source's token provider with Maven when Ivy cannot (docs/design.md, "Layering"). No Spark is
-started here: the session start itself is replaced."""
+source's jars with Maven, once, to versions that exist (docs/design.md, "Layering"). No Spark
+is started here and Maven is not run: both are replaced."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ import pytest
 
 import aggbox.session
 import spark.session
+from aggbox.servers.errors import ServerError
+from aggregates.errors import ConfigurationError
 from spark.session import TOKEN_PROVIDER, kafka_package, kafka_token_provider_fallback
 from spark.settings import SparkSettings
 
@@ -37,29 +39,61 @@ def test_spark_session_takes_jars_and_exclusions_as_parameters(
     assert len(list(tmp_path.glob("log4j2-*.properties"))) == 1
 
 
-def test_command_layer_retries_with_the_pinned_token_provider(
+def _fake_maven(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                available: set[str]) -> list[str]:
+    """Maven replaced: it resolves poms whose token-provider version is in ``available``."""
+    tried: list[str] = []
+
+    def resolve(name: str, text: str) -> list[Path]:
+        token = text.split(f"<artifactId>{TOKEN_PROVIDER.split(':')[1]}</artifactId>")[-1]
+        version = token.split("<version>")[1].split("</version>")[0]
+        tried.append(version)
+        if version not in available:
+            raise ServerError(f"{TOKEN_PROVIDER}:{version} not found")
+        return [tmp_path / f"org.apache.spark.spark-sql-kafka-0-10_2.13-{version}.jar",
+                tmp_path / "org.apache.kafka.kafka-clients-3.9.1.jar",
+                tmp_path / "org.slf4j.slf4j-api-1.7.36.jar"]  # Spark brings its own
+
+    monkeypatch.setattr(aggbox.session, "resolve_pom", resolve)
+    monkeypatch.setattr(aggbox.session, "cached_pom", lambda name, text: None)
+    return tried
+
+
+def test_command_layer_resolves_the_kafka_jars_with_maven(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import pyspark
+
+    tried = _fake_maven(monkeypatch, tmp_path, {kafka_token_provider_fallback()})
     calls: list[dict[str, Any]] = []
-    jar = tmp_path / "token.jar"
-
-    def build(settings: Any, **kw: Any) -> Any:
-        calls.append(kw)
-        if not kw.get("jars"):
-            raise RuntimeError("[JAVA_GATEWAY_EXITED] Java gateway process exited")
-        return "session"
-
-    fetched: list[str] = []
-    monkeypatch.setattr(aggbox.session, "_build", build)
-    monkeypatch.setattr(aggbox.session, "fetch_jar", lambda c: fetched.append(c) or jar)
+    monkeypatch.setattr(aggbox.session, "_build",
+                        lambda settings, **kw: calls.append(kw) or "session")
     assert aggbox.session.build_session(SparkSettings.load(), kafka=True) == "session"
-    assert fetched == [f"{TOKEN_PROVIDER}:{kafka_token_provider_fallback()}"]
-    assert calls[1]["jars"] == [jar] and calls[1]["excludes"] == [TOKEN_PROVIDER]
+    assert tried == list(dict.fromkeys([pyspark.__version__, kafka_token_provider_fallback()]))
+    (kw,) = calls
+    assert [j.name.split("-")[0] for j in kw["jars"]] == [
+        "org.apache.spark.spark", "org.apache.kafka.kafka"]  # not Spark's own slf4j
+    assert "packages" not in kw or not kw["packages"]
 
 
-def test_command_layer_does_not_retry_other_failures(monkeypatch: pytest.MonkeyPatch) -> None:
-    def build(settings: Any, **kw: Any) -> Any:
-        raise ValueError("something else")
+def test_command_layer_pins_the_token_provider(monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: Path) -> None:
+    tried = _fake_maven(monkeypatch, tmp_path, {"9.9.9"})
+    jars = aggbox.session.kafka_jars(SparkSettings.load(kafka_token_provider_version="9.9.9"))
+    assert tried == ["9.9.9"] and len(jars) == 2
 
-    monkeypatch.setattr(aggbox.session, "_build", build)
-    with pytest.raises(ValueError, match="something else"):
-        aggbox.session.build_session(SparkSettings.load(), kafka=True)
+
+def test_command_layer_names_the_versions_it_could_not_resolve(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    _fake_maven(monkeypatch, tmp_path, set())
+    with pytest.raises(ConfigurationError, match="kafka_token_provider_version"):
+        aggbox.session.kafka_jars(SparkSettings.load())
+
+
+def test_no_kafka_jars_for_a_spark_connect_session(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    tried = _fake_maven(monkeypatch, tmp_path, set())
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(aggbox.session, "_build",
+                        lambda settings, **kw: calls.append(kw) or "session")
+    aggbox.session.build_session(SparkSettings.load(remote="sc://127.0.0.1:1"), kafka=True)
+    assert tried == [] and calls[0]["jars"] == []

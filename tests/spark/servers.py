@@ -1,0 +1,219 @@
+"""Spark servers for the tests, started from the installed PySpark on loopback: a Spark
+Connect server (``SparkConnectServer`` through ``spark-submit``) and a standalone cluster
+(one master, two workers with one core each, through ``spark-class``). Each runs in its own
+process group, logs into a file, and is stopped by its process id."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def spark_home() -> Path:
+    import pyspark
+
+    return Path(pyspark.__file__).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float,
+               what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{_tail(log)}")
+        with socket.socket() as s, contextlib.suppress(OSError):
+            s.settimeout(0.5)
+            s.connect(("127.0.0.1", port))
+            return
+        time.sleep(0.3)
+    raise RuntimeError(f"{what} did not listen on port {port} within {timeout:.0f} s:\n"
+                       f"{_tail(log)}")
+
+
+def _tail(log: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def spark_env(extra: Mapping[str, str] | None = None,
+              pythonpath: Sequence[str] | None = None) -> dict[str, str]:
+    """The environment of a Spark server process: loopback, this interpreter for Python
+    workers, ``pythonpath`` (default: the repository, for ``tests.spark.domain``)."""
+    env = dict(os.environ)
+    for key in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_SUBMIT_ARGS"):
+        env.pop(key, None)
+    env.update({
+        "SPARK_HOME": str(spark_home()),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "SPARK_LOCAL_HOSTNAME": "localhost",
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        "PYTHONPATH": os.pathsep.join([str(REPO)] if pythonpath is None else pythonpath),
+    })
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class ServerProcess:
+    """A JVM started in its own process group; :meth:`stop` ends the group (its Python
+    workers too)."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+
+
+def _start(name: str, cmd: list[str], env: Mapping[str, str], workdir: Path) -> ServerProcess:
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / f"{name}.log"
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env=dict(env), cwd=workdir,
+                                start_new_session=True)
+    return ServerProcess(name, proc, log)
+
+
+@contextlib.contextmanager
+def connect_server(workdir: Path, *, jars: Sequence[Path] = (),
+                   conf: Mapping[str, str] | None = None,
+                   timeout: float = 180) -> Iterator[str]:
+    """A Spark Connect server (``local[2, 4]``, 768 MB) on loopback; yields its
+    ``sc://127.0.0.1:<port>`` URL."""
+    port = free_port()
+    cmd = [str(spark_home() / "bin" / "spark-submit"),
+           "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+           "--name", "aggbox-tests-connect", "--master", "local[2, 4]",
+           "--driver-memory", "768m",
+           "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+           "--conf", f"spark.connect.grpc.binding.port={port}",
+           "--conf", "spark.ui.enabled=false",
+           "--conf", "spark.sql.adaptive.enabled=false",
+           "--conf", "spark.speculation=false",
+           "--conf", f"spark.pyspark.python={sys.executable}"]
+    for key, value in (conf or {}).items():
+        cmd += ["--conf", f"{key}={value}"]
+    if jars:
+        cmd += ["--jars", ",".join(str(j) for j in jars)]
+    server = _start("connect-server", cmd, spark_env(), workdir)
+    try:
+        _wait_port(port, server.proc, server.log, timeout, "the Spark Connect server")
+        yield f"sc://127.0.0.1:{port}"
+    finally:
+        server.stop()
+
+
+@dataclass
+class Cluster:
+    """A standalone cluster: ``master`` is ``spark://127.0.0.1:<port>``."""
+
+    master: str
+    workdir: Path
+    processes: list[ServerProcess] = field(default_factory=list)
+
+    def executor_pids(self) -> list[int]:
+        """Process ids of this cluster's executor JVMs running now (found in /proc by
+        their main class and their working directory, under the workers' directory)."""
+        return [pid for pid, cmd in _processes()
+                if "org.apache.spark.executor.CoarseGrainedExecutorBackend" in cmd
+                and _cwd(pid).startswith(str(self.workdir))]
+
+    def stop(self) -> None:
+        for p in reversed(self.processes):
+            p.stop()
+
+
+def _cwd(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/cwd")
+    except OSError:
+        return ""
+
+
+def _processes() -> Iterator[tuple[int, str]]:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            raw = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        yield int(entry.name), raw.replace(b"\0", b" ").decode(errors="replace")
+
+
+@contextlib.contextmanager
+def standalone_cluster(workdir: Path, *, workers: int = 2, worker_memory: str = "700m",
+                       pythonpath: Sequence[str] = (),
+                       timeout: float = 120) -> Iterator[Cluster]:
+    """A master and ``workers`` workers (1 core, ``worker_memory`` each) on loopback. The
+    workers' environment has ``pythonpath`` only (not the repository): what the executors'
+    Python imports beyond the installed packages must be shipped (``--py-files``)."""
+    spark_class = str(spark_home() / "bin" / "spark-class")
+    port = free_port()
+    cluster = Cluster(f"spark://127.0.0.1:{port}", workdir)
+    env = spark_env(pythonpath=pythonpath, extra={
+        "SPARK_WORKER_DIR": str(workdir / "work"),
+        "SPARK_DAEMON_MEMORY": "256m",
+    })
+    try:
+        master = _start("master", [spark_class, "org.apache.spark.deploy.master.Master",
+                                   "--host", "127.0.0.1", "--port", str(port),
+                                   "--webui-port", "0"], env, workdir)
+        cluster.processes.append(master)
+        _wait_port(port, master.proc, master.log, timeout, "the Spark master")
+        for i in range(workers):
+            worker = _start(f"worker-{i}", [
+                spark_class, "org.apache.spark.deploy.worker.Worker", cluster.master,
+                "--host", "127.0.0.1", "--cores", "1", "--memory", worker_memory,
+                "--webui-port", "0", "--work-dir", str(workdir / "work" / f"w{i}")], env,
+                workdir)
+            cluster.processes.append(worker)
+        _wait_workers(cluster, workers, timeout)
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def _wait_workers(cluster: Cluster, count: int, timeout: float) -> None:
+    master_log = cluster.processes[0].log
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        text = master_log.read_text(errors="replace")
+        if text.count("Registering worker") >= count:
+            return
+        for p in cluster.processes:
+            if p.proc.poll() is not None:
+                raise RuntimeError(f"{p.name} exited with {p.proc.returncode}:\n{_tail(p.log)}")
+        time.sleep(0.5)
+    raise RuntimeError(f"{count} workers did not register within {timeout:.0f} s:\n"
+                       f"{_tail(master_log)}")
