@@ -18,7 +18,7 @@ from aggbox.checkstore.checks import CHECKS, LAST, Check, Context
 from aggbox.checkstore.logic import client_options, describe_server, uri_options
 from aggbox.checkstore.report import CheckResult, Report, Status
 from aggbox.checkstore.streams import stream_checks, stream_failure
-from aggregates.errors import AggboxError
+from aggregates.errors import AggboxError, StoreError
 from aggregates.settings import AggboxSettings
 from aggregates.uri import redact_uri
 from dispatcher.errors import describe_store_error, is_unreachable
@@ -107,7 +107,7 @@ def _introduce(client: MongoClient[dict[str, Any]], target: Target,
 def _run(check: Check, ctx: Context) -> CheckResult:
     try:
         status, seen, aggbox = check.run(ctx)
-    except PyMongoError as exc:
+    except (PyMongoError, StoreError) as exc:  # StoreError: e.g. a write concern error
         status, seen, aggbox = Status.FAIL, describe_store_error(exc), check.if_failed
     return CheckResult(check.id, check.title, status, seen, aggbox)
 
