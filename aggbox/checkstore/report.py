@@ -5,7 +5,7 @@ its two renderings (a plain-text table, one JSON object). Pure: no server, no cl
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Final
 
@@ -59,7 +59,6 @@ class Report:
     checks: Sequence[CheckResult]
     #: the scratch database was dropped at the end (``False``: say so, the user drops it)
     dropped: bool = True
-    notes: Sequence[str] = field(default_factory=tuple)
 
     @property
     def failed(self) -> list[CheckResult]:
@@ -95,7 +94,6 @@ class Report:
             "usable": not self.failed,
             "dispatcher": "poll" if self.polling else "stream",
             "exit_status": self.exit_status,
-            "notes": list(self.notes),
         }
 
 
