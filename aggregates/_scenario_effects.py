@@ -205,7 +205,7 @@ class EffectDesk:
         except Exception as exc:
             reason, error = retry_reason(effect, exc)
             label = "timeout" if isinstance(exc, TimeoutError) else "retryable"
-            if fault != "lost":
+            if fault is None:  # an injected failure: the function was never called
                 self._record(call, label, None, reason, error)
             att.last_error = error
             if att.attempts >= effect.max_attempts:

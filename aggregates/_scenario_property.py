@@ -41,6 +41,7 @@ def check_fault_tolerance(
     try:
         from hypothesis import HealthCheck, given, settings
         from hypothesis import strategies as st
+        from hypothesis.errors import Flaky
     except ImportError as exc:  # a development dependency
         raise ConfigurationError("check_fault_tolerance() needs hypothesis: "
                                  "pip install hypothesis") from exc
@@ -87,7 +88,13 @@ def check_fault_tolerance(
                 f"undisturbed run's — {why}:\n"
                 f"{_diff(expected, got)}\n\ntimeline under faults:\n{sc.timeline}")
 
-    disturbed()
+    try:
+        disturbed()
+    except Flaky as exc:  # the same faults gave different runs
+        raise FaultToleranceError(
+            "the same faults gave different results in two runs: a handler is not "
+            "deterministic (does it read the clock, random numbers or global state? use "
+            f"msg.occurred_at, or derive values from the message) — {exc}") from exc
 
 
 def _faults(source: RandomFaults) -> str:
