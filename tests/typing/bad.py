@@ -85,3 +85,12 @@ def dict_without_type(state: Order, msg: Message) -> Handled[Order]:
 def wrong_emit_list(state: Order, msg: Message) -> Handled[Order]:
     # error: List item 0 has incompatible type "str"; expected "Emit"
     return state, ["X"]
+
+
+def scenario_state_is_typed() -> None:
+    from aggregates import Registry
+    from aggregates.testing import Scenario
+
+    sc = Scenario(Registry([orders]))
+    # error: "Order" has no attribute "reserved"
+    print(sc.state(orders, "o-1").reserved)

@@ -78,3 +78,19 @@ def approve_v1_to_v2(payload: dict[str, Any]) -> dict[str, Any]:
 
 version: int = orders.message_version("Approve")
 emit_v2 = Emit("Approve", {"status": "ok"}, to=orders.ref("o-1"), schema_version=2)
+
+
+# A scenario test (docs/testing.md): states come back typed.
+def scenario_test() -> None:
+    from aggregates import Registry
+    from aggregates.testing import Answer, Fault, Scenario, Timeline, message
+
+    sc = Scenario(Registry([orders, customers]), faults=[Fault.duplicate("OrderCreated")])
+    sc.fake_effect("Book", Answer.ok({"id": "b-1"}), on_success="Booked",
+                   on_failure="NotBooked")
+    sc.given(message("PlaceOrder", {"customer_id": "c-1", "amount": 3}, to=orders, id="o-1"))
+    steps: Timeline = sc.when(message("Approve", {}, to=orders, id="o-1"))
+    order: Order = sc.state(orders, "o-1")
+    reserved: int = sc.state(customers, "c-1").reserved
+    assert order.status == "approved" and reserved >= 0 and steps.types()
+    assert [e.outcome for e in sc.timeline] and sc.outcome("m-1").reason is None
