@@ -255,23 +255,21 @@ def _start_remote(s: SparkSettings, url: str, conf: Mapping[str, str] | None) ->
 def add_py_files(spark: Any, paths: Iterable[str]) -> None:
     """Ship ``.py``/``.zip``/``.egg``/``.whl`` files to the executors (and put them on this
     process's ``sys.path``): ``SparkContext.addPyFile``, or on Spark Connect
-    ``addArtifacts(pyfile=True)`` (which takes no ``.whl``: a wheel goes as a copy named
-    ``.zip``, zipimport reads it the same)."""
-    paths = list(paths)
-    if not paths:
-        return
-    if not is_connect(spark):
-        for path in paths:
-            spark.sparkContext.addPyFile(path)
-        return
+    ``addArtifacts(pyfile=True)``. Neither puts a ``.whl`` on the executors' ``sys.path``
+    (addPyFile ships it as a plain file, addArtifacts refuses it): a wheel goes as a copy
+    named ``<wheel>.zip``, which zipimport reads the same (pure-Python wheels)."""
+    connect = is_connect(spark)
     for path in paths:
-        local = os.path.expanduser(path)
-        if local.endswith(".whl"):
+        local = path
+        if path.endswith(".whl") and not re.match(r"^[A-Za-z][\w+.-]+:", path):
             target = Path(tempfile.mkdtemp(prefix="aggbox-pyfiles-")) / (
-                Path(local).name + ".zip")
-            shutil.copyfile(local, target)
+                Path(path).name + ".zip")
+            shutil.copyfile(Path(path).expanduser(), target)
             local = str(target)
-        spark.addArtifacts(local, pyfile=True)
+        if connect:
+            spark.addArtifacts(os.path.expanduser(local), pyfile=True)
+        else:
+            spark.sparkContext.addPyFile(local)
 
 
 def quiet_logs(spark: Any, level: str = "ERROR") -> None:
