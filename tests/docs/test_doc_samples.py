@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 #: Pages that must exist (README links them).
 REQUIRED = ("concepts.md", "configuration.md", "debugging.md", "evolving-schemas.md",
-            "operations.md", "reasons.md", "side-effects.md")
+            "operations.md", "reasons.md", "side-effects.md", "testing.md")
 
 
 def _ids(paths: list[Path]) -> list[str]:
