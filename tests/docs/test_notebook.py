@@ -51,6 +51,9 @@ def test_the_notebook_runs_and_shows_the_failures_and_their_fixes(
     # The trace follows the chain across runs and shows the poison message's history.
     assert "place-o1 Order/o-1: applied, emitted 1   ◀ traced" in text
     assert "place-o2 Order/o-2: dead_lettered (handler_error) → applied" in text
+    # The same flow as a unit test: a scenario's timeline, a duplicate recognised.
+    assert "message OrderCreated             Order/o-1 → Customer/c-1             duplicate" in text
+    assert "Order(customer_id='c-1', amount=900, status='rejected')" in text
     # load_aggregate renders as HTML in Jupyter.
     assert any("text/html" in out.get("data", {}) and "aggregate <code>Customer/c-1" in
                out.data["text/html"] for c in cells for out in c.outputs
