@@ -23,19 +23,26 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from aggregates._scenario_backends import Backend, MemoryBackend, StoreBackend
 from aggregates._scenario_effects import Answer, EffectCallRecord, EffectDesk
 from aggregates._scenario_faults import Fault, FaultSource, ScriptedFaults
-from aggregates._scenario_timeline import Exchange, ExchangeKind, Timeline, find_cycle
+from aggregates._scenario_queue import (
+    Delivery,
+    FlowDoesNotSettle,
+    ScenarioError,
+    batch_order,
+    not_settled,
+)
+from aggregates._scenario_queue import key as _key
+from aggregates._scenario_timeline import Exchange, Timeline
 from aggregates.aggregate import AggregateType, Registry
 from aggregates.effect_rules import effect_call
 from aggregates.effects import Effect, EffectCall, Effects, reply_message
 from aggregates.envelope import Message
-from aggregates.errors import AggboxError
 from aggregates.outbound import InvalidEntry, entry_envelope
 from aggregates.outcomes import Outcome
 
@@ -46,28 +53,6 @@ S = TypeVar("S")
 Listener = Callable[[Message], "Iterable[Message] | None"]
 
 _EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-class ScenarioError(AggboxError):
-    """A scenario was used wrongly, or its set-up (``given``) did not apply."""
-
-
-class FlowDoesNotSettle(ScenarioError):
-    """The flow was still exchanging messages after ``max_steps`` steps. ``cycle``: the
-    repeating exchanges (a loop between aggregates), if one was found."""
-
-    def __init__(self, message: str, *, cycle: list[Exchange] | None) -> None:
-        super().__init__(message)
-        self.cycle = cycle
-
-
-@dataclass(frozen=True, slots=True)
-class _Delivery:
-    msg: Message
-    kind: ExchangeKind
-    sender: str | None
-    note: str = ""
-    reordered: bool = False
 
 
 class Scenario:
@@ -96,11 +81,11 @@ class Scenario:
                                      else faults)
         self._desk = EffectDesk(effects if effects is not None else Effects())
         self._listeners: dict[str, list[Listener]] = {}
-        self._queue: deque[_Delivery] = deque()
+        self._queue: deque[Delivery] = deque()
         self._dirty: dict[tuple[str, str], None] = {}
         self._entries: dict[str, tuple[str, str, dict[str, Any]]] = {}
         self._steps = 0
-        self._delivered: list[_Delivery] = []
+        self._delivered: list[Delivery] = []
         #: Every exchange, in order (``print(sc.timeline)``).
         self.timeline = Timeline()
         #: One outcome per delivery (and per message released from parking), in order.
@@ -153,15 +138,18 @@ class Scenario:
         return self
 
     def when(self, *messages: Message) -> Timeline:
-        """Deliver ``messages`` (in order) and run the flow until nothing is left; returns
-        the exchanges this call added. Raises :class:`FlowDoesNotSettle` after
-        ``max_steps`` steps."""
+        """Deliver ``messages`` as one batch and run the flow until nothing is left; returns
+        the exchanges this call added. The messages of one aggregate are handled in the
+        pipeline's order (:func:`aggregates.ordering.delivery_order`: a source's by
+        ``seq``, the rest by time), the others in the order given. Raises
+        :class:`FlowDoesNotSettle` after ``max_steps`` steps."""
         start = len(self.timeline)
         for m in messages:
             if not isinstance(m, Message):
                 raise ScenarioError(f"when() takes messages (aggregates.testing.message(...)), "
                                     f"got {type(m).__name__}")
-            self._queue.append(_Delivery(m, "input", None))
+        for m in batch_order(messages):
+            self._queue.append(Delivery(m, "input", None))
         self._steps = 0
         self._run()
         return self.timeline[start:]
@@ -228,20 +216,9 @@ class Scenario:
             return
         self._steps += 1
         if self._steps > self.max_steps:
-            cycle = find_cycle(list(self.timeline))
-            if cycle:
-                path = " → ".join([cycle[0].sender or "test",
-                                   *(f"[{e.type}] {e.receiver}" for e in cycle)])
-                what = (f"a loop between aggregates: {path} → … repeats; a handler must "
-                        "stop answering at some point (check the state before emitting)")
-            else:
-                what = ("no loop found; if the flow legitimately needs more steps, raise "
-                        "Scenario(max_steps=...)")
-            raise FlowDoesNotSettle(
-                f"the flow did not settle within max_steps={self.max_steps}: {what}\n"
-                f"last exchanges:\n{self.timeline[-12:]}", cycle=cycle)
+            raise not_settled(self.timeline, self.max_steps)
 
-    def _deliver(self, d: _Delivery) -> None:
+    def _deliver(self, d: Delivery) -> None:
         fault = self._faults.pick("deliver", d.msg.type)
         if fault == "reorder":
             if d.reordered or not self._queue or _key(self._queue[0].msg) == _key(d.msg):
@@ -268,11 +245,11 @@ class Scenario:
             self._apply(replace(d, note="replayed"))
             self._republish(d.msg)
 
-    def _fault(self, d: _Delivery, kind: str, note: str) -> None:
+    def _fault(self, d: Delivery, kind: str, note: str) -> None:
         self._record(Exchange(len(self.timeline) + 1, "fault", d.msg.type, d.msg.message_id,
                               d.sender, "/".join(_key(d.msg)), kind, note=note))
 
-    def _apply(self, d: _Delivery) -> None:
+    def _apply(self, d: Delivery) -> None:
         self._delivered.append(d)
         outcomes, emitted = self._backend.deliver(d.msg)
         for e in emitted:
@@ -324,7 +301,7 @@ class Scenario:
         else:
             msg = Message.from_dict(env, max_payload_bytes=0)
             if found.addressed:
-                self._queue.append(_Delivery(msg, "message", sender, note))
+                self._queue.append(Delivery(msg, "message", sender, note))
             else:
                 self._event(msg, sender, note)
         self._backend.pull(atype, aggregate_id, [found.entry_id])
@@ -338,7 +315,7 @@ class Scenario:
                               else "recorded", "published", note=note))
         for listener in listeners:
             for m in listener(msg) or ():
-                self._queue.append(_Delivery(m, "message", f"listener of {msg.type}"))
+                self._queue.append(Delivery(m, "message", f"listener of {msg.type}"))
 
     def _run_effect(self, effect: Effect, atype: AggregateType[Any], aggregate_id: str,
                     entry: Any, env: dict[str, Any], note: str) -> bool:
@@ -366,7 +343,7 @@ class Scenario:
                               aggregate_id=call.aggregate_id, result=settled.result,
                               failure=settled.failure, attempts=settled.attempts, at=self.now)
         # The runner applies the reply itself (through the writer), before the pull.
-        self._apply(_Delivery(reply, "reply", "effect", note))
+        self._apply(Delivery(reply, "reply", "effect", note))
         return True
 
     def _may_fail(self, effect: Effect, call: EffectCall) -> bool:
@@ -385,6 +362,3 @@ class Scenario:
                     type_name, agg_id, entry = self._entries[entry_id]
                     self._publish(self.registry.get(type_name), agg_id, entry, again=True)
 
-
-def _key(msg: Message) -> tuple[str, str]:
-    return (msg.aggregate_type, msg.aggregate_id)

@@ -214,3 +214,16 @@ def test_listeners_get_events_and_may_answer(store: Any) -> None:
     sc.when(ship("s-1", "x"))
     assert seen == ["s-1", "s-followup"]
     assert sc.state(shipments, "s-followup").status == "shipping"
+
+
+def test_one_aggregates_messages_of_one_batch_are_handled_in_the_pipelines_order() -> None:
+    # Order (high-water, monotonic) receives seq 2 before seq 1 in one when(): handled as
+    # the pipeline would handle one batch — by seq — so neither is lost as a duplicate.
+    sc = Scenario(registry)
+    late = message("CreditReserved", {"order_id": "o-1", "customer_id": "c", "amount": 1},
+                   to=orders, id="o-1", source=("Customer", "c", 2), message_id="r2")
+    early = message("PlaceOrder", {"customer_id": "c", "amount": 1}, to=orders, id="o-1",
+                    source=("Customer", "c", 1), message_id="p1")
+    sc.when(late, early)
+    assert [(o.message_id, o.outcome) for o in sc.outcomes[:2]] == [("p1", "applied"),
+                                                                   ("r2", "applied")]
