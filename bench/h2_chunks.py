@@ -4,6 +4,7 @@ scans at once, until a storage error or the time is up (issue 22).
     python bench/h2_chunks.py                    # aggbox's launcher (AggboxMongoH2Server)
     python bench/h2_chunks.py --stock            # mongo-java-server's own oplog and H2 setup
     python bench/h2_chunks.py --minutes 3 --writers 2
+    python bench/h2_chunks.py --bare [--guard]   # H2 alone, no mongo-java-server
 
 ``--stock`` runs the launcher as it was before issue 22: ``new H2Backend(file)`` and
 ``server.enableOplog()``, nothing else (its source is below, compiled into a temporary
@@ -16,6 +17,14 @@ collection every few seconds (a sweep). Printed every 15 s: oplog entries, docum
 change-stream read latency (p50/p99 over the last interval), the data file's size, and the
 storage errors (``MVStoreException`` in the server's log, and errors returned to the clients).
 The run stops at the first storage error. Nothing is asserted: figures are printed.
+
+``--bare`` shows the mechanism in H2 alone (``MVStore.open(file)``, H2's defaults): a map of
+200,000 entries of ~300 bytes, one thread appending, updating and trimming it, another
+scanning it whole again and again (a pause of 1 ms every 500 entries: a scan of some
+seconds, like mongo-java-server reading its oplog), for ``--minutes``; with ``--guard``
+each scan runs between ``registerVersionUsage()`` and ``deregisterVersionUsage()``, as
+aggbox's launcher does for every request. Printed: full scans, ``MVStoreException``s
+("Chunk N not found") and the file's size.
 """
 
 from __future__ import annotations
@@ -57,6 +66,90 @@ public final class StockMongoH2Server {
     }
 }
 """
+
+
+_BARE_REPRO = r"""
+import org.h2.mvstore.MVMap;
+import org.h2.mvstore.MVStore;
+import org.h2.mvstore.MVStoreException;
+import java.util.Iterator;
+import java.util.Map;
+import java.util.Random;
+import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicLong;
+
+/** args: <file> <guard: true|false> <seconds> <entries> <scanPauseEvery> */
+public final class H2ChunkRepro {
+    public static void main(String[] args) throws Exception {
+        String file = args[0];
+        boolean guard = Boolean.parseBoolean(args[1]);
+        long seconds = Long.parseLong(args[2]);
+        int entries = Integer.parseInt(args[3]);
+        int pauseEvery = Integer.parseInt(args[4]);
+        MVStore store = MVStore.open(file);
+        MVMap<Long, String> map = store.openMap("m");
+        String pad = "x".repeat(300);
+        for (long i = 0; i < entries; i++) map.put(i, pad + i);
+        store.commit();
+        AtomicBoolean stop = new AtomicBoolean();
+        AtomicLong writes = new AtomicLong(), scans = new AtomicLong(), errors = new AtomicLong();
+        Thread writer = new Thread(() -> {
+            Random r = new Random(1);
+            long next = entries;
+            while (!stop.get()) {
+                map.put(next++, pad);                                   // append (like the oplog)
+                map.put((long) r.nextInt(entries), pad + r.nextInt());  // update in place
+                if (r.nextInt(4) == 0) map.remove(next - entries);      // trim the head
+                writes.incrementAndGet();
+            }
+        });
+        Thread reader = new Thread(() -> {
+            while (!stop.get()) {
+                MVStore.TxCounter usage = guard ? store.registerVersionUsage() : null;
+                try {
+                    long n = 0;
+                    Iterator<Map.Entry<Long, String>> it = map.entrySet().iterator();
+                    while (it.hasNext() && !stop.get()) {
+                        it.next();
+                        if (++n % pauseEvery == 0) Thread.sleep(1);
+                    }
+                    scans.incrementAndGet();
+                } catch (MVStoreException e) {
+                    if (errors.incrementAndGet() <= 3) System.out.println("  " + e);
+                } catch (InterruptedException e) {
+                    return;
+                } finally {
+                    if (usage != null) store.deregisterVersionUsage(usage);
+                }
+            }
+        });
+        long t0 = System.currentTimeMillis();
+        writer.start(); reader.start();
+        Thread.sleep(seconds * 1000);
+        stop.set(true);
+        writer.join(); reader.join();
+        System.out.printf(
+            "guard=%s: %d s, %,d writes, %d full scans, %d MVStoreExceptions, file %.0f MB%n",
+            guard, (System.currentTimeMillis() - t0) / 1000, writes.get(), scans.get(),
+            errors.get(), store.getFileStore().size() / 1e6);
+        store.close();
+    }
+}
+"""
+
+
+def _bare(guard: bool, minutes: float) -> int:
+    jars = maven.resolve_classpath("mongo-java-server-h2")
+    h2 = [j for j in jars if "h2database" in j.name]
+    with tempfile.TemporaryDirectory(prefix="aggbox-h2-bare-") as tmp:
+        work = Path(tmp)
+        (work / "H2ChunkRepro.java").write_text(_BARE_REPRO, encoding="utf-8")
+        subprocess.run([maven.javac_executable(), "-nowarn", "-cp", maven.classpath_string(h2),
+                        "-d", str(work), str(work / "H2ChunkRepro.java")], check=True)
+        return subprocess.run(
+            [maven.java_executable(), "-cp", maven.classpath_string([work, *h2]),
+             "H2ChunkRepro", str(work / "bare.mv"), "true" if guard else "false",
+             str(int(minutes * 60)), "200000", "500"], check=False).returncode
 
 
 def _percentile(values: list[float], q: float) -> float:
@@ -179,7 +272,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="mongo-java-server's own oplog and H2 setup (before issue 22)")
     parser.add_argument("--minutes", type=float, default=8.0)
     parser.add_argument("--writers", type=int, default=2)
+    parser.add_argument("--bare", action="store_true", help="H2 alone (see above)")
+    parser.add_argument("--guard", action="store_true",
+                        help="with --bare: register the version for each scan")
     args = parser.parse_args(argv)
+    if args.bare:
+        return _bare(args.guard, args.minutes)
 
     with tempfile.TemporaryDirectory(prefix="aggbox-h2-") as tmp:
         work = Path(tmp)
