@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aggregates._scenario_backends import Backend, MemoryBackend, StoreBackend
 from aggregates._scenario_effects import Answer, EffectCallRecord, EffectDesk
@@ -46,6 +46,9 @@ from aggregates.envelope import Message
 from aggregates.outbound import InvalidEntry, entry_envelope
 from aggregates.outcomes import Outcome
 
+if TYPE_CHECKING:
+    from pymongo.database import Database
+
 __all__ = ["FlowDoesNotSettle", "Listener", "Scenario", "ScenarioError"]
 
 S = TypeVar("S")
@@ -65,7 +68,8 @@ class Scenario:
     :class:`FaultSource`; ``check_determinism`` — in memory, run every handling twice."""
 
     def __init__(self, registry: Registry, *, effects: Effects | None = None,
-                 with_store: Any = None, now: datetime | None = None, max_steps: int = 1000,
+                 with_store: Database[Any] | None = None, now: datetime | None = None,
+                 max_steps: int = 1000,
                  faults: Sequence[Fault] | FaultSource = (),
                  check_determinism: bool = True) -> None:
         if not isinstance(registry, Registry):
