@@ -18,7 +18,7 @@ NOTEBOOK_HELPERS = {"replay", "trace", "load_aggregate", "AggregateView", "dead_
 
 @pytest.mark.parametrize("name", ["aggregates", "aggregates.debug", "aggregates.ops",
                                   "aggregates.aggregate", "aggregates.codec",
-                                  "aggregates.reasons"])
+                                  "aggregates.reasons", "aggregates.testing"])
 def test_every_exported_name_exists(name: str) -> None:
     module = importlib.import_module(name)
     assert sorted(module.__all__) == sorted(set(module.__all__)), name
