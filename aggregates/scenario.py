@@ -96,6 +96,8 @@ class Scenario:
         self.outcomes: list[Outcome] = []
         #: The events published (entries without ``to=``), in order.
         self.events: list[Message] = []
+        #: Messages addressed to aggregate types outside the registry (another service's).
+        self.outside: list[Message] = []
 
     # -- set-up ---------------------------------------------------------------------------
     @property
@@ -107,8 +109,9 @@ class Scenario:
         self._backend.now = self._backend.now + delta
 
     def on_event(self, type: str, listener: Listener) -> None:
-        """Hand events of message ``type`` to ``listener``; the messages it returns are
-        delivered like any other."""
+        """Hand events of message ``type`` — and messages of that type addressed to an
+        aggregate type outside the registry (a stand-in for another service) — to
+        ``listener``; the messages it returns are delivered like any other."""
         self._listeners.setdefault(type, []).append(listener)
 
     def fake_effect(self, type: str, *answers: Answer, on_success: str | None = None,
@@ -304,19 +307,22 @@ class Scenario:
                 return False
         else:
             msg = Message.from_dict(env, max_payload_bytes=0)
-            if found.addressed:
+            if found.addressed and msg.aggregate_type in self.registry:
                 self._queue.append(Delivery(msg, "message", sender, note))
-            else:
-                self._event(msg, sender, note)
+            else:  # an event, or a message for another service's aggregate type
+                self._event(msg, sender, note, outside=found.addressed)
         self._backend.pull(atype, aggregate_id, [found.entry_id])
         return True
 
-    def _event(self, msg: Message, sender: str, note: str) -> None:
-        self.events.append(msg)
+    def _event(self, msg: Message, sender: str, note: str, *, outside: bool = False) -> None:
+        (self.outside if outside else self.events).append(msg)
         listeners = self._listeners.get(msg.type, [])
-        self._record(Exchange(len(self.timeline) + 1, "event", msg.type, msg.message_id,
-                              sender, f"{len(listeners)} listener(s)" if listeners
-                              else "recorded", "published", note=note))
+        to = (f"{len(listeners)} listener(s)" if listeners
+              else "/".join(_key(msg)) if outside else "recorded")
+        self._record(Exchange(len(self.timeline) + 1, "message" if outside else "event",
+                              msg.type, msg.message_id, sender, to, "published",
+                              note=" ".join(filter(None, [note, "outside the registry"
+                                                          if outside else ""]))))
         for listener in listeners:
             for m in listener(msg) or ():
                 self._queue.append(Delivery(m, "message", f"listener of {msg.type}"))

@@ -227,3 +227,23 @@ def test_one_aggregates_messages_of_one_batch_are_handled_in_the_pipelines_order
     sc.when(late, early)
     assert [(o.message_id, o.outcome) for o in sc.outcomes[:2]] == [("p1", "applied"),
                                                                    ("r2", "applied")]
+
+
+def test_a_listener_stands_in_for_another_services_aggregate(store: Any) -> None:
+    from aggregates import Registry
+
+    sc = Scenario(Registry([orders]), with_store=store)  # customers live elsewhere
+
+    def credit_service(created: Any) -> list[Any]:
+        return [message("CreditReserved", {"order_id": created.payload["order_id"],
+                                           "customer_id": created.aggregate_id, "amount": 1},
+                        to=orders, id=created.payload["order_id"],
+                        source=("Customer", created.aggregate_id, 1))]
+
+    sc.when(place("o-1", "c-1", 30))
+    assert [(m.type, m.aggregate_type) for m in sc.outside] == [("OrderCreated", "Customer")]
+    assert sc.state(orders, "o-1").status == "pending"
+    sc.on_event("OrderCreated", credit_service)
+    sc.when(place("o-2", "c-1", 30))
+    assert sc.state(orders, "o-2").status == "approved"
+    assert sc.events == []
