@@ -414,10 +414,11 @@ class _BatchViews:
             while not self._stop.wait(self.interval):
                 try:
                     self.poll()
+                    if not query.isActive:  # the last results were read just now
+                        return
                 except Exception as exc:  # the session may be closing; finish() reads again
                     log.debug("reading micro-batch results: %s", exc)
-                    if not query.isActive:
-                        return
+                    return
 
         self._thread = threading.Thread(target=loop, name="aggbox-batch-results", daemon=True)
         self._thread.start()
