@@ -271,7 +271,7 @@ class Scenario:
             self._record(Exchange(
                 len(self.timeline) + 1, d.kind, d.msg.type if not released else "(parked)",
                 o.message_id, d.sender, receiver, o.outcome, o.reason, o.detail,
-                types if o is mine[-1] else (),
+                types if mine and o is mine[-1] else (),
                 "released from parking" if released else d.note))
         if emitted:
             self._dirty[(d.msg.aggregate_type, d.msg.aggregate_id)] = None
