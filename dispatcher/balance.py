@@ -5,8 +5,8 @@ Every running dispatcher instance of a collection runs the same rule in each ren
 members (heartbeat documents not expired) and the partition leases. There is no
 coordinator; the instances converge because they all compute the same quotas:
 
-- the live members (heartbeats not expired) sorted by member name, ``N`` of them (this instance always counts, even
-  if its own heartbeat could not be written);
+- the live members (heartbeats not expired) sorted by member name, ``N`` of them (this
+  instance always counts, even if its own heartbeat could not be written);
 - member ``i``'s quota is ``P // N``, plus one for the first ``P % N`` members — the quotas
   add up to exactly ``P``, and none is above ``⌈P/N⌉``;
 - an instance holding more than its quota releases the surplus (after it stopped

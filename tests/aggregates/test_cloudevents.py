@@ -16,6 +16,7 @@ from aggregates.envelope import MAX_SEQ, Message
 from aggregates.errors import EnvelopeError
 from dispatcher.formats import json_line, kafka_record
 from dispatcher.record import build_record
+from tests.hypo import examples
 
 TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 HOSTILE = ["a/b", "$x", ".", "..", "...", "a.b", "100%", "%2F", "a b", "ü/😀", "+=&?#",
@@ -86,7 +87,7 @@ def test_headers_round_trip_exactly(decode: Any, headers: dict[str, str] | None)
     assert decode(env) == env
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(mid=_text, atype=_text, aid=_text, mtype=_text, stype=_text, sid=_text,
        seq=st.integers(1, MAX_SEQ), version=st.integers(1, 2**31 - 1),
        headers=st.dictionaries(_text.filter(lambda k: not k.startswith("$")), _text,

@@ -32,6 +32,7 @@ from aggregates import (
     StoreWriter,
 )
 from aggregates.testing import AggregateHarness, memory_database, message
+from tests.hypo import examples
 
 NOW = datetime(2026, 1, 2, tzinfo=UTC)
 
@@ -437,7 +438,7 @@ def _codec(cls: Any) -> StateCodec[Any]:
     return _codecs[cls]
 
 
-@settings(max_examples=300, deadline=None,
+@settings(max_examples=examples(300), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(state_types_and_values())
 def test_generated_state_types_round_trip(tv: tuple[Any, Any]) -> None:
@@ -461,7 +462,7 @@ def server_collection(mongo_uri: str) -> Iterator[Any]:
 
 
 @pytest.mark.mongo
-@settings(max_examples=40, deadline=None,
+@settings(max_examples=examples(40), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
                                  HealthCheck.function_scoped_fixture])
 @given(tv=state_types_and_values())

@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggregates.ids import AGGBOX_NAMESPACE, _default, emitted_message_id, payload_hash, uuid5
+from tests.hypo import examples
 
 
 def _definition_hash(payload: Any) -> str:
@@ -31,7 +32,7 @@ _values = st.recursive(
 )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.dictionaries(st.text(), _values, max_size=8))
 def test_payload_hash_is_the_definition(payload: dict[str, Any]) -> None:
     assert payload_hash(payload) == _definition_hash(payload)
@@ -53,7 +54,7 @@ def test_payload_hash_known_values_and_errors() -> None:
     assert payload_hash({"a": 1}) == _definition_hash({"a": 1})
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 @given(st.text(), st.text(), st.text(), st.integers(min_value=0, max_value=10_000))
 def test_emitted_id_is_uuid5(t: str, a: str, c: str, i: int) -> None:
     try:
@@ -77,7 +78,7 @@ _docs = st.dictionaries(st.text(max_size=6).filter(lambda k: "\x00" not in k), _
                         max_size=5)
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(_docs, st.lists(_docs, min_size=1, max_size=3))
 def test_one_encoding_gives_both_sizes(state: dict[str, Any], entries: list[Any]) -> None:
     # The identity the fold's fast size check (_Folder._fast_size) relies on.

@@ -30,6 +30,7 @@ from aggregates.ordering import delivery_order
 from aggregates.reasons import Reason
 from aggregates.testing import AggregateHarness, memory_database
 from tests.aggregates.domain import Crash, make_counter, msg, oracle, process_redelivered, stored
+from tests.hypo import examples
 
 HORIZON = timedelta(days=7)
 #: The writers' clock: the real one (the servers' TTL monitors use it), fixed per module.
@@ -165,7 +166,7 @@ def run_writers(db: Any, sc: dict[str, Any], *, pipeline_depth: int = 2) -> None
     check(sc, applied, refused, recorded_ids(db), stored(db))
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=list(HealthCheck))
 @given(sc=scenarios())
 def test_inbox_never_refuses_a_new_message_within_the_horizon_mongomock(
         sc: dict[str, Any]) -> None:
@@ -173,7 +174,7 @@ def test_inbox_never_refuses_a_new_message_within_the_horizon_mongomock(
     run_writers(memory_database("horizon"), sc, pipeline_depth=1)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(100), deadline=None, suppress_health_check=list(HealthCheck))
 @given(sc=scenarios(max_total=250, restamp=True))
 def test_lookup_always_catches_redeliveries_with_a_new_occurred_at_mongomock(
         sc: dict[str, Any]) -> None:
@@ -207,7 +208,7 @@ def horizon_client(mongo_uri: str) -> Any:
     client.close()
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(15), deadline=None, suppress_health_check=list(HealthCheck))
 @given(sc=scenarios(max_total=200))
 def test_inbox_never_refuses_a_new_message_within_the_horizon_local_server(
         horizon_client: Any, sc: dict[str, Any]) -> None:
@@ -218,7 +219,7 @@ def test_inbox_never_refuses_a_new_message_within_the_horizon_local_server(
         horizon_client.drop_database(name)
 
 
-@settings(max_examples=2000, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(2000), deadline=None, suppress_health_check=list(HealthCheck))
 @given(sc=scenarios(max_window=12, max_total=120))
 def test_inbox_never_refuses_a_new_message_in_memory(sc: dict[str, Any]) -> None:
     """The same property through the in-memory harness (the fold with an in-memory archive),

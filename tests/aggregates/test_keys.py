@@ -37,6 +37,7 @@ from aggregates.testing import memory_database
 from tests.aggregates.cli import Run, migrate_cli  # noqa: F401 (the cli fixture)
 from tests.aggregates.contract import NOW, kinds, writer
 from tests.aggregates.domain import msg, registry
+from tests.hypo import examples
 
 # -- the encoders: distinct inputs, distinct keys ----------------------------------------------
 #: Parts made of the characters that matter (separators, escapes, length prefixes), empty
@@ -45,7 +46,7 @@ TRICKY = st.sampled_from([*"/$.%:0123456789aZ\x00", "%2F", "%25", "%2E", "%24", 
 PART = st.one_of(st.lists(TRICKY, max_size=6).map("".join), st.text(max_size=6))
 PAIR = st.tuples(PART, PART)
 TRIPLE = st.tuples(PART, PART, PART)
-FAST = settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck))
+FAST = settings(max_examples=examples(400), deadline=None, suppress_health_check=list(HealthCheck))
 
 
 @FAST

@@ -16,6 +16,7 @@ from pymongo import MongoClient
 from aggregates import AggboxSettings, Message, StoreWriter
 from aggregates.testing import memory_database
 from tests.aggregates.domain import Crash, msg, oracle, process_redelivered, registry, stored
+from tests.hypo import examples
 
 
 @st.composite
@@ -72,7 +73,7 @@ def run_scenario(db: Any, sc: dict[str, Any]) -> None:
     assert stored(db) == oracle(sc["deliveries"])
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sc=scenarios())
 def test_random_streams_match_oracle_mongomock(sc: dict[str, Any]) -> None:
     run_scenario(memory_database("oracle"), sc)
@@ -85,7 +86,7 @@ def oracle_client(mongo_uri: str) -> Any:
     client.close()
 
 
-@settings(max_examples=30, deadline=None,
+@settings(max_examples=examples(30), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(sc=scenarios())
 def test_random_streams_match_oracle_local_server(oracle_client: Any, sc: dict[str, Any]) -> None:
@@ -140,13 +141,13 @@ def run_sources(db: Any, sc: dict[str, Any]) -> None:
         assert mine == sorted(mine)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(sc=source_streams())
 def test_contiguous_high_water_across_reordered_sources_mongomock(sc: dict[str, Any]) -> None:
     run_sources(memory_database("sources"), sc)
 
 
-@settings(max_examples=20, deadline=None,
+@settings(max_examples=examples(20), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(sc=source_streams())
 def test_contiguous_high_water_across_reordered_sources_local_server(

@@ -31,6 +31,7 @@ from aggregates import AggboxSettings, HighWater, Message, Registry, StoreWriter
 from aggregates.reasons import Reason
 from aggregates.testing import memory_database
 from tests.aggregates.domain import Crash, make_counter, msg, process_redelivered
+from tests.hypo import examples
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 STAGES = ("before_write", "after_write", "before_dead_letters", "before_parked")
@@ -198,7 +199,7 @@ def run(db: Any, sc: dict[str, Any], *, depth: int) -> None:
         {k: v for k, v in expected.parked.items() if k not in blockers}
 
 
-@settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(250), deadline=None, suppress_health_check=list(HealthCheck))
 @given(sc=scenarios())
 def test_everything_the_writer_decides_matches_the_oracle_mongomock(sc: dict[str, Any]) -> None:
     # mongomock is not thread-safe: one chunk at a time.
@@ -212,7 +213,7 @@ def wide_client(mongo_uri: str) -> Any:
     client.close()
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=list(HealthCheck))
 @given(sc=scenarios())
 def test_everything_the_writer_decides_matches_the_oracle_local_server(
         wide_client: Any, sc: dict[str, Any]) -> None:

@@ -33,6 +33,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dispatcher.balance import LeaseView, Plan, fair, plan, quota, valid_until
+from tests.hypo import examples
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 TTL = 10.0
@@ -68,7 +69,7 @@ def test_quota_more_members_than_partitions() -> None:
 
 @given(st.sets(st.text(min_size=1, max_size=4), min_size=1, max_size=12),
        st.integers(1, 300))
-@settings(max_examples=200, deadline=None, database=None)
+@settings(max_examples=examples(200), deadline=None, database=None)
 def test_quotas_add_up_and_differ_by_at_most_one(members: set[str], partitions: int) -> None:
     shares = {m: quota(m, members, partitions) for m in members}
     assert sum(shares.values()) == partitions
@@ -582,7 +583,7 @@ def run(cluster: Cluster, script: list[Action]) -> None:
        initial=st.lists(skews, min_size=1, max_size=MAX_LIVE),
        script=st.lists(actions, min_size=10, max_size=80),
        settle_step=st.integers(0, ROUND_PERIOD))
-@settings(max_examples=200, deadline=None, database=None,
+@settings(max_examples=examples(200), deadline=None, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 def test_model_safe_and_converges(partitions: int, initial: list[int], script: list[Action],
                                   settle_step: int) -> None:

@@ -35,8 +35,6 @@ from dispatcher.effects.templates import (
 )
 from tests.dispatcher.effectservers import MailServer, ShippingServer
 
-pytestmark = pytest.mark.timeout(60)
-
 
 @pytest.fixture(scope="module")
 def shipping_server() -> Iterator[ShippingServer]:

@@ -34,7 +34,7 @@ from tests.dispatcher.effectdomain import registry
 from tests.dispatcher.effectservers import MailServer, ShippingServer
 from tests.dispatcher.helpers import spawn
 
-pytestmark = [pytest.mark.mongo, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.mongo]
 
 ORDERS = ["o-1", "o/2", "o.$3"]
 POINTS = ["effect_before_call", "effect_after_call", "effect_after_result"]

@@ -36,7 +36,7 @@ from dispatcher.settings import DispatcherSettings
 from tests.dispatcher.effectdomain import registry
 from tests.dispatcher.helpers import ListPublisher
 
-pytestmark = [pytest.mark.mongo, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.mongo]
 
 DOMAIN = "tests.dispatcher.effectdomain"
 

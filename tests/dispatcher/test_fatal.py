@@ -25,8 +25,6 @@ from dispatcher.settings import DispatcherSettings
 from tests.dispatcher.authserver import RefusingMongo
 from tests.dispatcher.helpers import ROOT, ListPublisher
 
-pytestmark = pytest.mark.timeout(60)
-
 
 def settings(**over: Any) -> DispatcherSettings:
     return DispatcherSettings.load(**{"collections": ["emitters"], "metrics_port": 0,

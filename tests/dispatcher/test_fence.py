@@ -28,7 +28,7 @@ from tests.dispatcher.helpers import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.mongo, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.mongo]
 
 
 def _in(seconds: float) -> datetime:

@@ -41,7 +41,7 @@ from tests.dispatcher.domain import Ticker
 from tests.dispatcher.helpers import pending_entries, spawn, wait_sync
 from tests.dispatcher.test_kafka import _headers, consume
 
-pytestmark = [pytest.mark.mongo, pytest.mark.kafka, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.mongo, pytest.mark.kafka]
 
 #: a collection name a naive split on '.', '/' or ':' gets wrong
 OTHER = "ticks.v2/eu:1"

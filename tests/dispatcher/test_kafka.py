@@ -43,7 +43,7 @@ from tests.dispatcher.helpers import (
     wait_sync,
 )
 
-pytestmark = [pytest.mark.mongo, pytest.mark.kafka, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.mongo, pytest.mark.kafka]
 
 Consumed = tuple[str, str, int]
 

@@ -38,7 +38,7 @@ from tests.dispatcher.helpers import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.mongo, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.mongo]
 
 
 def settings(**over: Any) -> DispatcherSettings:

@@ -21,7 +21,7 @@ from dispatcher.daemon import Dispatcher
 from tests.dispatcher.helpers import pending_entries
 from tests.dispatcher.test_kafka import consume, settings
 
-pytestmark = [pytest.mark.mongo, pytest.mark.kafka, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.mongo, pytest.mark.kafka]
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 INPUT_SPAN = "00f067aa0ba902b7"

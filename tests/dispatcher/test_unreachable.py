@@ -39,8 +39,6 @@ from dispatcher.publishers import PublishResult
 from dispatcher.settings import DispatcherSettings
 from tests.dispatcher.helpers import ROOT, ListPublisher, emit, pending_entries
 
-pytestmark = pytest.mark.timeout(180)
-
 #: the default: what --once waited before giving up on a server it never reached
 ONCE_TIMEOUT_S = DispatcherSettings.model_fields["once_timeout_s"].default
 

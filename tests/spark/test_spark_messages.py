@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from aggregates.envelope import DEFAULT_MAX_PAYLOAD_BYTES, Message
 from aggregates.errors import EnvelopeError
 from spark.messages import fast_message
+from tests.hypo import examples
 from tests.spark.test_spark_fuzz import _json_values, dumps, junk_envelope, random_json
 
 LIMITS = (DEFAULT_MAX_PAYLOAD_BYTES, 0, 300, 4096)
@@ -149,7 +150,7 @@ def test_hostile_envelopes_of_the_fuzz_test(seed: int) -> None:
     assert taken < 400
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(field=st.sampled_from(["occurred_at", "source", "headers", "payload", "aggregate_id",
                               "type", "correlation_id", "schema_version", "message_id"]),
        value=_json_values, ensure_ascii=st.booleans(), limit=st.sampled_from(LIMITS))
@@ -185,7 +186,7 @@ def test_json_loads_is_json_loads(raw: str) -> None:
     assert fast == slow
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(raw=st.one_of(st.text(max_size=60), _json_values.map(json.dumps),
                      _json_values.map(lambda v: json.dumps(v) + " "),
                      st.binary(max_size=60).map(lambda b: b.decode("utf-8", "replace"))))
