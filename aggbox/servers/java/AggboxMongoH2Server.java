@@ -83,6 +83,9 @@ public final class AggboxMongoH2Server {
     static final long DEFAULT_MAX_AGE_SECONDS = 7L * 24 * 3600;
     static final long DEFAULT_TRIM_INTERVAL_SECONDS = 10L;
 
+    /** Time H2 may spend compacting the file when the server stops cleanly. */
+    static final int CLOSE_COMPACT_MS = 10_000;
+
     /** MongoDB's ChangeStreamHistoryLost: aggbox's dispatcher answers it with a fresh stream
      * and a full sweep. */
     static final int CHANGE_STREAM_HISTORY_LOST = 286;
@@ -160,7 +163,7 @@ public final class AggboxMongoH2Server {
             try {
                 return super.handleCommand(channel, databaseName, command, query);
             } catch (RuntimeException e) {
-                if (isStorageError(e)) {
+                if (isStorageError(e) && !store.isClosed()) {
                     reportStorageError("command " + command + " on " + databaseName, e);
                 }
                 throw e;
@@ -175,7 +178,7 @@ public final class AggboxMongoH2Server {
             try {
                 return super.handleQuery(query);
             } catch (RuntimeException e) {
-                if (isStorageError(e)) {
+                if (isStorageError(e) && !store.isClosed()) {
                     reportStorageError("query", e);
                 }
                 throw e;
@@ -190,13 +193,32 @@ public final class AggboxMongoH2Server {
             try {
                 return super.handleMessage(message);
             } catch (RuntimeException e) {
-                if (isStorageError(e)) {
+                if (isStorageError(e) && !store.isClosed()) {
                     reportStorageError("message", e);
                 }
                 throw e;
             } finally {
                 store.deregisterVersionUsage(usage);
             }
+        }
+
+        /**
+         * A clean stop (SIGTERM: `aggbox local stop`) gives H2 up to CLOSE_COMPACT_MS to
+         * rewrite sparse chunks and move chunks to the front, so the file shrinks; H2Backend's
+         * own close() does no compaction.
+         */
+        @Override
+        public void close() {
+            BoundedOplog current = boundedOplog;
+            if (current != null) {
+                current.stopTrimming();
+            }
+            try {
+                store.close(CLOSE_COMPACT_MS);
+            } catch (RuntimeException e) {
+                reportStorageError("close", e);
+            }
+            super.close(); // the store is closed: its close() does nothing more
         }
 
         @Override
@@ -420,7 +442,7 @@ public final class AggboxMongoH2Server {
                 }
                 raiseTrimmedThrough(cutoff);
                 long removed = 0;
-                while (true) {
+                while (trimming) {
                     List<Long> batch = new ArrayList<>(TRIM_BATCH);
                     Iterator<Long> keys = entries.keyIterator(null);
                     while (keys.hasNext() && batch.size() < TRIM_BATCH) {
@@ -445,9 +467,25 @@ public final class AggboxMongoH2Server {
             }
         }
 
+        private volatile boolean trimming = true;
+        private Thread trimmer;
+
+        void stopTrimming() {
+            trimming = false;
+            Thread t = trimmer;
+            if (t != null) {
+                t.interrupt();
+                try {
+                    t.join(30_000L);
+                } catch (InterruptedException e) {
+                    Thread.currentThread().interrupt();
+                }
+            }
+        }
+
         void startTrimming() {
-            Thread trimmer = new Thread(() -> {
-                while (true) {
+            trimmer = new Thread(() -> {
+                while (trimming) {
                     try {
                         Thread.sleep(Math.max(1L, settings.trimIntervalSeconds()) * 1000L);
                         long removed = trim();
@@ -464,6 +502,9 @@ public final class AggboxMongoH2Server {
                     } catch (InterruptedException e) {
                         return;
                     } catch (RuntimeException e) {
+                        if (!trimming || store.isClosed()) {
+                            return;
+                        }
                         if (isStorageError(e)) {
                             reportStorageError("oplog trim", e);
                         } else {
