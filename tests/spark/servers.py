@@ -148,9 +148,25 @@ class Cluster:
                 if "org.apache.spark.executor.CoarseGrainedExecutorBackend" in cmd
                 and _cwd(pid).startswith(str(self.workdir))]
 
+    def python_workers(self, executor: int) -> list[int]:
+        """Forked Python workers (``pyspark.daemon`` children) of an executor JVM: they run
+        the writer (``mapInArrow``), the pipeline's only Python stage."""
+        daemons = [pid for pid, cmd in _processes()
+                   if "pyspark.daemon" in cmd and _ppid(pid) == executor]
+        return [pid for pid, cmd in _processes()
+                if "pyspark.daemon" in cmd and _ppid(pid) in daemons]
+
     def stop(self) -> None:
         for p in reversed(self.processes):
             p.stop()
+
+
+def _ppid(pid: int) -> int:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return -1
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 def _cwd(pid: int) -> str:

@@ -130,18 +130,29 @@ def test_an_executor_killed_in_the_writer_stage(cluster: Cluster, shipped: dict[
     expected_accounts = len({r["aggregate_id"] for r in records
                              if r["aggregate_type"] == "Account"})
     before = set(cluster.executor_pids())
+    # Arrow batches of 100 rows: a writer task stores its aggregates batch after batch
+    # (with the default 10,000 a task's partition is one batch, written at its very end).
     proc = aggbox(cluster, "run", db, mongo_uri, shipped["zip"], "--input",
-                  str(tmp_path / "in.jsonl"), "--outcomes", str(outcomes))
+                  str(tmp_path / "in.jsonl"), "--outcomes", str(outcomes),
+                  "--conf", "spark.sql.execution.arrow.maxRecordsPerBatch=100")
     killed: list[tuple[int, int]] = []  # (pid, accounts stored when it was killed)
 
     def kill_in_writer_stage() -> None:
+        # An executor whose Python worker (the writer) has been running for two seconds
+        # (several Arrow batches written), while some but not half of the accounts are
+        # stored: it is in the middle of writing.
+        writing_since: dict[int, float] = {}
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None:
+            now = time.monotonic()
+            for pid in cluster.executor_pids():
+                if pid not in before and cluster.python_workers(pid):
+                    writing_since.setdefault(pid, now)
             stored = db["accounts"].count_documents({})
-            pids = [p for p in cluster.executor_pids() if p not in before]
-            if 0 < stored < expected_accounts // 2 and pids:
-                os.kill(pids[0], signal.SIGKILL)
-                killed.append((pids[0], stored))
+            ready = [p for p, t in writing_since.items() if now - t >= 2.0]
+            if ready and 0 < stored < expected_accounts // 2:
+                os.kill(ready[0], signal.SIGKILL)
+                killed.append((ready[0], stored))
                 return
             time.sleep(0.05)
 
@@ -151,10 +162,14 @@ def test_an_executor_killed_in_the_writer_stage(cluster: Cluster, shipped: dict[
     killer.join(timeout=5)
 
     assert killed, "the writer stage ended before an executor could be killed"
+    print(f"killed executor pid {killed[0][0]} with {killed[0][1]}/{expected_accounts} "
+          f"accounts stored; applied {summary['applied']}, duplicate {summary['duplicate']}")
     assert summary["ok"] and summary["input"] == len(records)
     assert summary["dead_lettered"] == 0 and summary["parked"] == 0
     # the retried tasks find what the killed executor wrote: duplicate instead of applied
     assert summary["applied"] + summary["duplicate"] == len(records)
+    copies = len(records) - len({r["message_id"] for r in records})
+    assert summary["duplicate"] > copies, "the killed attempt had written nothing"
     # exactly one outcome row per input record, from the surviving attempts
     (run_dir,) = outcomes.iterdir()
     assert outcome_ids(run_dir) == Counter(r["message_id"] for r in records)
