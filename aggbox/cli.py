@@ -28,7 +28,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from aggregates.errors import AggboxError
+from aggregates.core.errors import AggboxError
 
 SUBCOMMAND_MODULES = (
     "aggbox.commands.run", "aggbox.commands.dispatch", "aggbox.commands.dispatch_status",
@@ -78,7 +78,7 @@ def warn_unknown_settings(config_file: str | None) -> None:
     """Warn about config file sections and ``AGGBOX_*`` environment variables that no
     settings model reads (a typo is otherwise silently ignored)."""
     from aggbox.configref import section_models
-    from aggregates.settings import read_config_file
+    from aggregates.core.settings import read_config_file
 
     models = section_models()
     sections = {m.section: m for m in models}

@@ -15,7 +15,7 @@ from typing import Any
 
 from pydantic.fields import FieldInfo
 
-from aggregates.settings import AggboxSettings, SectionSettings
+from aggregates.core.settings import AggboxSettings, SectionSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 TOML_PATH = ROOT / "config" / "aggbox.toml"

@@ -1,4 +1,4 @@
-"""``aggbox migrate keys``: rewrite keys written before :mod:`aggregates.keys` in place.
+"""``aggbox migrate keys``: rewrite keys written before :mod:`aggregates.core.keys` in place.
 
 Before, parked and dead-letter ``_id``s and ``hw`` keys joined user strings with ``/``, so
 ``"x/y" + "z"`` and ``"x" + "y/z"`` shared one key. Now each part is escaped
@@ -8,12 +8,12 @@ in both encodings; this command rewrites the others:
 - **dead letters** of a message: ``_id`` recomputed from the stored message; dead letters
   of a raw input line (old ``_id`` = ``raw_message_id(repr(line))``): ``_id`` =
   ``raw_message_id(line)`` and ``message_id`` = the line's identity, as its outcome reports
-  it (:func:`aggregates.deadletters.raw_line_id`). A line stored truncated (over 64 KiB)
+  it (:func:`aggregates.store.deadletters.raw_line_id`). A line stored truncated (over 64 KiB)
   cannot be recomputed and is left as it is (counted).
 - **parked messages**: ``_id`` recomputed from ``collection``, ``aggregate_id`` and
   ``message_id``.
 - **hw keys** with several ``/`` (ambiguous): replaced by a mark for each source they may
-  stand for (:func:`aggregates.keys.read_hw`, the same reading the writer does on
+  stand for (:func:`aggregates.core.keys.read_hw`, the same reading the writer does on
   unmigrated documents), in a write conditional on ``_v`` that increments it.
 
 An ``_id`` cannot change in place: the document is copied to the new ``_id`` (recording
@@ -35,10 +35,10 @@ from pymongo.collection import Collection
 from pymongo.database import Database
 from pymongo.errors import DuplicateKeyError
 
-from aggregates.deadletters import raw_line_id
-from aggregates.document import F_HW, F_VERSION
-from aggregates.ids import raw_message_id
-from aggregates.keys import dead_letter_key, parked_key, read_hw
+from aggregates.core.ids import raw_message_id
+from aggregates.core.keys import dead_letter_key, parked_key, read_hw
+from aggregates.fold.document import F_HW, F_VERSION
+from aggregates.store.deadletters import raw_line_id
 
 #: Field of a moved document: the ``_id``s it was moved (or merged) from.
 MOVED = "migrated_from"

@@ -1,5 +1,5 @@
 """``aggbox migrate partitions``: give aggregate documents written before partitions their
-``_p`` (docs/design.md "Document layout", :mod:`aggregates.partitions`).
+``_p`` (docs/design.md "Document layout", :mod:`aggregates.core.partitions`).
 
 The writer stores ``_p = partition_of(_id)`` when it inserts a document and never changes it.
 Documents inserted by an earlier version have no ``_p``; the dispatcher counts them as
@@ -34,8 +34,8 @@ from pymongo import UpdateOne
 from pymongo.collection import Collection
 from pymongo.database import Database
 
-from aggregates.document import F_OUTBOX, F_PARTITION
-from aggregates.partitions import partition_of
+from aggregates.core.partitions import partition_of
+from aggregates.fold.document import F_OUTBOX, F_PARTITION
 
 __all__ = ["PAGE", "PartitionMigration", "migrate_partitions", "register_partitions",
            "report_lines"]
@@ -173,7 +173,7 @@ def register_partitions(
 
 def _cmd_partitions(args: argparse.Namespace) -> int:
     from aggbox.admin._shared import EXIT_UNSETTLED, _database, _print_json, _registry
-    from aggregates.errors import ConfigurationError
+    from aggregates.core.errors import ConfigurationError
 
     collections: list[str] = list(args.collection)
     if args.aggregates:

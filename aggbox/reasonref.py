@@ -1,6 +1,6 @@
-"""The reason-code reference, generated from :class:`aggregates.reasons.Reason`.
+"""The reason-code reference, generated from :class:`aggregates.core.reasons.Reason`.
 
-``docs/reasons.md`` is rendered from :data:`aggregates.reasons.REASON_DOCS`; a test checks
+``docs/reasons.md`` is rendered from :data:`aggregates.core.reasons.REASON_DOCS`; a test checks
 that the committed file equals what the enum says. Regenerate with ``aggbox reasons --write``.
 """
 
@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from aggregates.reasons import REASON_DOCS, Reason
+from aggregates.core.reasons import REASON_DOCS, Reason
 
 __all__ = ["DOC_PATH", "register", "render_markdown"]
 
@@ -26,9 +26,9 @@ def render_markdown() -> str:
     out = [
         "# Reason codes",
         "",
-        "Generated from `aggregates.reasons.Reason` (`aggbox reasons --write`); a test keeps it",
-        "in step. Every message aggbox does not simply apply gets one of these codes: in its",
-        "outcome, its dead letter or parked entry, and the metrics. The values are stable",
+        "Generated from `aggregates.core.reasons.Reason` (`aggbox reasons --write`); a test",
+        "keeps it in step. Every message aggbox does not simply apply gets one of these codes:",
+        "in its outcome, its dead letter or parked entry, and the metrics. The values are stable",
         "(they are stored); in code, use the members (`Reason.SEQUENCE_GAP`, equal to the",
         "string `\"sequence_gap\"`). How to list, replay and release: docs/debugging.md.",
         "",

@@ -22,7 +22,7 @@ from typing import Any
 
 from aggbox.servers.errors import ServerError
 from aggbox.servers.maven import cache_dir, cached_pom, resolve_pom
-from aggregates.errors import ConfigurationError
+from aggregates.core.errors import ConfigurationError
 from spark.session import (
     TOKEN_PROVIDER,
     kafka_package,

@@ -14,28 +14,8 @@ Elsewhere, by what they do:
 
 It imports neither ``spark`` nor ``dispatcher``."""
 
-from aggregates.aggregate import (
-    AggregateRef,
-    AggregateType,
-    Emit,
-    Handled,
-    Handler,
-    InvalidPayload,
-    MessageHandler,
-    Registry,
-)
 from aggregates.codec import StateCodec, StateCodecError
-from aggregates.dedup import HighWater, Inbox, NoDedup
-from aggregates.effects import (
-    Effect,
-    EffectCall,
-    EffectError,
-    Effects,
-    PermanentEffectError,
-    RetryableEffectError,
-)
-from aggregates.envelope import Message, Source
-from aggregates.errors import (
+from aggregates.core.errors import (
     AggboxError,
     ConfigurationError,
     EnvelopeError,
@@ -49,12 +29,32 @@ from aggregates.errors import (
     UnknownSchemaVersion,
     UpcastFailed,
 )
-from aggregates.fence import Fence, InvalidFence, parse_fence
-from aggregates.ids import emitted_message_id
-from aggregates.outcomes import Outcome, OutcomeCounts
-from aggregates.reasons import Reason
-from aggregates.settings import AggboxSettings
-from aggregates.writer import StoreWriter
+from aggregates.core.ids import emitted_message_id
+from aggregates.core.reasons import Reason
+from aggregates.core.settings import AggboxSettings
+from aggregates.dedup import HighWater, Inbox, NoDedup
+from aggregates.domain.aggregate import (
+    AggregateRef,
+    AggregateType,
+    Emit,
+    Handled,
+    Handler,
+    InvalidPayload,
+    MessageHandler,
+    Registry,
+)
+from aggregates.domain.effects import (
+    Effect,
+    EffectCall,
+    EffectError,
+    Effects,
+    PermanentEffectError,
+    RetryableEffectError,
+)
+from aggregates.message.envelope import Message, Source
+from aggregates.message.outcomes import Outcome, OutcomeCounts
+from aggregates.store.writer import StoreWriter
+from aggregates.wire.fence import Fence, InvalidFence, parse_fence
 
 __all__ = [
     "AggboxError",

@@ -72,7 +72,7 @@ def main() -> None:
 
     from aggbox.examples.orders import registry
     from aggregates import AggboxSettings, Message, StoreWriter
-    from aggregates.envelope import Source
+    from aggregates.message.envelope import Source
 
     home = Path(tempfile.mkdtemp(prefix="aggbox-aging-"))
     env = {**os.environ, "AGGBOX_HOME": str(home), "PYTHONUNBUFFERED": "1"}

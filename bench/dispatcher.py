@@ -74,7 +74,7 @@ from aggbox.servers import (
     start_local_mongodb,
 )
 from aggregates import AggboxSettings, AggregateType, Emit, Handled, Message, Registry, StoreWriter
-from aggregates.partitions import PARTITIONS
+from aggregates.core.partitions import PARTITIONS
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.kafka import KafkaPublisher
 from dispatcher.record import OutboundRecord, build_record

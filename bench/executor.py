@@ -68,8 +68,8 @@ def load_executor(ref: str | None) -> Any:
 
 
 def partition_class(module: Any) -> Any:
-    from aggregates.outcomes import Outcome
-    from aggregates.settings import AggboxSettings
+    from aggregates.core.settings import AggboxSettings
+    from aggregates.message.outcomes import Outcome
 
     settings = AggboxSettings.model_construct(**AggboxSettings.load().model_dump())
 

@@ -200,7 +200,7 @@ class Measured:
 
 def run_pipeline(spark: Any, uri: str, inputs: Path
                  ) -> tuple[float, dict[str, int], float, dict[str, Any]]:
-    from aggregates.settings import AggboxSettings
+    from aggregates.core.settings import AggboxSettings
     from spark.pipeline import Pipeline
 
     db = f"bench_{uuid.uuid4().hex[:8]}"

@@ -52,9 +52,9 @@ from pymongo import MongoClient, ReplaceOne
 from aggbox.examples.orders import customers, registry
 from aggbox.servers import start_local_mongodb
 from aggregates import AggboxSettings, Message, StoreWriter
-from aggregates.document import snapshot_from_document
 from aggregates.fold import fold
-from aggregates.writer import build_update, utc_now
+from aggregates.fold.document import snapshot_from_document
+from aggregates.store.writer import build_update, utc_now
 
 
 def make_messages(n_aggs: int, per: int) -> list[Message]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from pymongo.asynchronous.collection import AsyncCollection
 
-from aggregates.document import F_OUTBOX
+from aggregates.fold.document import F_OUTBOX
 from dispatcher.metrics import Metrics
 from dispatcher.sweep import PENDING
 

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from pymongo.errors import PyMongoError
 
-from aggregates.storeerrors import is_fatal
+from aggregates.core.storeerrors import is_fatal
 from dispatcher.balance import plan
 from dispatcher.errors import RateLimitedLog, check_fatal, describe_store_error
 from dispatcher.metrics import Health, Metrics

@@ -26,12 +26,12 @@ from pymongo import UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import PyMongoError
 
-from aggregates.backoff import Backoff
-from aggregates.deadletters import dead_letter_update
-from aggregates.document import F_OUTBOX, F_TYPE
+from aggregates.core.backoff import Backoff
+from aggregates.core.reasons import Reason
+from aggregates.core.storeerrors import is_fatal
 from aggregates.fold import DeadLetter
-from aggregates.reasons import Reason
-from aggregates.storeerrors import is_fatal
+from aggregates.fold.document import F_OUTBOX, F_TYPE
+from aggregates.store.deadletters import dead_letter_update
 from dispatcher.errors import describe_store_error
 from dispatcher.faults import Faults
 from dispatcher.inflight import InFlight

@@ -18,7 +18,7 @@ it as one error line and exits with status 1. A MongoDB never reached at all (th
 fetched, once a delivery failed) ends it sooner, as :class:`NeverReached`.
 
 A store error no retry can fix — wrong password, missing privilege, bad URI
-(:mod:`aggregates.storeerrors`) — stops every worker within seconds and :meth:`run` raises
+(:mod:`aggregates.core.storeerrors`) — stops every worker within seconds and :meth:`run` raises
 :class:`~dispatcher.errors.FatalStoreError`: one line for the command line to print (exit
 status 1), the full trace in the ``aggbox.trace`` log (the log file, ``AGGBOX_LOG_FILE``).
 
@@ -38,10 +38,10 @@ from typing import Any
 from pymongo import AsyncMongoClient, ReadPreference
 from pymongo.errors import PyMongoError
 
-from aggregates.aggregate import Registry
-from aggregates.effects import Effects
-from aggregates.errors import AggboxError, ConfigurationError
-from aggregates.settings import AggboxSettings
+from aggregates.core.errors import AggboxError, ConfigurationError
+from aggregates.core.settings import AggboxSettings
+from aggregates.domain.aggregate import Registry
+from aggregates.domain.effects import Effects
 from dispatcher.effects.guard import EffectGuard, FleetEffects
 from dispatcher.errors import (
     TRACE_LOGGER,
@@ -76,7 +76,7 @@ class NeverReached(OnceGaveUp):
 
 def resolve_collections(settings: DispatcherSettings) -> list[tuple[str, str | None]]:
     """``(collection, aggregate type name or None)`` for every collection to dispatch."""
-    from aggregates.aggregate import Registry
+    from aggregates.domain.aggregate import Registry
 
     types: dict[str, str] = {}
     if settings.aggregates:
@@ -383,8 +383,8 @@ class Dispatcher:
         """The publisher wrapped so that effect entries are executed (dispatcher.effects)."""
         from pymongo import MongoClient
 
-        from aggregates.aggregate import Registry
-        from aggregates.writer import StoreWriter
+        from aggregates.domain.aggregate import Registry
+        from aggregates.store.writer import StoreWriter
         from dispatcher.effects.attempts import Attempts
         from dispatcher.effects.router import EffectRouter
         from dispatcher.effects.runner import EffectRunner

@@ -1,6 +1,6 @@
 """The dispatcher's error model (docs/design.md "The dispatcher", step 6).
 
-A store error is looked at with :mod:`aggregates.storeerrors`: a fatal one (wrong password,
+A store error is looked at with :mod:`aggregates.core.storeerrors`: a fatal one (wrong password,
 missing privilege, bad URI or option) becomes :class:`FatalStoreError` — the daemon stops
 and exits non-zero with one line; anything else is retried after backoff.
 
@@ -28,9 +28,9 @@ from pymongo.errors import (
     ServerSelectionTimeoutError,
 )
 
-from aggregates.errors import AggboxError
-from aggregates.storeerrors import error_codes, is_fatal
-from aggregates.uri import redact_uri
+from aggregates.core.errors import AggboxError
+from aggregates.core.storeerrors import error_codes, is_fatal
+from aggregates.core.uri import redact_uri
 
 __all__ = ["TRACE_LOGGER", "FatalStoreError", "RateLimitedLog", "check_fatal",
            "describe_store_error", "is_unreachable", "never_reached", "one_line"]

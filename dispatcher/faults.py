@@ -58,7 +58,7 @@ from typing import Final, Literal
 
 from pymongo.errors import OperationFailure
 
-from aggregates.errors import ConfigurationError
+from aggregates.core.errors import ConfigurationError
 
 __all__ = ["POINTS", "FaultRule", "Faults", "InjectedInvalidate"]
 

@@ -2,7 +2,7 @@
 
 - ``aggbox``: the value is the envelope as JSON (:attr:`OutboundRecord.value`), the headers
   :data:`dispatcher.record.HEADER_NAMES` plus the entry's own.
-- ``cloudevents``: CloudEvents 1.0 (:mod:`aggregates.cloudevents`). Kafka: binary content
+- ``cloudevents``: CloudEvents 1.0 (:mod:`aggregates.wire.cloudevents`). Kafka: binary content
   mode — the payload as JSON, the attributes as ``ce_*`` headers and ``content-type``, the
   trace context as plain ``traceparent``/``tracestate`` headers (the entry's, or the
   producer span's when tracing replaced them: dispatcher/tracing.py); the entry's other headers
@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any, Final
 
-from aggregates import cloudevents
-from aggregates.envelope import KIND_HEADER
-from aggregates.tracecontext import TRACEPARENT, TRACESTATE
+from aggregates.core.tracecontext import TRACEPARENT, TRACESTATE
+from aggregates.message.envelope import KIND_HEADER
+from aggregates.wire import cloudevents
 from dispatcher.record import HEADER_NAMES, OutboundRecord, envelope_json
 from dispatcher.settings import RecordFormat
 

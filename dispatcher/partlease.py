@@ -46,8 +46,8 @@ from pymongo import UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError
 
-from aggregates.keys import join_parts
-from aggregates.partitions import PARTITIONS
+from aggregates.core.keys import join_parts
+from aggregates.core.partitions import PARTITIONS
 from dispatcher.balance import LeaseView, valid_until
 
 __all__ = ["Claimed", "HeartbeatLapsed", "PartitionLeases", "default_instance_id"]

@@ -1,6 +1,6 @@
 """Outbox entry → published record (pure).
 
-The record's value is the input envelope (:class:`aggregates.envelope.Message` as JSON), so
+The record's value is the input envelope (:class:`aggregates.message.envelope.Message` as JSON), so
 whatever consumes the broker topic or the JSON Lines directory — another aggbox pipeline in
 particular — reads it with ``Message.from_dict``:
 
@@ -35,12 +35,12 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from aggregates.envelope import KIND_EVENT, KIND_HEADER, KIND_INPUT, Message
-from aggregates.fence import FENCE_HEADER
+from aggregates.message.envelope import KIND_EVENT, KIND_HEADER, KIND_INPUT, Message
+from aggregates.wire.fence import FENCE_HEADER
 
-# The envelope of an entry is built by aggregates.outbound (shared with the in-memory
+# The envelope of an entry is built by aggregates.wire.outbound (shared with the in-memory
 # scenarios of aggregates.testing); its helpers are re-exported for the tests that use them.
-from aggregates.outbound import (  # noqa: F401
+from aggregates.wire.outbound import (  # noqa: F401
     InvalidEntry,
     _fast_envelope,
     _slow_envelope,
@@ -74,7 +74,7 @@ H_AGGREGATE_ID: Final = "aggregate_id"
 H_KIND: Final = KIND_HEADER
 #: ``<database>.<collection>/<partition>:<epoch>`` of the lease under which the record was
 #: published (set by the dispatcher, not by :func:`build_record`; read it with
-#: :func:`aggregates.fence.parse_fence`). Epochs count per (database, collection,
+#: :func:`aggregates.wire.fence.parse_fence`). Epochs count per (database, collection,
 #: partition); what a consumer may conclude from them: docs/design.md "Fencing".
 H_FENCE: Final = FENCE_HEADER
 
@@ -115,8 +115,8 @@ class OutboundRecord:
 
 
 def check_template(template: str) -> None:
-    """Raise :class:`aggregates.errors.ConfigurationError` for an unknown placeholder."""
-    from aggregates.errors import ConfigurationError
+    """Raise :class:`aggregates.core.errors.ConfigurationError` for an unknown placeholder."""
+    from aggregates.core.errors import ConfigurationError
 
     for name in _PLACEHOLDER.findall(template):
         if name not in _TEMPLATE_FIELDS:

@@ -1,7 +1,7 @@
 """When to try again: the backoff after failures and the documents kept for a retry.
 
 One per collection worker. A failure (store error, publishing failed) schedules the next
-attempt ``Backoff.next()`` seconds ahead (:mod:`aggregates.backoff`: exponential, full
+attempt ``Backoff.next()`` seconds ahead (:mod:`aggregates.core.backoff`: exponential, full
 jitter); progress resets the backoff. Documents whose publication failed retryably are kept
 here and read again once the pause is over, before anything new.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from aggregates.backoff import Backoff
+from aggregates.core.backoff import Backoff
 from dispatcher.timing import Timing
 
 __all__ = ["Retries"]

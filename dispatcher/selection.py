@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from aggregates.partitions import F_PARTITION, PARTITIONS
+from aggregates.core.partitions import F_PARTITION, PARTITIONS
 
 __all__ = ["Selection", "partition_filter"]
 

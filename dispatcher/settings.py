@@ -3,7 +3,7 @@
 ``AGGBOX_DISPATCHER_COLLECTIONS='["orders","customers"]'``).
 
 Store settings (URI, database, dead-letter collection) come from ``[aggbox]``
-(:class:`aggregates.settings.AggboxSettings`)."""
+(:class:`aggregates.core.settings.AggboxSettings`)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from aggregates.errors import ConfigurationError
-from aggregates.settings import SectionSettings
+from aggregates.core.errors import ConfigurationError
+from aggregates.core.settings import SectionSettings
 
 __all__ = ["DispatcherSettings", "Mode", "PublisherKind", "RecordFormat"]
 

@@ -18,8 +18,8 @@ from typing import Any
 
 from pymongo.database import Database
 
-from aggregates.document import F_OUTBOX
-from aggregates.partitions import F_PARTITION, PARTITIONS
+from aggregates.core.partitions import F_PARTITION, PARTITIONS
+from aggregates.fold.document import F_OUTBOX
 from dispatcher.balance import fair
 from dispatcher.sweep import PENDING
 

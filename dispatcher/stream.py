@@ -34,7 +34,7 @@ from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 
-from aggregates.document import F_OUTBOX, F_PARTITION, F_TYPE
+from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TYPE
 from dispatcher.timing import REAL_TIME, Timing, pause
 
 __all__ = [

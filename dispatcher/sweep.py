@@ -16,7 +16,7 @@ from typing import Any
 
 from pymongo.asynchronous.collection import AsyncCollection
 
-from aggregates.document import F_OUTBOX, F_PARTITION, F_TYPE
+from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TYPE
 from dispatcher.cycle import Cycle, CycleResult
 from dispatcher.metrics import Metrics
 from dispatcher.timing import Timing

@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
-from aggregates.effects import Effect
-from aggregates.tracing import format_traceparent, parent_context, tracer
+from aggregates.domain.effects import Effect
+from aggregates.store.tracing import format_traceparent, parent_context, tracer
 from dispatcher.publishers.base import Publisher, PublishResult
 from dispatcher.record import OutboundRecord
 

@@ -9,7 +9,7 @@ The worker only decides *what* to do next; each part is its own object, testable
 - :class:`~dispatcher.streammode.StreamMode` — the change stream, its restarts and the
   resume-token checkpoints (docs/design.md "The dispatcher", steps 1, 3, 4);
 - :class:`~dispatcher.sweep.Sweeps` — start-up, recovery, periodic and ``--once`` sweeps;
-- :class:`~dispatcher.retries.Retries` — backoff (:mod:`aggregates.backoff`) and the
+- :class:`~dispatcher.retries.Retries` — backoff (:mod:`aggregates.core.backoff`) and the
   documents kept for a retry;
 - :class:`~dispatcher.cycle.Cycle` — publishing, dead letters, ``$pull``;
 - :func:`~dispatcher.backlog.measure_backlog` — the backlog gauges.
@@ -18,7 +18,7 @@ Mode choice: ``auto`` opens a change stream and falls back to polling when the s
 none (codes in :data:`~dispatcher.stream.CHANGE_STREAMS_UNSUPPORTED`); polling mode sweeps,
 publishes and pauses when idle. Both back off after failures without pulling anything and
 stop publishing as soon as the lease is lost. A fatal store error (wrong password, missing
-privilege: :mod:`aggregates.storeerrors`) ends the worker with
+privilege: :mod:`aggregates.core.storeerrors`) ends the worker with
 :class:`~dispatcher.errors.FatalStoreError`; every other failure is retried after backoff.
 
 Time is injected (:class:`~dispatcher.timing.Timing`): the clock, the pauses and the
@@ -39,8 +39,8 @@ from typing import Any
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import OperationFailure, PyMongoError
 
-from aggregates.document import F_OUTBOX, F_PARTITION, F_TYPE
-from aggregates.fence import fence_scope
+from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TYPE
+from aggregates.wire.fence import fence_scope
 from dispatcher.backlog import measure_backlog
 from dispatcher.balancer import Balancer
 from dispatcher.cycle import Cycle, CycleResult
@@ -100,7 +100,7 @@ class CollectionWorker:
         self.metrics, self.health, self.faults = metrics, health, faults
         self.stop, self.once, self.timing = stop, once, timing
         self.scope = key = f"{db.name}.{collection}"
-        #: ``<database>.<collection>``, checked to parse back (aggregates/fence.py)
+        #: ``<database>.<collection>``, checked to parse back (aggregates/wire/fence.py)
         self._fence_scope = fence_scope(db.name, collection)
         self.leases = PartitionLeases(db[s.partition_collection], db[s.member_collection],
                                       database=db.name, collection=collection, owner=owner,
@@ -226,7 +226,7 @@ class CollectionWorker:
         self.health.beat(self.name, role="stopped")
 
     def _fence(self, doc: Mapping[str, Any]) -> str | None:
-        """The ``fence`` header of a document's records (:mod:`aggregates.fence`): this
+        """The ``fence`` header of a document's records (:mod:`aggregates.wire.fence`): this
         collection, its partition (0 without ``_p``) and the epoch of our lease on it —
         ``None`` unless that lease counts as held right now (the cycle compares it again
         before the ``$pull``)."""

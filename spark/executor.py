@@ -16,17 +16,17 @@ hot aggregate.
 
 Per Python worker process (workers are reused across tasks) there is one cached
 ``MongoClient`` per URI and one cached :class:`Registry` per module name. Exceptions
-from the writer (e.g. :class:`aggregates.errors.RetryableError` from a handler, a MongoDB
+from the writer (e.g. :class:`aggregates.core.errors.RetryableError` from a handler, a MongoDB
 outage) fail the task; Spark retries it, and everything the failed attempt wrote is then
 recognised as duplicate. A single record never fails the task, whatever its bytes: invalid
 UTF-8 (Arrow's strings are not checked) becomes an ``invalid_encoding`` dead letter with the
-byte offset, records nested deeper than :data:`~aggregates.envelope.MAX_RECORD_DEPTH` are
+byte offset, records nested deeper than :data:`~aggregates.message.envelope.MAX_RECORD_DEPTH` are
 rejected before ``json.loads``, and any other error while reading one row is that row's dead
 letter.
 
 CloudEvents (docs/design.md "CloudEvents"): a row with binary-mode headers (column
 :data:`spark.sources.CE_HEADER_COLUMN`) or a JSON object with ``specversion`` is decoded by
-:mod:`aggregates.cloudevents` into an envelope, which ``Message.from_dict`` checks; a
+:mod:`aggregates.wire.cloudevents` into an envelope, which ``Message.from_dict`` checks; a
 record that is no usable CloudEvent is an ``invalid_cloudevent`` dead letter naming the
 attribute, an envelope rule broken keeps its own reason code and names the attribute too.
 The dead letter keeps the record value as it came.
@@ -39,17 +39,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from aggregates import cloudevents
-from aggregates.aggregate import Registry
-from aggregates.deadletters import DeadLetterStore
-from aggregates.envelope import MAX_RECORD_DEPTH, Message, json_depth
-from aggregates.errors import EnvelopeError
+from aggregates.core.errors import EnvelopeError
+from aggregates.core.ids import raw_message_id
+from aggregates.core.reasons import Reason
+from aggregates.core.settings import AggboxSettings
+from aggregates.domain.aggregate import Registry
 from aggregates.fold import DeadLetter
-from aggregates.ids import raw_message_id
-from aggregates.outcomes import Outcome
-from aggregates.reasons import Reason
-from aggregates.settings import AggboxSettings
-from aggregates.writer import StoreWriter, utc_now
+from aggregates.message.envelope import MAX_RECORD_DEPTH, Message, json_depth
+from aggregates.message.outcomes import Outcome
+from aggregates.store.deadletters import DeadLetterStore
+from aggregates.store.writer import StoreWriter, utc_now
+from aggregates.wire import cloudevents
 from spark.messages import fast_message, json_loads, with_record_trace
 from spark.schema import OUTCOME_COLUMNS, outcome_columns
 from spark.sources import CE_HEADER_COLUMN
@@ -115,7 +115,7 @@ def _cloudevent(decoded: Any, raw: str, ce_headers: Any, traceparent: str | None
                 tracestate: str | None, max_payload: int) -> Message:
     """The message of a CloudEvent row: binary mode when ``ce_headers`` (the record's
     headers, dicts of key and value) is given, else structured mode (``decoded``, a dict
-    with ``specversion``). Raises :class:`~aggregates.cloudevents.CloudEventError` or
+    with ``specversion``). Raises :class:`~aggregates.wire.cloudevents.CloudEventError` or
     :class:`EnvelopeError` (its reason naming the attribute too)."""
     if ce_headers is not None:
         envelope = cloudevents.from_binary(

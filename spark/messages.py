@@ -1,4 +1,4 @@
-"""The executor's fast path to a :class:`~aggregates.envelope.Message`: the common, valid
+"""The executor's fast path to a :class:`~aggregates.message.envelope.Message`: the common, valid
 envelope built with cheap checks, everything else left to :meth:`Message.from_dict`.
 
 :func:`fast_message` returns exactly what ``Message.from_dict(decoded)`` returns when it can
@@ -11,7 +11,7 @@ envelopes):
 
 - the decoded record is a ``dict`` whose keys are envelope fields;
 - ids and names are ``str``: non-empty, no surrounding white space, at most
-  :data:`~aggregates.envelope.MAX_ID_LENGTH` characters, no NUL;
+  :data:`~aggregates.message.envelope.MAX_ID_LENGTH` characters, no NUL;
 - strings can only hold a lone surrogate when the raw text has a ``\\u`` escape or is not
   ASCII; then each string is checked;
 - the payload is a ``dict`` of JSON values whose keys pass the field-name rules, whose
@@ -20,7 +20,7 @@ envelopes):
   :data:`_BSON_PER_CHAR` bytes per character of its JSON text), so ``bson.encode`` is not
   needed to prove it fits;
 - ``occurred_at`` is absent, ``YYYY-MM-DDTHH:MM:SS[.fff[fff]]Z`` or anything
-  :func:`~aggregates.envelope.parse_time` accepts; ``source``, ``headers`` and
+  :func:`~aggregates.message.envelope.parse_time` accepts; ``source``, ``headers`` and
   ``schema_version`` are absent or of their plain form.
 """
 
@@ -33,7 +33,10 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Final, TypeGuard
 
-from aggregates.envelope import (
+from aggregates.core.errors import EnvelopeError
+from aggregates.core.fastbuild import slot_builder, utf8_encodable
+from aggregates.core.tracecontext import TRACEPARENT, TRACESTATE, trace_headers
+from aggregates.message.envelope import (
     ENVELOPE_FIELDS,
     MAX_ID_LENGTH,
     MAX_SCHEMA_VERSION,
@@ -42,9 +45,6 @@ from aggregates.envelope import (
     Source,
     parse_time,
 )
-from aggregates.errors import EnvelopeError
-from aggregates.fastbuild import slot_builder, utf8_encodable
-from aggregates.tracecontext import TRACEPARENT, TRACESTATE, trace_headers
 
 __all__ = ["fast_message", "json_loads", "with_record_trace"]
 
@@ -86,7 +86,7 @@ def json_loads(raw: str) -> Any:
 
 
 #: ``Message(...)`` with every field given, positionally: the same object (Message has no
-#: ``__post_init__``), slots filled directly (:func:`aggregates.fastbuild.slot_builder`).
+#: ``__post_init__``), slots filled directly (:func:`aggregates.core.fastbuild.slot_builder`).
 _new_message: Callable[[str, str, str, str, dict[str, Any], datetime | None, Source | None,
                         str | None, str | None, dict[str, str], int], Message] = slot_builder(
     Message, ("message_id", "type", "aggregate_type", "aggregate_id", "payload", "occurred_at",
@@ -217,7 +217,7 @@ def with_record_trace(decoded: Any, traceparent: str | None, tracestate: str | N
     The envelope is the authoritative message: a header it has wins, and an envelope with
     its own ``traceparent`` keeps its trace context whole (a record's ``tracestate`` belongs
     to the record's ``traceparent``). The record's headers are only used when its
-    ``traceparent`` is well-formed (:func:`aggregates.tracecontext.trace_headers`, which
+    ``traceparent`` is well-formed (:func:`aggregates.core.tracecontext.trace_headers`, which
     also drops an empty or too long ``tracestate``). A record that is not a JSON object, or
     whose ``headers`` is not an object, is returned as it is: its checks report it."""
     if traceparent is None or type(decoded) is not dict:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from aggregates.files import write_atomic
+from aggregates.core.files import write_atomic
 
 __all__ = ["BY_TYPE_LABELS", "escape_label_value", "render_metrics", "write_metrics_file"]
 

@@ -1,5 +1,5 @@
 """Order within an aggregate, in Spark: :func:`order_within_aggregates` computes
-:func:`aggregates.ordering.delivery_order` over validated rows (tests/spark/test_spark_order.py
+:func:`aggregates.fold.ordering.delivery_order` over validated rows (tests/spark/test_spark_order.py
 holds it to that specification)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ def order_within_aggregates(checked: Any, partitions: int) -> Any:
     """Validated rows (:data:`spark.validate.VALIDATED_COLUMNS`) plus the aggregate key
     ``_pa``, ``_pb``, hash-partitioned by it into ``partitions`` and sorted within each
     partition: an aggregate's rows are consecutive and in the order of
-    :func:`aggregates.ordering.delivery_order` (the specification; tested against it).
+    :func:`aggregates.fold.ordering.delivery_order` (the specification; tested against it).
 
     A row is *sourced* when it passed validation and has ``source`` type, id and seq; its
     effective time is the newest ``occurred_at`` of its source up to it, by (seq, input
@@ -21,7 +21,7 @@ def order_within_aggregates(checked: Any, partitions: int) -> Any:
     runs after the repartition: its partitioning contains the shuffle key, so Spark adds no
     second exchange. Other rows (unsourced, or flagged invalid: they only need to reach the
     executor) use their own ``occurred_at``. Times compare at millisecond precision, as
-    :meth:`aggregates.envelope.Message.from_dict` keeps them."""
+    :meth:`aggregates.message.envelope.Message.from_dict` keeps them."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 

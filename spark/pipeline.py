@@ -16,7 +16,7 @@ Order within an aggregate: each source (``source.type`` + ``source.id``) keeps i
 ``source.seq`` order, and sources and unsourced messages are interleaved by ``occurred_at``
 (for a sourced message the newest of its source up to its seq), ties settled by source, then
 input position (file path and line, or Kafka partition and offset). The definition is
-:func:`aggregates.ordering.delivery_order`; :func:`spark.order.order_within_aggregates`
+:func:`aggregates.fold.ordering.delivery_order`; :func:`spark.order.order_within_aggregates`
 computes it.
 
 The MongoDB URI is required (``mongodb_uri=`` or ``settings.mongodb_uri``): a library never
@@ -50,10 +50,10 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from aggregates.aggregate import Registry
-from aggregates.errors import AggboxError, ConfigurationError
-from aggregates.settings import AggboxSettings
-from aggregates.writer import StoreWriter
+from aggregates.core.errors import AggboxError, ConfigurationError
+from aggregates.core.settings import AggboxSettings
+from aggregates.domain.aggregate import Registry
+from aggregates.store.writer import StoreWriter
 from spark.executor import WriterTask, write_partition
 from spark.order import order_within_aggregates
 from spark.results import (

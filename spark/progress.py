@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from aggregates.outcomes import OUTCOME_KINDS
+from aggregates.message.outcomes import OUTCOME_KINDS
 
 __all__ = ["spark_progress", "summary_table"]
 

@@ -9,8 +9,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from aggregates.errors import AggboxError
-from aggregates.outcomes import OUTCOME_KINDS
+from aggregates.core.errors import AggboxError
+from aggregates.message.outcomes import OUTCOME_KINDS
 
 __all__ = ["AccountingError", "RunResult", "StreamResult", "count_outcomes", "new_run_id"]
 

@@ -1,5 +1,5 @@
-"""Spark schemas: the message envelope (derived from :data:`aggregates.envelope.ENVELOPE_FIELDS`,
-declared once there) and the per-message outcome rows the pipeline returns.
+"""Spark schemas: the message envelope (derived from
+:data:`aggregates.message.envelope.ENVELOPE_FIELDS`, declared once there) and the per-message outcome rows the pipeline returns.
 
 The payload travels as a JSON string column (``payload``): aggregate types have different
 payload shapes, and a string keeps one schema for all of them.
@@ -24,8 +24,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from aggregates.envelope import ENVELOPE_FIELDS
-from aggregates.outcomes import Outcome
+from aggregates.message.envelope import ENVELOPE_FIELDS
+from aggregates.message.outcomes import Outcome
 
 __all__ = [
     "ENVELOPE_FIELDS",

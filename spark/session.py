@@ -48,7 +48,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from aggregates.errors import ConfigurationError
+from aggregates.core.errors import ConfigurationError
 from spark.settings import SparkSettings
 
 __all__ = [

@@ -2,7 +2,7 @@
 ``AGGBOX_SPARK_<NAME>`` (dict and list values as JSON), command-line options on top.
 
 Store settings (MongoDB URI, database, chunk sizes, …) live in ``[aggbox]``
-(:class:`aggregates.settings.AggboxSettings`)."""
+(:class:`aggregates.core.settings.AggboxSettings`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from aggregates.settings import SectionSettings
+from aggregates.core.settings import SectionSettings
 
 __all__ = ["InputFormat", "SparkSettings"]
 

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from aggregates.errors import ConfigurationError
+from aggregates.core.errors import ConfigurationError
 from spark.settings import InputFormat
 
 __all__ = [
@@ -67,7 +67,7 @@ def _record_header(name: str) -> Any:
     """The Kafka record header ``name`` as text, or NULL: absent, repeated (the W3C spec
     makes a repeated traceparent invalid), longer than 512 bytes, not valid UTF-8, or not
     printable ASCII (all that traceparent and tracestate may hold). Its shape is checked
-    in the executor by :func:`aggregates.tracecontext.trace_headers`."""
+    in the executor by :func:`aggregates.core.tracecontext.trace_headers`."""
     from pyspark.sql import functions as F
 
     # try_element_at: under ANSI mode Spark may evaluate every operand of AND (no

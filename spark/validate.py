@@ -31,16 +31,16 @@ the payload as the value) or a JSON object with the key ``specversion`` (structu
 is read through its attributes: ``id``, ``type``, ``subject``, ``aggregatetype``,
 ``source``/``sourceseq`` and ``time`` give the routing and ordering columns. The raw record
 checks apply to it as to an envelope; the envelope checks do not — the executor decodes
-every CloudEvent (:mod:`aggregates.cloudevents`) and names what is wrong
+every CloudEvent (:mod:`aggregates.wire.cloudevents`) and names what is wrong
 (``invalid_cloudevent``, or the envelope's own codes).
 
-Rows that pass get the full :meth:`aggregates.envelope.Message.from_dict` check in the
+Rows that pass get the full :meth:`aggregates.message.envelope.Message.from_dict` check in the
 executor (the same code every other entry point uses: unknown fields, ``occurred_at``,
 ``source``, headers, string rules, payload key names, BSON size; common valid envelopes are
 proven to pass it by :func:`spark.messages.fast_message`, built identically, without running
 it); a failure there is a dead letter with the same reason codes and the same detail texts
-(e.g. a numeric ``occurred_at`` outside :data:`~aggregates.envelope.MIN_EPOCH_MILLIS` …
-:data:`~aggregates.envelope.MAX_EPOCH_MILLIS`, a lone surrogate escape in a string field).
+(e.g. a numeric ``occurred_at`` outside :data:`~aggregates.message.envelope.MIN_EPOCH_MILLIS` …
+:data:`~aggregates.message.envelope.MAX_EPOCH_MILLIS`, a lone surrogate escape in a string field).
 Every Spark expression here is total: it yields NULL, never an error, for any input, and
 recursive ones (parsing, ``schema_of_variant``, ``to_json``) only see records that passed
 the size and depth checks. Checking everything twice would
@@ -55,9 +55,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from aggregates.aggregate import Registry
-from aggregates.envelope import MAX_EPOCH_MILLIS, MAX_RECORD_DEPTH, MIN_EPOCH_MILLIS
-from aggregates.reasons import Reason
+from aggregates.core.reasons import Reason
+from aggregates.domain.aggregate import Registry
+from aggregates.message.envelope import MAX_EPOCH_MILLIS, MAX_RECORD_DEPTH, MIN_EPOCH_MILLIS
 from spark.sources import CE_HEADER_COLUMN, CE_HEADER_TYPE, TRACE_HEADER_COLUMNS
 
 __all__ = [
@@ -215,7 +215,7 @@ def _projection_columns(extra: Sequence[str] = ()) -> list[list[str]]:
             f"CASE WHEN _ce_bin THEN _ceh_{attr} "
             f"WHEN _ce_struct THEN try_variant_get(_v, '$.{attr}', 'string') "
             f"ELSE try_variant_get(_v, '$.{name}', 'string') END AS _s_{name}")
-    # The source segments of /aggbox/<type>/<id>, percent-decoded (aggregates.cloudevents).
+    # The source segments of /aggbox/<type>/<id>, percent-decoded (aggregates.wire.cloudevents).
     segments = ("CASE WHEN startswith(_ce_src, '/aggbox/') THEN "
                 "split(substr(_ce_src, 9), '/') END")
     second += [
@@ -235,7 +235,7 @@ def _projection_columns(extra: Sequence[str] = ()) -> list[list[str]]:
     return [pre, first, parse, ce, ce2, second]
 
 
-#: Envelope field → the CloudEvent attribute it comes from (aggregates.cloudevents).
+#: Envelope field → the CloudEvent attribute it comes from (aggregates.wire.cloudevents).
 _CE_FIELDS: Final = {"message_id": "id", "type": "type", "aggregate_type": "aggregatetype",
                      "aggregate_id": "subject"}
 #: The binary-mode headers (``ce_<name>``) Spark reads.

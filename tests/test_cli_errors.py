@@ -178,7 +178,7 @@ JVM_TRACE = "\n".join([
     "failed 4 times, most recent failure: Lost task 0.3 (TID 9): "
     "org.apache.spark.api.python.PythonException: Traceback (most recent call last):",
     '  File "/work/spark/executor.py", line 210, in write_partition',
-    "aggregates.errors.RetryableError: downstream unavailable for down-1",
+    "aggregates.core.errors.RetryableError: downstream unavailable for down-1",
     *[f"\tat org.apache.spark.Frame{i}.run(Frame.scala:{i})" for i in range(300)],
 ])
 
@@ -195,7 +195,8 @@ def test_failed_spark_job_is_one_line_with_the_trace_in_the_log_file(
     rc, _, err = run(capsys, *RUN, "--mongodb-uri", "mongodb://127.0.0.1:9/")
     line = error_line(err)
     assert rc == 1
-    assert line == ("aggbox run: error: the Spark job failed: aggregates.errors.RetryableError: "
+    assert line == ("aggbox run: error: the Spark job failed: "
+                    "aggregates.core.errors.RetryableError: "
                     f"downstream unavailable for down-1 (full trace in {clean_env})")
     logged = clean_env.read_text()
     assert "Frame299" in logged and "Traceback" in logged
@@ -343,8 +344,8 @@ def test_dispatch_without_uri_hands_the_embedded_server_to_the_daemon(
 
 
 def test_pipeline_requires_a_uri_and_never_starts_a_server() -> None:
-    from aggregates.errors import ConfigurationError
-    from aggregates.settings import AggboxSettings
+    from aggregates.core.errors import ConfigurationError
+    from aggregates.core.settings import AggboxSettings
     from spark.pipeline import Pipeline
 
     class Session:  # what check_session reads (spark.conf, also on Spark Connect)

@@ -42,7 +42,7 @@ from aggbox.admin.deadletters import (
 )
 from aggbox.admin.effects import STATES, cmd_effects_list
 from aggbox.admin.parked import _cmd_parked_list, _cmd_parked_release
-from aggregates.uri import redact_uri
+from aggregates.core.uri import redact_uri
 from dispatcher.effects.attempts import DEFAULT_COLLECTION
 
 Handler = Callable[[argparse.Namespace], int]
@@ -319,7 +319,7 @@ def _aggregate_ref(text: str) -> tuple[str, str]:
 
 # -- indexes -----------------------------------------------------------------------------------
 def _cmd_indexes(args: argparse.Namespace) -> int:
-    from aggregates.writer import StoreWriter
+    from aggregates.store.writer import StoreWriter
 
     registry = _registry(args.aggregates)
     with _database(args) as (settings, db):

@@ -13,16 +13,16 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from aggregates.errors import AggboxError, ConfigurationError
-from aggregates.uri import redact_uri
+from aggregates.core.errors import AggboxError, ConfigurationError
+from aggregates.core.uri import redact_uri
 
 if TYPE_CHECKING:
     from pymongo.database import Database
     from rich.console import Console
 
-    from aggregates.aggregate import Registry
-    from aggregates.outcomes import Outcome
-    from aggregates.settings import AggboxSettings
+    from aggregates.core.settings import AggboxSettings
+    from aggregates.domain.aggregate import Registry
+    from aggregates.message.outcomes import Outcome
 
 #: Exit status when an action ran but left messages unsettled.
 EXIT_UNSETTLED = 3
@@ -32,7 +32,7 @@ EXIT_UNSETTLED = 3
 def _settings(args: argparse.Namespace) -> AggboxSettings:
     from pydantic import ValidationError
 
-    from aggregates.settings import AggboxSettings
+    from aggregates.core.settings import AggboxSettings
 
     overrides: dict[str, Any] = {}
     if getattr(args, "database", None):
@@ -119,7 +119,7 @@ def _database(args: argparse.Namespace) -> Iterator[tuple[AggboxSettings, Databa
 
 
 def _registry(module: str) -> Registry:
-    from aggregates.aggregate import Registry
+    from aggregates.domain.aggregate import Registry
 
     return Registry.from_module(module)
 

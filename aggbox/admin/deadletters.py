@@ -24,7 +24,7 @@ from aggbox.admin._shared import (
     _table,
     _usage_error,
 )
-from aggregates.errors import ConfigurationError
+from aggregates.core.errors import ConfigurationError
 
 
 def _record(doc: Mapping[str, Any]) -> dict[str, Any]:
@@ -35,7 +35,7 @@ def _record(doc: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _cmd_deadletters_list(args: argparse.Namespace) -> int:
-    from aggregates.deadletters import DeadLetterStore
+    from aggregates.store.deadletters import DeadLetterStore
 
     if (problem := _range_error(args)) is not None:
         return _usage_error(args, problem)
@@ -68,7 +68,7 @@ def _cmd_deadletters_list(args: argparse.Namespace) -> int:
 def _cmd_deadletters_show(args: argparse.Namespace) -> int:
     from rich.text import Text
 
-    from aggregates.deadletters import DeadLetterStore
+    from aggregates.store.deadletters import DeadLetterStore
 
     with _database(args) as (settings, db):
         store = DeadLetterStore(db, collection=settings.dead_letter_collection)
@@ -102,9 +102,9 @@ def _cmd_deadletters_show(args: argparse.Namespace) -> int:
 
 
 def _cmd_deadletters_replay(args: argparse.Namespace) -> int:
-    from aggregates.deadletters import DeadLetterStore
     from aggregates.debug.listing import dead_letter_record
-    from aggregates.debug.redrive import replay_dead_letters
+    from aggregates.ops.redrive import replay_dead_letters
+    from aggregates.store.deadletters import DeadLetterStore
 
     if not (args.ids or args.reason or args.aggregate_type or args.all_open):
         raise ConfigurationError("say which dead letters to replay: --id ID (repeatable), "
@@ -138,7 +138,7 @@ def _cmd_deadletters_replay(args: argparse.Namespace) -> int:
             "ok": result.ok,
         })
         return 0 if result.ok else EXIT_UNSETTLED
-    from aggregates.outcomes import OutcomeCounts
+    from aggregates.message.outcomes import OutcomeCounts
 
     console = _console()
     rows = [[lid, o.message_id, o.outcome, o.reason, o.detail, result.status[lid]]
@@ -163,7 +163,7 @@ def _cmd_deadletters_replay(args: argparse.Namespace) -> int:
 
 
 def _cmd_deadletters_dismiss(args: argparse.Namespace) -> int:
-    from aggregates.deadletters import DeadLetterStore
+    from aggregates.store.deadletters import DeadLetterStore
 
     if not (args.ids or any(_filters(args).values())):
         return _usage_error(args, "say which dead letters to dismiss: --id ID (repeatable), "

@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from aggbox.admin._shared import _console, _database, _print_json, _table
-from aggregates.errors import ConfigurationError
+from aggregates.core.errors import ConfigurationError
 
 __all__ = ["STATES", "cmd_effects_list", "effects_query"]
 

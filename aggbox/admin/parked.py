@@ -16,14 +16,14 @@ from aggbox.admin._shared import (
     _registry,
     _table,
 )
-from aggregates.errors import ConfigurationError
+from aggregates.core.errors import ConfigurationError
 
 
 # -- parked ------------------------------------------------------------------------------------
 def _cmd_parked_list(args: argparse.Namespace) -> int:
     from aggregates.debug.listing import parked_record
-    from aggregates.document import F_BLOCKED
-    from aggregates.parking import ParkedStore
+    from aggregates.fold.document import F_BLOCKED
+    from aggregates.store.parking import ParkedStore
 
     registry = _registry(args.aggregates) if args.aggregates else None
     with _database(args) as (settings, db):
@@ -70,8 +70,8 @@ def _cmd_parked_list(args: argparse.Namespace) -> int:
 
 
 def _cmd_parked_release(args: argparse.Namespace) -> int:
-    from aggregates.debug.release import ReleaseResult, clear_block, release_aggregate
-    from aggregates.parking import ParkedStore
+    from aggregates.ops.release import ReleaseResult, clear_block, release_aggregate
+    from aggregates.store.parking import ParkedStore
 
     registry = _registry(args.aggregates) if args.aggregates else None
     results: list[ReleaseResult] = []

@@ -3,8 +3,8 @@ is given and nowhere else). Each returns ``(status, what was seen, what aggbox d
 runner (:mod:`aggbox.checkstore.runner`) turns an exception into a FAIL line.
 
 They exercise what aggbox itself does — the writer's conditional upsert on ``{_id, _v}``,
-:func:`aggregates.bulk.bulk_write_unordered`, the codec of :mod:`aggregates.codec_bson`,
-:meth:`aggregates.writer.StoreWriter.ensure_indexes` — rather than a copy of it."""
+:func:`aggregates.core.bulk.bulk_write_unordered`, the codec of :mod:`aggregates.codec.bson`,
+:meth:`aggregates.store.writer.StoreWriter.ensure_indexes` — rather than a copy of it."""
 
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from pymongo.errors import DuplicateKeyError, OperationFailure
 
 from aggbox.checkstore.logic import MIB, padded, retryable_writes
 from aggbox.checkstore.report import Status
-from aggregates.bulk import DUPLICATE_KEY, WriteError, bulk_write_unordered
-from aggregates.settings import AggboxSettings
+from aggregates.core.bulk import DUPLICATE_KEY, WriteError, bulk_write_unordered
+from aggregates.core.settings import AggboxSettings
 
 __all__ = ["CHECKS", "Check", "Context", "Outcome"]
 
@@ -149,7 +149,7 @@ def bson_types(ctx: Context) -> Outcome:
     from bson.binary import Binary
     from bson.decimal128 import Decimal128
 
-    from aggregates.codec_bson import from_bson, to_bson
+    from aggregates.codec.bson import from_bson, to_bson
 
     values: dict[str, Any] = {
         "amount": Decimal("12345678901234567890.123456789012"),
@@ -180,7 +180,7 @@ def bson_types(ctx: Context) -> Outcome:
                else f"; queries by {', '.join(unmatched)} did NOT match"))
     if not wrong and not unmatched:
         return (Status.PASS, seen, "state, payloads and inbox times keep their Decimal, UUID "
-                "and datetime values (aggregates.codec_bson)")
+                "and datetime values (aggregates.codec.bson)")
     return (Status.FAIL, seen, "state or dedup times would change on their way through the "
             "store")
 
@@ -209,8 +209,8 @@ class Probe:
 
 def indexes(ctx: Context) -> Outcome:
     from aggregates import AggregateType, Inbox, Registry
-    from aggregates.archive import archive_collection
-    from aggregates.writer import StoreWriter
+    from aggregates.dedup.archive import archive_collection
+    from aggregates.store.writer import StoreWriter
 
     settings = ctx.settings.model_copy(update={
         "dead_letter_collection": "check_dead_letters", "parked_collection": "check_parked"})

@@ -18,9 +18,9 @@ from aggbox.checkstore.checks import CHECKS, LAST, Check, Context
 from aggbox.checkstore.logic import client_options, describe_server, uri_options
 from aggbox.checkstore.report import CheckResult, Report, Status
 from aggbox.checkstore.streams import stream_checks, stream_failure
-from aggregates.errors import AggboxError, StoreError
-from aggregates.settings import AggboxSettings
-from aggregates.uri import redact_uri
+from aggregates.core.errors import AggboxError, StoreError
+from aggregates.core.settings import AggboxSettings
+from aggregates.core.uri import redact_uri
 from dispatcher.errors import describe_store_error, is_unreachable
 
 __all__ = ["NotEmpty", "Target", "Unreachable", "check_store"]

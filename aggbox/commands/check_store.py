@@ -75,8 +75,8 @@ def run(args: argparse.Namespace) -> int:
     from aggbox.checkstore import NotEmpty, Target, Unreachable, check_store
     from aggbox.checkstore.logic import database_problem, scratch_name
     from aggbox.checkstore.report import EXIT_FAILED, EXIT_USAGE
-    from aggregates.errors import ConfigurationError
-    from aggregates.settings import AggboxSettings
+    from aggregates.core.errors import ConfigurationError
+    from aggregates.core.settings import AggboxSettings
 
     if args.timeout is not None and not args.timeout > 0:
         return _error(f"--timeout {args.timeout:g}: give a number of seconds > 0", EXIT_USAGE)

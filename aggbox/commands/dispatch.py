@@ -23,7 +23,7 @@ from aggbox.commands.options import (
     key_values,
     overrides,
 )
-from aggregates.settings import AggboxSettings, SectionSettings
+from aggregates.core.settings import AggboxSettings, SectionSettings
 from dispatcher.settings import DispatcherSettings
 
 __all__ = ["main", "register", "run"]
@@ -124,7 +124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     import logging
     import sys
 
-    from aggregates.errors import AggboxError
+    from aggregates.core.errors import AggboxError
 
     parser = argparse.ArgumentParser(
         prog="python -m aggbox.commands.dispatch", description=_DESCRIPTION, epilog=_EPILOG,

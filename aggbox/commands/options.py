@@ -25,8 +25,8 @@ import argparse
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from aggregates.errors import ConfigurationError
-from aggregates.settings import SectionSettings
+from aggregates.core.errors import ConfigurationError
+from aggregates.core.settings import SectionSettings
 
 __all__ = ["SettingOption", "add_setting_options", "comma_list", "key_values", "overrides",
            "setting_help"]

@@ -28,8 +28,8 @@ from aggbox.commands.options import (
     key_values,
     overrides,
 )
-from aggregates.errors import AggboxError, ConfigurationError
-from aggregates.settings import AggboxSettings
+from aggregates.core.errors import AggboxError, ConfigurationError
+from aggregates.core.settings import AggboxSettings
 from spark.settings import SparkSettings
 
 __all__ = ["register", "run_command", "stream_command"]

@@ -10,7 +10,7 @@ from typing import Any
 
 from aggbox.demo.errors import DemoError
 from aggbox.demo.model import OutcomeRow
-from aggregates.settings import AggboxSettings
+from aggregates.core.settings import AggboxSettings
 
 __all__ = ["DispatcherDrain", "SparkRound", "spark_session"]
 

@@ -38,7 +38,7 @@ from typing import Any, Final
 
 from aggbox.demo.errors import DemoError
 from aggbox.examples.orders.domain import customers as customer_type
-from aggregates.reasons import Reason
+from aggregates.core.reasons import Reason
 
 __all__ = [
     "BadRow",

@@ -4,14 +4,14 @@ It classifies every line the way the pipeline must (not JSON, invalid envelope, 
 aggregate or message type → dead letter), drops repeated message ids, and folds each
 aggregate's messages with the domain's own handlers — its own small fold, not the library's
 (:mod:`aggregates.fold`), so the two can disagree. What a generation of handlers emits
-(ids from :func:`aggregates.ids.emitted_message_id`, ``source.seq`` numbered per emitting
+(ids from :func:`aggregates.core.ids.emitted_message_id`, ``source.seq`` numbered per emitting
 aggregate) is the next generation's input, as it is for the dispatcher and the next pipeline
 round, until nothing is emitted.
 
 Independent of the code it checks: a bug there must not be made twice, here too.
 
 - *Envelope*: its own check of the documented envelope contract (:func:`_envelope`, into its
-  own :class:`Envelope`), not :meth:`aggregates.envelope.Message.from_dict`. Only the field
+  own :class:`Envelope`), not :meth:`aggregates.message.envelope.Message.from_dict`. Only the field
   table ``ENVELOPE_FIELDS`` is shared.
 - *Handlers and classification*: its own map aggregate type → message type → the domain's
   handler function (:func:`domain_of`), read once from the registrations; unknown aggregate
@@ -48,10 +48,10 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from aggbox.demo.errors import DemoError
-from aggregates.aggregate import Emit, Registry
-from aggregates.envelope import ENVELOPE_FIELDS
-from aggregates.ids import emitted_message_id, raw_message_id
-from aggregates.reasons import Reason
+from aggregates.core.ids import emitted_message_id, raw_message_id
+from aggregates.core.reasons import Reason
+from aggregates.domain.aggregate import Emit, Registry
+from aggregates.message.envelope import ENVELOPE_FIELDS
 
 __all__ = [
     "Classified",
@@ -91,7 +91,7 @@ class EnvelopeSource:
 @dataclass(frozen=True, slots=True)
 class Envelope:
     """A message as the oracle reads it: the envelope's fields, nothing derived. Handlers
-    take it in place of :class:`aggregates.envelope.Message` (they read its attributes)."""
+    take it in place of :class:`aggregates.message.envelope.Message` (they read its attributes)."""
 
     message_id: str
     type: str
@@ -242,7 +242,7 @@ def _build_domain(registry: Registry) -> dict[str, DomainType]:
         # ``handler_for``; they are read here once, per registered type, to copy the
         # registrations into the oracle's own map. What the pipeline does with them per
         # message — reject unknown aggregate/message types (spark/validate.py, the writer) and
-        # pick a message's handler while folding (aggregates/fold.py) — the oracle does
+        # pick a message's handler while folding (aggregates/fold/__init__.py) — the oracle does
         # with this map only, never through the registry.
         handlers = {mtype: atype.handler_for(mtype) for mtype in atype.message_types}
         domain[atype.name] = DomainType(atype.name, _state_class(atype.name, handlers),
@@ -382,7 +382,7 @@ def _emitted(dtype: DomainType, aggregate_id: str, cause: Envelope, index: int,
 def _plain_payload(payload: Any) -> dict[str, Any]:
     """An emitted payload as the outbox must hold it: a dict as is; a typed payload object
     (the domain's dataclass or pydantic model) as its fields — the oracle's own conversion,
-    not the library's (aggregates.aggregate.dump_payload)."""
+    not the library's (aggregates.domain.aggregate.dump_payload)."""
     if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
         plain: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(payload)))
         return plain

@@ -27,8 +27,8 @@ from aggbox.demo.progress import Stages
 from aggbox.demo.report import print_report, scenario_lines
 from aggbox.demo.rounds import run_rounds
 from aggbox.demo.store import pending_outbox, read_store
-from aggregates.aggregate import Registry
-from aggregates.settings import AggboxSettings
+from aggregates.core.settings import AggboxSettings
+from aggregates.domain.aggregate import Registry
 
 __all__ = ["AGGREGATES", "DemoOptions", "run_demo"]
 

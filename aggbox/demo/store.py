@@ -8,9 +8,9 @@ from typing import Any
 from pymongo.database import Database
 
 from aggbox.demo.oracle import Key
-from aggregates.aggregate import Registry
-from aggregates.document import F_OUTBOX
-from aggregates.settings import AggboxSettings
+from aggregates.core.settings import AggboxSettings
+from aggregates.domain.aggregate import Registry
+from aggregates.fold.document import F_OUTBOX
 
 __all__ = ["StoreView", "pending_outbox", "read_store"]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from aggregates.errors import AggboxError
+from aggregates.core.errors import AggboxError
 
 
 class ServerError(AggboxError):

@@ -57,7 +57,7 @@ from aggbox.servers.capabilities import (
     server_operation_time,
 )
 from aggbox.servers.errors import ServerError
-from aggregates.uri import redact_uri
+from aggregates.core.uri import redact_uri
 
 __all__ = [
     "MJS_VERSION",

@@ -52,7 +52,7 @@ from typing import Any
 
 from aggbox.servers import _process, maven
 from aggbox.servers.errors import ServerError
-from aggregates.files import write_atomic
+from aggregates.core.files import write_atomic
 
 __all__ = [
     "LOCAL_KIND",

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from aggregates.errors import AggboxError
+from aggregates.core.errors import AggboxError
 
 if TYPE_CHECKING:
     import pandas as pd

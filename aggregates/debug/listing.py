@@ -7,10 +7,10 @@ from typing import TYPE_CHECKING, Any
 
 from pymongo.database import Database
 
-from aggregates.deadletters import DeadLetterStore
+from aggregates.core.settings import AggboxSettings
 from aggregates.debug._deps import make_frame, require_pandas
-from aggregates.parking import ParkedStore
-from aggregates.settings import AggboxSettings
+from aggregates.store.deadletters import DeadLetterStore
+from aggregates.store.parking import ParkedStore
 
 if TYPE_CHECKING:
     import pandas as pd

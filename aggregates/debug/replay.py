@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from aggregates.aggregate import AggregateType
+from aggregates.core.errors import AggboxError
 from aggregates.debug._deps import make_frame, require_pandas
 from aggregates.debug.diff import state_diff
 from aggregates.debug.view import AggregateView
-from aggregates.document import Snapshot, snapshot_from_document
-from aggregates.envelope import Message
-from aggregates.errors import AggboxError
+from aggregates.domain.aggregate import AggregateType
 from aggregates.fold import DeadLetter, FoldResult, Parked, fold
+from aggregates.fold.document import Snapshot, snapshot_from_document
+from aggregates.message.envelope import Message
 
 if TYPE_CHECKING:
     import pandas as pd

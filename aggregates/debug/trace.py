@@ -3,7 +3,7 @@
 The Spark pipeline writes one audit row per outcome (Parquet; columns ``message_id``,
 ``aggregate_type``, ``aggregate_id``, ``outcome``, ``reason``, ``detail``, ``emitted_ids``,
 ``attempt``, ``from_parked``, possibly run/batch ids). Emitted message ids are deterministic
-(:func:`aggregates.ids.emitted_message_id`) and an emitted id is the ``message_id`` of the
+(:func:`aggregates.core.ids.emitted_message_id`) and an emitted id is the ``message_id`` of the
 input message it becomes downstream, so ``emitted_ids`` link the rows into causation chains.
 
     t = trace("s3://bucket/aggbox/audit/", "place-42")
@@ -19,10 +19,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from aggregates.core.errors import AggboxError
 from aggregates.debug._deps import make_frame, require_pandas
 from aggregates.debug.render import compact
-from aggregates.errors import AggboxError
-from aggregates.outcomes import Outcome
+from aggregates.message.outcomes import Outcome
 
 if TYPE_CHECKING:
     import pandas as pd

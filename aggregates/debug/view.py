@@ -15,10 +15,12 @@ from typing import Any
 
 from pymongo.database import Database
 
-from aggregates.aggregate import AggregateType, Registry
+from aggregates.core.keys import hw_label
+from aggregates.core.settings import AggboxSettings
 from aggregates.debug.render import esc, fmt_time, html_table, text_table
 from aggregates.dedup import RecordArchive
-from aggregates.document import (
+from aggregates.domain.aggregate import AggregateType, Registry
+from aggregates.fold.document import (
     F_ARCHIVE_FLOOR,
     F_BLOCKED,
     F_HW,
@@ -32,9 +34,7 @@ from aggregates.document import (
     Snapshot,
     snapshot_from_document,
 )
-from aggregates.keys import hw_label
-from aggregates.parking import ParkedStore
-from aggregates.settings import AggboxSettings
+from aggregates.store.parking import ParkedStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,7 +125,7 @@ class AggregateView:
     @property
     def high_water(self) -> dict[str, int]:
         """Highest applied sequence per source, keyed ``"<source type>/<source id>"``
-        (:func:`aggregates.keys.hw_label`: a ``/`` inside the type or id shows as ``%2F``)."""
+        (:func:`aggregates.core.keys.hw_label`: a ``/`` inside the type or id shows as ``%2F``)."""
         return {hw_label(str(k)): int(v) for k, v in (self._doc.get(F_HW) or {}).items()}
 
     @property

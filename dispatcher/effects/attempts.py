@@ -27,7 +27,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import DuplicateKeyError
 
-from aggregates.keys import join_parts
+from aggregates.core.keys import join_parts
 
 __all__ = ["ATTEMPTING", "DEFAULT_COLLECTION", "FAILED", "SUCCEEDED", "AttemptRecord",
            "Attempts", "attempt_key"]

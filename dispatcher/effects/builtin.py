@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
-from aggregates.effects import Effect, Effects
-from aggregates.errors import ConfigurationError
+from aggregates.core.errors import ConfigurationError
+from aggregates.domain.effects import Effect, Effects
 from dispatcher.effects.http import http_effect
 from dispatcher.effects.smtp import smtp_effect
 
@@ -46,6 +46,6 @@ def builtin_effects(config: Mapping[str, Mapping[str, Any]]) -> Effects:
             raise ConfigurationError(
                 f"{prefix}.kind: unknown effect kind {kind!r}; use one of "
                 f"{', '.join(repr(k) for k in sorted(KINDS))} (effects written in Python are "
-                "registered with aggregates.effects.Effects)")
+                "registered with aggregates.domain.effects.Effects)")
         effects.add(build(message_type, settings, setting_prefix=prefix))
     return effects

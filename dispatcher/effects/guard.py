@@ -17,7 +17,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
 
-from aggregates.reasons import Reason
+from aggregates.core.reasons import Reason
 from dispatcher.publishers.base import Publisher, PublishResult
 from dispatcher.record import OutboundRecord
 

@@ -25,8 +25,8 @@ a configured header sets them; redirects are not followed. 2xx is success, with 
 payload ``{"status", "body"}`` (the response JSON object, when it is a valid aggbox payload
 of at most :data:`MAX_BODY_BYTES`) or ``{"status", "text"}`` (the first
 :data:`MAX_TEXT_CHARS` characters). 408, 425, 429, 5xx and connection failures are
-:class:`~aggregates.effects.RetryableEffectError`; other statuses are
-:class:`~aggregates.effects.PermanentEffectError` (``effect_rejected``). A timeout is left
+:class:`~aggregates.domain.effects.RetryableEffectError`; other statuses are
+:class:`~aggregates.domain.effects.PermanentEffectError` (``effect_rejected``). A timeout is left
 as :class:`TimeoutError` for the runner.
 """
 
@@ -44,10 +44,10 @@ import aiohttp
 import yarl
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from aggregates.effects import Effect, EffectCall, PermanentEffectError, RetryableEffectError
-from aggregates.errors import ConfigurationError
-from aggregates.reasons import Reason
-from aggregates.tracecontext import TRACEPARENT, TRACESTATE, trace_headers
+from aggregates.core.errors import ConfigurationError
+from aggregates.core.reasons import Reason
+from aggregates.core.tracecontext import TRACEPARENT, TRACESTATE, trace_headers
+from aggregates.domain.effects import Effect, EffectCall, PermanentEffectError, RetryableEffectError
 from dispatcher.effects.secrets import check_env_secret, read_env_secret
 from dispatcher.effects.templates import (
     Escape,
@@ -120,7 +120,7 @@ class HttpEffectSpec(BaseModel):
 
 
 def http_effect(type: str, settings: Mapping[str, Any], *, setting_prefix: str) -> Effect:
-    """The :class:`~aggregates.effects.Effect` for message ``type`` configured by
+    """The :class:`~aggregates.domain.effects.Effect` for message ``type`` configured by
     ``settings``; :class:`ConfigurationError` naming ``{setting_prefix}.{setting}``."""
     p = setting_prefix
     spec = load_spec(HttpEffectSpec, settings, setting_prefix=p)

@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from aggregates.effects import Effects
-from aggregates.reasons import Reason
+from aggregates.core.reasons import Reason
+from aggregates.domain.effects import Effects
 from dispatcher.effects.runner import EffectRunner
 from dispatcher.publishers.base import Publisher, PublishResult
 from dispatcher.record import OutboundRecord

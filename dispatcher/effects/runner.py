@@ -1,6 +1,6 @@
 """One effect entry: attempt → call → result → reply (docs/design.md "Side effects").
 
-For an outbox entry whose type has an :class:`~aggregates.effects.Effect`:
+For an outbox entry whose type has an :class:`~aggregates.domain.effects.Effect`:
 
 1. read the attempt record; a recorded result goes straight to step 5;
 2. an open attempt (begun, no result: a crash, a timeout, a dropped response) is *recovered*:
@@ -35,7 +35,8 @@ from typing import Any
 
 from pymongo.errors import PyMongoError
 
-from aggregates.effect_rules import (
+from aggregates.core.reasons import Reason
+from aggregates.domain.effect_rules import (
     MAX_ERROR,
     effect_call,
     exhausted_error,
@@ -43,17 +44,16 @@ from aggregates.effect_rules import (
     retry_reason,
     with_attempt,
 )
-from aggregates.effects import (
+from aggregates.domain.effects import (
     Effect,
     EffectCall,
     EffectError,
     PermanentEffectError,
     reply_message,
 )
-from aggregates.envelope import Message
-from aggregates.outcomes import Outcome
-from aggregates.reasons import Reason
-from aggregates.tracing import format_traceparent
+from aggregates.message.envelope import Message
+from aggregates.message.outcomes import Outcome
+from aggregates.store.tracing import format_traceparent
 from dispatcher.effects.attempts import FAILED, SUCCEEDED, AttemptRecord, Attempts, attempt_key
 from dispatcher.faults import Faults
 from dispatcher.metrics import Metrics
@@ -241,7 +241,7 @@ class EffectRunner:
 
 def reply_for(record: OutboundRecord, effect: Effect, call: EffectCall, att: AttemptRecord,
               *, trace: Mapping[str, str] | None = None) -> Message:
-    """The result message of a settled effect (pure; :func:`aggregates.effects.reply_message`
+    """The result message of a settled effect (pure; :func:`aggregates.domain.effects.reply_message`
     with what was recorded). ``trace``: the effect span's trace headers, which replace the
     entry's in the message (so its handling continues from the effect's span)."""
     failure = (None if att.state == SUCCEEDED
@@ -258,7 +258,7 @@ def reply_for(record: OutboundRecord, effect: Effect, call: EffectCall, att: Att
 
 def _call_of(record: OutboundRecord, trace: Mapping[str, str] | None = None) -> EffectCall:
     """The call of an effect entry; ``trace`` (the effect span's headers) replaces the
-    entry's trace context in its headers (:func:`aggregates.effect_rules.effect_call`)."""
+    entry's trace context in its headers (:func:`aggregates.domain.effect_rules.effect_call`)."""
     return effect_call(record.envelope, record.entry, source_type=record.source_type,
                        document_id=record.document_id, created_at=record.created_at,
                        trace=trace)

@@ -8,9 +8,9 @@ import os
 import re
 from typing import Final
 
-from aggregates.effects import PermanentEffectError
-from aggregates.errors import ConfigurationError
-from aggregates.reasons import Reason
+from aggregates.core.errors import ConfigurationError
+from aggregates.core.reasons import Reason
+from aggregates.domain.effects import PermanentEffectError
 
 __all__ = ["check_env_secret", "read_env_secret"]
 

@@ -26,9 +26,9 @@ Settings (:class:`SmtpEffectSpec`): ``host``, ``port`` (25), ``security`` (``non
 and recipients can recognise a duplicate — and ``X-Aggbox-Effect-Id`` carries the key. The
 success reply is ``{"message_id", "recipients"}`` (plus ``refused`` when the server accepted
 only some recipients). SMTP replies 4xx, a lost connection and timeouts are
-:class:`~aggregates.effects.RetryableEffectError`; 5xx (authentication failure included) is
-:class:`~aggregates.effects.PermanentEffectError` (``effect_rejected``). An SMTP server cannot
-be asked whether a message was sent, so the effect has no query and its guarantee is
+:class:`~aggregates.domain.effects.RetryableEffectError`; 5xx (authentication failure
+included) is :class:`~aggregates.domain.effects.PermanentEffectError` (``effect_rejected``). An
+SMTP server cannot be asked whether a message was sent, so the effect has no query and its guarantee is
 ``at-least-once``.
 """
 
@@ -46,9 +46,9 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from aggregates.effects import Effect, EffectCall, PermanentEffectError, RetryableEffectError
-from aggregates.errors import ConfigurationError
-from aggregates.reasons import Reason
+from aggregates.core.errors import ConfigurationError
+from aggregates.core.reasons import Reason
+from aggregates.domain.effects import Effect, EffectCall, PermanentEffectError, RetryableEffectError
 from dispatcher.effects.secrets import check_env_secret, read_env_secret
 from dispatcher.effects.templates import (
     Template,
@@ -91,7 +91,7 @@ class SmtpEffectSpec(BaseModel):
 
 
 def smtp_effect(type: str, settings: Mapping[str, Any], *, setting_prefix: str) -> Effect:
-    """The :class:`~aggregates.effects.Effect` for message ``type`` configured by
+    """The :class:`~aggregates.domain.effects.Effect` for message ``type`` configured by
     ``settings``; :class:`ConfigurationError` naming ``{setting_prefix}.{setting}``."""
     p = setting_prefix
     spec = load_spec(SmtpEffectSpec, settings, setting_prefix=p, hints=_HINTS)

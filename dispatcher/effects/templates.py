@@ -8,16 +8,16 @@ path into the entry's payload; a list element by its index: ``{payload.items.0.s
 with :meth:`str.format`, so no attribute or index lookups can reach Python objects.
 
 :func:`parse_template` checks a template when the configuration is loaded (an unknown
-placeholder is a :class:`~aggregates.errors.ConfigurationError` naming the setting);
-:func:`render_template` fills it in for one :class:`~aggregates.effects.EffectCall`, passing
+placeholder is a :class:`~aggregates.core.errors.ConfigurationError` naming the setting);
+:func:`render_template` fills it in for one :class:`~aggregates.domain.effects.EffectCall`, passing
 every substituted value through an *escape* function: :func:`url_escape` (percent-encodes
 everything, so a value stays one path segment or query value), :func:`header_escape`
 (refuses CR/LF) or :func:`text_escape` (as-is). A payload path that is missing or does not
-lead to a str/int/float/bool is a :class:`~aggregates.effects.PermanentEffectError`
+lead to a str/int/float/bool is a :class:`~aggregates.domain.effects.PermanentEffectError`
 (``effect_rejected``): the same entry would fail the same way on every attempt.
 
 :func:`load_spec` validates a kind's settings table into its pydantic model, turning
-validation errors into one :class:`~aggregates.errors.ConfigurationError` that names each
+validation errors into one :class:`~aggregates.core.errors.ConfigurationError` that names each
 setting (``effects.BookShipment.method: …``).
 """
 
@@ -32,9 +32,9 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ValidationError
 
-from aggregates.effects import EffectCall, PermanentEffectError
-from aggregates.errors import ConfigurationError
-from aggregates.reasons import Reason
+from aggregates.core.errors import ConfigurationError
+from aggregates.core.reasons import Reason
+from aggregates.domain.effects import EffectCall, PermanentEffectError
 
 __all__ = [
     "PLACEHOLDERS",

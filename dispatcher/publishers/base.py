@@ -36,8 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol, runtime_checkable
 
-from aggregates.errors import AggboxError
-from aggregates.reasons import Reason
+from aggregates.core.errors import AggboxError
+from aggregates.core.reasons import Reason
 from dispatcher.record import OutboundRecord
 
 __all__ = ["PublishResult", "PublishStatus", "Publisher", "PublisherError"]

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from aggregates.reasons import Reason
+from aggregates.core.reasons import Reason
 from dispatcher.formats import json_line
 from dispatcher.publishers.base import PublisherError, PublishResult
 from dispatcher.record import OutboundRecord

@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
-from aggregates.reasons import Reason
+from aggregates.core.reasons import Reason
 from dispatcher.formats import kafka_record
 from dispatcher.publishers.base import PublisherError, PublishResult
 from dispatcher.record import OutboundRecord

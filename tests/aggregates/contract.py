@@ -15,10 +15,10 @@ from pymongo import DeleteOne, UpdateOne
 from pymongo.errors import OperationFailure
 
 from aggregates import AggboxSettings, StoreError, StoreWriter
-from aggregates.bulk import DUPLICATE_KEY, bulk_write_unordered
-from aggregates.document import F_OUTBOX, F_VERSION
-from aggregates.ids import emitted_message_id
-from aggregates.reasons import Reason
+from aggregates.core.bulk import DUPLICATE_KEY, bulk_write_unordered
+from aggregates.core.ids import emitted_message_id
+from aggregates.core.reasons import Reason
+from aggregates.fold.document import F_OUTBOX, F_VERSION
 from tests.aggregates.domain import (
     Registry,
     counters,

@@ -20,11 +20,11 @@ from aggbox.cli import build_parser, main
 from aggbox.examples.orders import customers, orders
 from aggbox.examples.orders import registry as orders_registry
 from aggregates import AggboxSettings, AggregateType, Emit, Handled, Message, Registry, StoreWriter
-from aggregates.deadletters import DeadLetterStore
-from aggregates.document import F_BLOCKED, F_VERSION
-from aggregates.errors import ConfigurationError
+from aggregates.core.errors import ConfigurationError
+from aggregates.core.reasons import Reason
 from aggregates.fold import DeadLetter
-from aggregates.reasons import Reason
+from aggregates.fold.document import F_BLOCKED, F_VERSION
+from aggregates.store.deadletters import DeadLetterStore
 from aggregates.testing import message
 from tests.aggregates.cli import Run, run_cli
 

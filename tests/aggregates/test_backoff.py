@@ -1,4 +1,4 @@
-"""aggregates.backoff: exponential ceiling, full jitter, injectable random source."""
+"""aggregates.core.backoff: exponential ceiling, full jitter, injectable random source."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aggregates.backoff import Backoff, backoff_ceiling, backoff_delay
+from aggregates.core.backoff import Backoff, backoff_ceiling, backoff_delay
 
 
 def test_ceiling_doubles_up_to_the_maximum() -> None:

@@ -85,7 +85,7 @@ def test_every_package_imports_only_downwards() -> None:
 def test_the_checker_fails_on_upward_imports(tmp_path: Path) -> None:
     spark = tmp_path / "spark"
     (spark / "sub").mkdir(parents=True)
-    (spark / "__init__.py").write_text("import aggregates.settings\nfrom . import sub\n")
+    (spark / "__init__.py").write_text("import aggregates.core.settings\nfrom . import sub\n")
     (spark / "sub" / "__init__.py").write_text(
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n"
@@ -116,7 +116,7 @@ def test_the_checker_sees_the_real_tree(package: str) -> None:
 
 
 def test_importing_the_libraries_loads_no_upper_layer() -> None:
-    code = ("import sys, aggregates, aggregates.testing, aggregates.writer; "
+    code = ("import sys, aggregates, aggregates.testing, aggregates.store.writer; "
             "lib = [m for m in sys.modules if m.split('.')[0] in "
             "('spark', 'dispatcher', 'aggbox', 'pyspark', 'confluent_kafka')]; "
             "import spark.pipeline, spark.session, dispatcher.daemon; "
@@ -124,3 +124,127 @@ def test_importing_the_libraries_loads_no_upper_layer() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT)
     assert out.stdout.strip() == "[] []"
+
+
+# -- rooms inside aggregates/ ----------------------------------------------------------------
+#: Each room of ``aggregates`` (docs/design.md "Layout of the library") may import the rooms
+#: ranked below it and itself; ``aggregates/__init__.py`` (the public API) may import all.
+ROOMS: dict[str, int] = {
+    "core": 0, "codec": 1, "message": 1, "wire": 2, "dedup": 2, "domain": 3, "fold": 4,
+    "store": 5, "debug": 6, "ops": 7, "testing": 8,
+}
+
+#: Calls that write to MongoDB (collection methods): none may appear under aggregates/debug.
+WRITES = frozenset({"insert_one", "insert_many", "update_one", "update_many", "replace_one",
+                    "delete_one", "delete_many", "bulk_write", "find_one_and_update",
+                    "find_one_and_replace", "find_one_and_delete", "drop", "create_index",
+                    "create_indexes", "drop_index", "rename"})
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def room_violations(root: Path) -> list[str]:
+    """``path:line: room <a> imports <module> (room <b>)`` for imports up the room order."""
+    problems = []
+    for path in sorted((root / "aggregates").rglob("*.py")):
+        parts = path.relative_to(root / "aggregates").parts
+        if len(parts) < 2:
+            continue  # the package's own __init__: the public API
+        room = parts[0]
+        if room not in ROOMS:
+            problems.append(f"{path.relative_to(root)}: room {room!r} has no rank")
+            continue
+        for line, module in _imports(ast.parse(path.read_text(encoding="utf-8"))):
+            bits = module.split(".")
+            if bits[0] != "aggregates":
+                continue
+            target = bits[1] if len(bits) > 1 else ""
+            if target != room and ROOMS.get(target, 99) >= ROOMS[room]:
+                problems.append(f"{path.relative_to(root)}:{line}: room {room} imports "
+                                f"{module}")
+    return problems
+
+
+def import_cycles(root: Path) -> list[list[str]]:
+    """Cycles among the modules of ``aggregates`` (every import counts, also inside
+    functions): the strongly connected components of more than one module."""
+    modules = {_module_name(p, root): p for p in (root / "aggregates").rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        deps = set()
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                base = node.module
+                for alias in node.names:  # ``from pkg import submodule`` names a module
+                    deps.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules
+                             else base)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names)
+        graph[name] = {d for d in deps if d in modules and d != name}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_rooms_import_only_downwards() -> None:
+    assert room_violations(ROOT) == []
+
+
+def test_no_import_cycle_inside_aggregates() -> None:
+    assert import_cycles(ROOT) == []
+
+
+def test_the_room_checks_fail_on_upward_imports_and_cycles(tmp_path: Path) -> None:
+    lib = tmp_path / "aggregates"
+    for room in ("core", "fold"):
+        (lib / room).mkdir(parents=True)
+        (lib / room / "__init__.py").write_text("")
+    (lib / "__init__.py").write_text("from aggregates.fold import x\n")
+    (lib / "core" / "a.py").write_text("def f():\n    from aggregates.fold.b import y\n")
+    (lib / "fold" / "b.py").write_text("from aggregates.core import a\n")
+    assert room_violations(tmp_path) == [
+        "aggregates/core/a.py:2: room core imports aggregates.fold.b"]
+    assert import_cycles(tmp_path) == [["aggregates.core.a", "aggregates.fold.b"]]
+
+
+def test_nothing_under_debug_writes() -> None:
+    """``aggregates.debug`` reads only; what writes (redrive, release) is ``aggregates.ops``."""
+    found = []
+    for path in sorted((ROOT / "aggregates" / "debug").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in WRITES):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.func.attr}")
+    assert found == []

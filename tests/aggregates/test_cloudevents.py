@@ -1,4 +1,4 @@
-"""The envelope ↔ CloudEvent mapping (aggregates/cloudevents.py): exact round trips in both
+"""The envelope ↔ CloudEvent mapping (aggregates/wire/cloudevents.py): exact round trips in both
 content modes for hostile ids, interop with the CloudEvents SDK both ways, and malformed
 events refused with the attribute named."""
 
@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregates import cloudevents as ce
-from aggregates.envelope import MAX_SEQ, Message
-from aggregates.errors import EnvelopeError
+from aggregates.core.errors import EnvelopeError
+from aggregates.message.envelope import MAX_SEQ, Message
+from aggregates.wire import cloudevents as ce
 from dispatcher.formats import json_line, kafka_record
 from dispatcher.record import build_record
 from tests.hypo import examples

@@ -1,4 +1,4 @@
-"""The state codec (aggregates/codec.py): typed state round-trips through the store."""
+"""The state codec (aggregates/codec/__init__.py): typed state round-trips through the store."""
 
 from __future__ import annotations
 

@@ -31,6 +31,7 @@ from aggregates import (
     StoreWriter,
     emitted_message_id,
 )
+from aggregates.core.reasons import Reason
 from aggregates.debug import (
     MISSING,
     REPLAY_COLUMNS,
@@ -44,12 +45,11 @@ from aggregates.debug import (
     state_diff,
     trace,
 )
-from aggregates.document import F_BLOCKED, F_VERSION
 from aggregates.fold import Changes
+from aggregates.fold.document import F_BLOCKED, F_VERSION
 from aggregates.ops import release_aggregate, replay_dead_letters
-from aggregates.reasons import Reason
+from aggregates.store.writer import build_update
 from aggregates.testing import memory_database, message
-from aggregates.writer import build_update
 
 NOW = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 

@@ -23,6 +23,7 @@ from aggregates import (
     UnknownAggregateType,
     emitted_message_id,
 )
+from aggregates.core.ids import payload_hash, uuid5
 from aggregates.dedup import (
     F_ARCHIVE_FLOOR,
     F_ARCHIVE_UNDATED,
@@ -32,7 +33,6 @@ from aggregates.dedup import (
     DedupChanges,
     DedupRecord,
 )
-from aggregates.ids import payload_hash, uuid5
 from aggregates.testing import AggregateHarness, message
 from tests.aggregates.domain import counters, msg
 
@@ -214,7 +214,7 @@ def test_write_concern_errors_fail_the_batch() -> None:
     from pymongo.errors import BulkWriteError
 
     from aggregates import StoreError
-    from aggregates.bulk import bulk_write_unordered
+    from aggregates.core.bulk import bulk_write_unordered
 
     class FakeColl:
         name = "fake"

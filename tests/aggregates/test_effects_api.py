@@ -21,8 +21,8 @@ from aggregates import (
     PermanentEffectError,
     RetryableEffectError,
 )
-from aggregates.effects import REPLY_SOURCE_TYPE, reply_message, reply_message_id
-from aggregates.errors import AggboxError
+from aggregates.core.errors import AggboxError
+from aggregates.domain.effects import REPLY_SOURCE_TYPE, reply_message, reply_message_id
 from aggregates.testing import AggregateHarness, message
 
 TRACE = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"

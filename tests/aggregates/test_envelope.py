@@ -115,7 +115,7 @@ def test_epoch_millis_at_the_ends_of_the_range_are_accepted() -> None:
 
 
 def test_json_depth_counts_brackets_outside_strings_without_recursion() -> None:
-    from aggregates.envelope import MAX_RECORD_DEPTH, json_depth
+    from aggregates.message.envelope import MAX_RECORD_DEPTH, json_depth
 
     assert json_depth('{"a": [1, {"b": 2}]}') <= MAX_RECORD_DEPTH
     assert json_depth("[" * 100_000) == 100_000

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from aggregates import AggboxSettings, AggregateType, ConfigurationError, Message, StoreWriter
+from aggregates.core.errors import EnvelopeError
+from aggregates.core.reasons import Reason
 from aggregates.debug.replay import replay_steps
 from aggregates.debug.view import load_aggregate
-from aggregates.document import F_STATE_VERSION
-from aggregates.errors import EnvelopeError
-from aggregates.reasons import Reason
+from aggregates.fold.document import F_STATE_VERSION
 from aggregates.testing import AggregateHarness, memory_database, message
 from tests.aggregates import evolving_v1 as v1
 from tests.aggregates import evolving_v2 as v2
@@ -265,8 +265,8 @@ def test_pipeline_over_old_documents(spark_session: Any, db: Any, mongo_uri: str
 
 def test_emit_with_a_schema_version_reaches_the_envelope() -> None:
     from aggregates import Emit, Handled
-    from aggregates.document import Snapshot
     from aggregates.fold import fold
+    from aggregates.fold.document import Snapshot
     from dispatcher.record import build_record
 
     shops = AggregateType("Shop", state=dict, collection="shops")

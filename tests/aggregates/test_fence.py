@@ -1,4 +1,4 @@
-"""The ``fence`` header (aggregates/fence.py): it round-trips whatever the collection is
+"""The ``fence`` header (aggregates/wire/fence.py): it round-trips whatever the collection is
 called, and a malformed value is an error that names the part that is wrong."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aggregates import AggboxError, Fence, InvalidFence, parse_fence
-from aggregates.errors import ConfigurationError
-from aggregates.fence import fence_scope, format_fence
-from aggregates.partitions import PARTITIONS
+from aggregates.core.errors import ConfigurationError
+from aggregates.core.partitions import PARTITIONS
+from aggregates.wire.fence import fence_scope, format_fence
 from dispatcher.faults import FaultRule, Faults
 
 # What MongoDB allows (docs "Naming Restrictions"), and more: a database name has no

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from aggregates import AggregateType, Emit, Message
-from aggregates.document import Snapshot
+from aggregates.core.reasons import Reason
 from aggregates.fold import FoldResult, fold
-from aggregates.reasons import Reason
+from aggregates.fold.document import Snapshot
 
 NOW = datetime(2026, 3, 1, tzinfo=UTC)
 BUDGET = 64 * 1024

@@ -12,7 +12,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregates.ids import AGGBOX_NAMESPACE, _default, emitted_message_id, payload_hash, uuid5
+from aggregates.core.ids import AGGBOX_NAMESPACE, _default, emitted_message_id, payload_hash, uuid5
 from tests.hypo import examples
 
 
@@ -84,7 +84,7 @@ def test_one_encoding_gives_both_sizes(state: dict[str, Any], entries: list[Any]
     # The identity the fold's fast size check (_Folder._fast_size) relies on.
     import bson
 
-    from aggregates.handler_result import entries_size
+    from aggregates.fold.handler_result import entries_size
     both = len(bson.encode({"e": entries, "s": state})) - 3
     assert both == entries_size(entries) + len(bson.encode(state))
 
@@ -94,8 +94,8 @@ def test_slot_builder_builds_what_the_constructor_builds() -> None:
 
     import pytest
 
-    from aggregates.fastbuild import slot_builder, storable_text, utf8_encodable
-    from aggregates.outcomes import Outcome, new_outcome
+    from aggregates.core.fastbuild import slot_builder, storable_text, utf8_encodable
+    from aggregates.message.outcomes import Outcome, new_outcome
 
     args = ("m", "T", "a", "applied", None, None, ("e",), 2, True)
     built, made = new_outcome(*args), Outcome(*args)  # type: ignore[arg-type]

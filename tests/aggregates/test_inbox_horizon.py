@@ -7,7 +7,7 @@ Scenarios: bursts of 1–20× the window per aggregate from several producers wh
 ``occurred_at`` go backwards and forwards, redeliveries at random later points (within the
 horizon), every batch re-run concurrently by a second writer (version conflicts, archive
 look-ups after re-reads), crashes between read and write, and messages older than the
-horizon. Each batch is put in the pipeline's order (:func:`aggregates.ordering.delivery_order`)
+horizon. Each batch is put in the pipeline's order (:func:`aggregates.fold.ordering.delivery_order`)
 first. The expected state is :func:`tests.aggregates.domain.oracle`, which shares no code with
 the writer: dedup by id, first occurrence wins.
 """
@@ -26,8 +26,8 @@ from hypothesis import strategies as st
 from pymongo import MongoClient
 
 from aggregates import AggboxSettings, Inbox, Message, Registry, StoreWriter
-from aggregates.ordering import delivery_order
-from aggregates.reasons import Reason
+from aggregates.core.reasons import Reason
+from aggregates.fold.ordering import delivery_order
 from aggregates.testing import AggregateHarness, memory_database
 from tests.aggregates.domain import Crash, make_counter, msg, oracle, process_redelivered, stored
 from tests.hypo import examples

@@ -1,4 +1,4 @@
-"""Keys derived from user strings are unambiguous (``aggregates/keys.py``): the encoders as
+"""Keys derived from user strings are unambiguous (``aggregates/core/keys.py``): the encoders as
 properties, the collisions they fixed through the store writer, the dead-letter identity of
 raw input lines, and ``aggbox migrate keys`` on stored data of the old format."""
 
@@ -14,13 +14,9 @@ from hypothesis import strategies as st
 
 from aggbox.migrate import MOVED, migrate_keys
 from aggregates import AggboxSettings
-from aggregates.archive import archive_key as archive_key_reexported
-from aggregates.deadletters import DeadLetterStore, dead_letter_id, raw_line_id
-from aggregates.debug.view import load_aggregate
-from aggregates.fieldnames import escape_key
-from aggregates.fold import DeadLetter
-from aggregates.ids import raw_message_id
-from aggregates.keys import (
+from aggregates.core.fieldnames import escape_key
+from aggregates.core.ids import raw_message_id
+from aggregates.core.keys import (
     archive_key,
     dead_letter_key,
     decode_hw_key,
@@ -31,8 +27,12 @@ from aggregates.keys import (
     read_hw,
     split_parts,
 )
-from aggregates.parking import parked_id
-from aggregates.reasons import Reason
+from aggregates.core.reasons import Reason
+from aggregates.debug.view import load_aggregate
+from aggregates.dedup.archive import archive_key as archive_key_reexported
+from aggregates.fold import DeadLetter
+from aggregates.store.deadletters import DeadLetterStore, dead_letter_id, raw_line_id
+from aggregates.store.parking import parked_id
 from aggregates.testing import memory_database
 from tests.aggregates.cli import Run, migrate_cli  # noqa: F401 (the cli fixture)
 from tests.aggregates.contract import NOW, kinds, writer

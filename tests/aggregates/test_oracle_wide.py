@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 from pymongo import MongoClient
 
 from aggregates import AggboxSettings, HighWater, Message, Registry, StoreWriter
-from aggregates.reasons import Reason
+from aggregates.core.reasons import Reason
 from aggregates.testing import memory_database
 from tests.aggregates.domain import Crash, make_counter, msg, process_redelivered
 from tests.hypo import examples

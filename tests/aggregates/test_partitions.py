@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from aggbox.migrate_partitions import migrate_partitions
-from aggregates.document import F_PARTITION as F_PARTITION_REEXPORTED
-from aggregates.partitions import F_PARTITION, PARTITIONS, partition_of
+from aggregates.core.partitions import F_PARTITION, PARTITIONS, partition_of
+from aggregates.fold.document import F_PARTITION as F_PARTITION_REEXPORTED
 from tests.aggregates.cli import Run, migrate_cli  # noqa: F401 (the cli fixture)
 from tests.aggregates.contract import kinds, writer
 from tests.aggregates.domain import msg

@@ -1,4 +1,4 @@
-"""aggregates.storeerrors: retry decisions from pymongo's error types, codes and labels."""
+"""aggregates.core.storeerrors: retry decisions from pymongo's error types, codes and labels."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pymongo.errors import (
     WriteError,
 )
 
-from aggregates.storeerrors import error_codes, is_fatal, is_transient
+from aggregates.core.storeerrors import error_codes, is_fatal, is_transient
 
 
 def failure(code: int, labels: list[str] | None = None, name: str = "") -> OperationFailure:

@@ -1,5 +1,5 @@
 """W3C trace context travels from an input message to the entries it causes and the records
-published from them, with no tracer configured (aggregates/tracecontext.py)."""
+published from them, with no tracer configured (aggregates/core/tracecontext.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 import pytest
 
 from aggregates import AggregateType, Emit, Handled, Message
+from aggregates.core.tracecontext import trace_headers
 from aggregates.testing import AggregateHarness, message
-from aggregates.tracecontext import trace_headers
 from dispatcher.record import build_record
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -100,6 +100,6 @@ def test_only_a_well_formed_traceparent_is_carried(headers: dict[str, str],
     ("a=\udc80", False),
 ])
 def test_valid_tracestate_follows_the_w3c_grammar(value: str, valid: bool) -> None:
-    from aggregates.tracecontext import valid_tracestate
+    from aggregates.core.tracecontext import valid_tracestate
 
     assert valid_tracestate(value) is valid

@@ -1,4 +1,4 @@
-"""OpenTelemetry spans of the store writer (aggregates/tracing.py), recorded by the SDK's
+"""OpenTelemetry spans of the store writer (aggregates/store/tracing.py), recorded by the SDK's
 in-memory exporter; and no spans, only the carried context, without a tracer provider."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 from opentelemetry.trace import SpanKind
 
 from aggregates import Message
-from aggregates.document import F_OUTBOX
+from aggregates.fold.document import F_OUTBOX
+from aggregates.store.tracing import tracer
 from aggregates.testing import memory_database
-from aggregates.tracing import tracer
 from tests.aggregates.contract import msg, writer
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -160,7 +160,7 @@ def test_chunks_mode_makes_one_span_per_chunk_and_carries_the_input_context(
 
 
 def test_events_stop_at_the_limit_and_the_counts_stay_complete(otel_spans: Any) -> None:
-    from aggregates.tracing import MAX_EVENTS
+    from aggregates.store.tracing import MAX_EVENTS
 
     db = memory_database()
     w = writer(db)
@@ -211,7 +211,7 @@ def test_without_the_opentelemetry_package_nothing_changes(
         otel_spans: Any, monkeypatch: Any) -> None:
     """The extra is optional: with the API missing (simulated) even a configured provider
     is not reached, and the input's context is carried as without tracing."""
-    import aggregates.tracing as tracing
+    import aggregates.store.tracing as tracing
 
     monkeypatch.setattr(tracing, "_otel", None)
     assert tracing.tracer() is None
@@ -228,7 +228,7 @@ def test_the_library_and_the_dispatcher_import_without_opentelemetry() -> None:
 
     code = (
         "import sys; sys.modules['opentelemetry'] = None\n"
-        "import aggregates.tracing, dispatcher.tracing, dispatcher.daemon\n"
+        "import aggregates.store.tracing, dispatcher.tracing, dispatcher.daemon\n"
         "from tests.aggregates.contract import msg, writer\n"
         "from aggregates.testing import memory_database\n"
         "import dataclasses\n"

@@ -26,11 +26,11 @@ from aggregates import (
     Registry,
     StoreWriter,
 )
-from aggregates.aggregate import TypedHandler, dump_payload_checked
+from aggregates.core.reasons import Reason
 from aggregates.debug.replay import replay_steps
-from aggregates.document import Snapshot
+from aggregates.domain.aggregate import TypedHandler, dump_payload_checked
 from aggregates.fold import fold
-from aggregates.reasons import Reason
+from aggregates.fold.document import Snapshot
 from aggregates.testing import AggregateHarness, memory_database, message
 
 NOW = datetime(2026, 1, 2, tzinfo=UTC)

@@ -27,8 +27,8 @@ from aggbox.demo.oracle import Expected, expect
 from aggbox.demo.rounds import run_rounds
 from aggbox.demo.store import StoreView, pending_outbox, read_store
 from aggbox.examples.orders import registry as orders_registry
-from aggregates.aggregate import Registry
-from aggregates.settings import AggboxSettings
+from aggregates.core.settings import AggboxSettings
+from aggregates.domain.aggregate import Registry
 from tests.demo.local import LocalRound
 
 

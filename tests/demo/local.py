@@ -10,16 +10,16 @@ from pathlib import Path
 from typing import Any
 
 from aggbox.demo.model import OutcomeRow, read_records
-from aggregates.aggregate import Registry
-from aggregates.deadletters import DeadLetterStore
-from aggregates.envelope import Message
-from aggregates.errors import EnvelopeError
+from aggregates.core.errors import EnvelopeError
+from aggregates.core.ids import raw_message_id
+from aggregates.core.reasons import Reason
+from aggregates.core.settings import AggboxSettings
+from aggregates.domain.aggregate import Registry
 from aggregates.fold import DeadLetter
-from aggregates.ids import raw_message_id
-from aggregates.outcomes import OUTCOME_KINDS, Outcome
-from aggregates.reasons import Reason
-from aggregates.settings import AggboxSettings
-from aggregates.writer import StoreWriter, utc_now
+from aggregates.message.envelope import Message
+from aggregates.message.outcomes import OUTCOME_KINDS, Outcome
+from aggregates.store.deadletters import DeadLetterStore
+from aggregates.store.writer import StoreWriter, utc_now
 
 
 class LocalRound:

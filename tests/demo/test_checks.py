@@ -17,7 +17,7 @@ from aggbox.demo import checks as ck
 from aggbox.demo.checks import Check, Evidence, run_checks
 from aggbox.demo.model import RunRecord
 from aggbox.demo.store import StoreView, read_store
-from aggregates.document import F_HW, F_INBOX, F_OUTBOX, F_SEQ, F_STATE
+from aggregates.fold.document import F_HW, F_INBOX, F_OUTBOX, F_SEQ, F_STATE
 from tests.demo.conftest import LocalRun
 
 pytestmark = pytest.mark.mongo

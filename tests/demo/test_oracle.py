@@ -24,11 +24,11 @@ from aggbox.demo.checks import (
 from aggbox.demo.generate import ScenarioSpec, envelope_line, generate
 from aggbox.demo.oracle import Envelope, classify, expect, expected_round_counts
 from aggbox.examples.orders import registry
-from aggregates.aggregate import StateCodec
-from aggregates.envelope import Message
-from aggregates.errors import EnvelopeError
-from aggregates.ids import emitted_message_id
-from aggregates.reasons import Reason
+from aggregates.core.errors import EnvelopeError
+from aggregates.core.ids import emitted_message_id
+from aggregates.core.reasons import Reason
+from aggregates.domain.aggregate import StateCodec
+from aggregates.message.envelope import Message
 from tests.demo.conftest import LocalRun, run_locally
 
 

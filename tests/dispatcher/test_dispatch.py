@@ -22,8 +22,8 @@ from pymongo.database import Database
 
 from aggbox.servers import LocalMongo
 from aggregates import AggboxSettings, StoreWriter
+from aggregates.core.partitions import PARTITIONS, partition_of
 from aggregates.ops import DeadLetterStore
-from aggregates.partitions import PARTITIONS, partition_of
 from dispatcher.daemon import Dispatcher
 from dispatcher.faults import Faults
 from dispatcher.publishers.base import PublishResult

@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 
-from aggregates.effects import (
+from aggregates.core.errors import AggboxError, ConfigurationError
+from aggregates.core.reasons import Reason
+from aggregates.domain.effects import (
     Effect,
     EffectCall,
     Effects,
     PermanentEffectError,
     RetryableEffectError,
 )
-from aggregates.errors import AggboxError, ConfigurationError
-from aggregates.reasons import Reason
 from dispatcher.effects.builtin import builtin_effects
 from dispatcher.effects.http import http_effect
 from dispatcher.effects.smtp import message_id, smtp_effect

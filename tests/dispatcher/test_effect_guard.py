@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from aggregates.reasons import Reason
+from aggregates.core.reasons import Reason
 from dispatcher.effects.guard import EffectGuard, FleetEffects
 from dispatcher.record import OutboundRecord, build_record
 from tests.dispatcher.helpers import ListPublisher

@@ -19,7 +19,8 @@ import pytest
 from pymongo.database import Database
 
 from aggregates import AggboxSettings, Message, StoreWriter
-from aggregates.effects import (
+from aggregates.core.errors import ConfigurationError
+from aggregates.domain.effects import (
     REPLY_SOURCE_TYPE,
     EffectCall,
     Effects,
@@ -27,8 +28,7 @@ from aggregates.effects import (
     RetryableEffectError,
     reply_message_id,
 )
-from aggregates.envelope import Source
-from aggregates.errors import ConfigurationError
+from aggregates.message.envelope import Source
 from aggregates.ops import DeadLetterStore
 from dispatcher.daemon import Dispatcher
 from dispatcher.effects.attempts import attempt_key
@@ -422,7 +422,7 @@ def test_an_instance_without_the_effect_holds_its_entries_instead_of_publishing_
     entries are not published as records (which would end them unexecuted) but wait, and so
     does what follows them; B says so (metric). When B stops, A takes its partitions over
     and executes them: every order ends booked exactly once."""
-    from aggregates.partitions import partition_of
+    from aggregates.core.partitions import partition_of
     from tests.dispatcher.helpers import run_while, wait_for
 
     res = Resource()
@@ -480,6 +480,6 @@ def test_an_instance_without_the_effect_holds_its_entries_instead_of_publishing_
 
 def _placed_ids(db: Database[Any], aid: str) -> list[str]:
     """The ids of the ``Placed`` events an order emitted (from its inbox of causes)."""
-    from aggregates.ids import emitted_message_id
+    from aggregates.core.ids import emitted_message_id
 
     return [emitted_message_id("Order", aid, f"place-{aid}", 1)]

@@ -5,7 +5,7 @@ to a handler and never dead-lettered — while an addressed emit is input for it
 from __future__ import annotations
 
 from aggregates import AggboxSettings, Message, StoreWriter
-from aggregates.reasons import Reason
+from aggregates.core.reasons import Reason
 from aggregates.testing import AggregateHarness, memory_database, message
 from dispatcher.record import build_record
 from tests.aggregates.domain import counters, registry

@@ -14,7 +14,7 @@ import pytest
 from pymongo.database import Database
 
 from aggregates import AggboxSettings, StoreWriter, parse_fence
-from aggregates.partitions import partition_of
+from aggregates.core.partitions import partition_of
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.base import PublishResult
 from dispatcher.record import H_FENCE

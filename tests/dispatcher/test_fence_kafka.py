@@ -34,7 +34,7 @@ from aggregates import (
     StoreWriter,
     parse_fence,
 )
-from aggregates.partitions import partition_of
+from aggregates.core.partitions import partition_of
 from dispatcher.record import H_FENCE
 from tests.dispatcher import domain
 from tests.dispatcher.domain import Ticker

@@ -25,8 +25,8 @@ from pymongo.database import Database
 
 from aggbox.servers import LocalKafka, LocalMongo, create_topic
 from aggregates import AggboxSettings, Message, StoreWriter, parse_fence
+from aggregates.core.partitions import PARTITIONS, partition_of
 from aggregates.ops import DeadLetterStore
-from aggregates.partitions import PARTITIONS, partition_of
 from dispatcher.balance import fair
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.kafka import KafkaPublisher

@@ -28,7 +28,7 @@ from pymongo.monitoring import CommandListener, CommandStartedEvent
 
 from aggbox.servers import LocalMongo
 from aggregates import AggboxSettings, StoreWriter
-from aggregates.partitions import PARTITIONS
+from aggregates.core.partitions import PARTITIONS
 from dispatcher.daemon import Dispatcher
 from dispatcher.status import format_status, read_status
 from tests.dispatcher.helpers import (

@@ -1,6 +1,6 @@
 """A scenario's routing is the dispatcher's (issue 26): the message a scenario delivers for
 an outbox entry is the one the dispatcher publishes (both use
-``aggregates.outbound.entry_envelope``), and a flow run with ``Scenario(with_store=db)``
+``aggregates.wire.outbound.entry_envelope``), and a flow run with ``Scenario(with_store=db)``
 ends in the same documents' states and exchanges the same message ids as the store writer
 fed by the real dispatcher (``--once``, JSON Lines), on the local server."""
 
@@ -16,8 +16,8 @@ from pymongo.database import Database
 
 from aggbox.examples.orders import customers, orders, registry
 from aggregates import AggboxSettings, Message, StoreWriter
-from aggregates.outbound import entry_message
 from aggregates.testing import AggregateHarness, Scenario, message
+from aggregates.wire.outbound import entry_message
 from dispatcher.daemon import Dispatcher
 from dispatcher.record import build_record
 from dispatcher.settings import DispatcherSettings

@@ -14,7 +14,7 @@ import pytest
 from pymongo.database import Database
 
 from aggbox.servers import LocalMongo
-from aggregates.keys import join_parts
+from aggregates.core.keys import join_parts
 from dispatcher.status import (
     DispatchStatus,
     Handover,

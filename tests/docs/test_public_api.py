@@ -17,8 +17,8 @@ NOTEBOOK_HELPERS = {"replay", "trace", "load_aggregate", "AggregateView", "dead_
 
 
 @pytest.mark.parametrize("name", ["aggregates", "aggregates.debug", "aggregates.ops",
-                                  "aggregates.aggregate", "aggregates.codec",
-                                  "aggregates.reasons", "aggregates.testing"])
+                                  "aggregates.domain.aggregate", "aggregates.codec",
+                                  "aggregates.core.reasons", "aggregates.testing"])
 def test_every_exported_name_exists(name: str) -> None:
     module = importlib.import_module(name)
     assert sorted(module.__all__) == sorted(set(module.__all__)), name
@@ -35,9 +35,9 @@ def test_the_layers_do_not_mix() -> None:
 
 
 def test_old_import_paths_still_work() -> None:
-    from aggregates.aggregate import AggregateType, Emit, Registry, TypedHandler
     from aggregates.codec import StateCodec
+    from aggregates.domain.aggregate import AggregateType, Emit, Registry, TypedHandler
 
     assert aggregates.AggregateType is AggregateType and aggregates.Emit is Emit
     assert aggregates.Registry is Registry and aggregates.StateCodec is StateCodec
-    assert TypedHandler.__module__ == "aggregates.handlers"
+    assert TypedHandler.__module__ == "aggregates.domain.handlers"

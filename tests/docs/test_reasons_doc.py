@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from aggbox.reasonref import DOC_PATH, render_markdown
-from aggregates.reasons import REASON_DOCS, Reason
+from aggregates.core.reasons import REASON_DOCS, Reason
 
 
 def test_every_reason_is_named_like_its_value_and_documented() -> None:

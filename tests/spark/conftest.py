@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from aggregates.settings import AggboxSettings
+from aggregates.core.settings import AggboxSettings
 from spark.pipeline import Pipeline
 from spark.settings import SparkSettings
 

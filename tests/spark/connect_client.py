@@ -35,7 +35,7 @@ def main(request: dict[str, Any]) -> dict[str, Any]:
 
     from rich.console import Console
 
-    from aggregates.settings import AggboxSettings
+    from aggregates.core.settings import AggboxSettings
     from spark.pipeline import Pipeline, RunResult
     from spark.progress import spark_progress
     from spark.session import build_session, is_connect

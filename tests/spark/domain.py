@@ -10,7 +10,7 @@ import hashlib
 from dataclasses import dataclass, replace
 
 from aggregates import AggregateType, Emit, Handled, HighWater, Inbox, Message, Registry
-from aggregates.errors import RetryableError
+from aggregates.core.errors import RetryableError
 
 
 def chain(digest: str, message_id: str) -> str:

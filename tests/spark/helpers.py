@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from aggregates import Emit, Message, emitted_message_id
-from aggregates.ordering import delivery_order
+from aggregates.fold.ordering import delivery_order
 from tests.spark import domain
 
 Envelope = dict[str, Any]
@@ -115,7 +115,7 @@ class Expected:
 
 def oracle(records: Sequence[Envelope]) -> dict[Key, Expected]:
     """Independent of ``aggregates.fold``: group by aggregate, order like the pipeline
-    (the specification, :func:`aggregates.ordering.delivery_order`), drop repeated message
+    (the specification, :func:`aggregates.fold.ordering.delivery_order`), drop repeated message
     ids (first occurrence wins), then call the handlers directly. ``records`` are valid
     envelopes in input order."""
     groups: dict[Key, list[Envelope]] = defaultdict(list)

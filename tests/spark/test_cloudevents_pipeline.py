@@ -19,9 +19,9 @@ from pymongo import MongoClient
 
 from aggbox.cli import main
 from aggbox.servers import LocalKafka, create_topic
-from aggregates import cloudevents
-from aggregates.envelope import Message
-from aggregates.settings import AggboxSettings
+from aggregates.core.settings import AggboxSettings
+from aggregates.message.envelope import Message
+from aggregates.wire import cloudevents
 from spark.pipeline import Pipeline, RunResult
 from spark.settings import SparkSettings
 from spark.sources import KafkaSource

@@ -13,7 +13,7 @@ import pytest
 import aggbox.session
 import spark.session
 from aggbox.servers.errors import ServerError
-from aggregates.errors import ConfigurationError
+from aggregates.core.errors import ConfigurationError
 from spark.session import TOKEN_PROVIDER, kafka_package, kafka_token_provider_fallback
 from spark.settings import SparkSettings
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from aggregates import AggregateType, Emit, Message, Registry
-from aggregates.settings import AggboxSettings
+from aggregates.core.settings import AggboxSettings
 from spark.pipeline import Pipeline
 from spark.settings import SparkSettings
 from tests.spark.conftest import PipelineFactory

@@ -9,8 +9,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from aggregates.settings import AggboxSettings
-from aggregates.writer import StoreWriter
+from aggregates.core.settings import AggboxSettings
+from aggregates.store.writer import StoreWriter
 from spark.executor import WriterTask, get_client, write_partition
 from spark.schema import OUTCOME_COLUMNS
 from tests.spark import domain

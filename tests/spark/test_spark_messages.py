@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aggregates.envelope import DEFAULT_MAX_PAYLOAD_BYTES, Message
-from aggregates.errors import EnvelopeError
+from aggregates.core.errors import EnvelopeError
+from aggregates.message.envelope import DEFAULT_MAX_PAYLOAD_BYTES, Message
 from spark.messages import fast_message
 from tests.hypo import examples
 from tests.spark.test_spark_fuzz import _json_values, dumps, junk_envelope, random_json

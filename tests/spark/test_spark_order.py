@@ -1,4 +1,4 @@
-"""The pipeline's order within an aggregate is :func:`aggregates.ordering.delivery_order`.
+"""The pipeline's order within an aggregate is :func:`aggregates.fold.ordering.delivery_order`.
 
 :func:`spark.pipeline.order_within_aggregates` (validate → key → repartition → window →
 sort, no writer) runs on one DataFrame holding many random aggregates at once; the order it
@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from aggregates.envelope import Message
-from aggregates.ordering import delivery_order
+from aggregates.fold.ordering import delivery_order
+from aggregates.message.envelope import Message
 from spark.pipeline import order_within_aggregates
 from spark.validate import RegistryInfo, validate
 from tests.spark.conftest import PipelineFactory

@@ -12,8 +12,8 @@ import pytest
 
 from aggbox.servers import LocalKafka, create_topic
 from aggregates import Message
-from aggregates.errors import ConfigurationError
-from aggregates.ordering import delivery_order
+from aggregates.core.errors import ConfigurationError
+from aggregates.fold.ordering import delivery_order
 from spark.pipeline import RunResult
 from spark.sources import DirectorySource, KafkaSource
 from tests.spark.conftest import PipelineFactory

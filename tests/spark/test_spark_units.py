@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from pyspark.sql.types import MapType, StringType, StructType, TimestampType
 
-from aggregates.envelope import ENVELOPE_FIELDS
-from aggregates.errors import ConfigurationError
-from aggregates.outcomes import Outcome
+from aggregates.core.errors import ConfigurationError
+from aggregates.message.envelope import ENVELOPE_FIELDS
+from aggregates.message.outcomes import Outcome
 from spark.schema import OUTCOME_COLUMNS, envelope_schema, outcome_columns, outcome_row
 from spark.session import kafka_package, kafka_token_provider_fallback, local_master
 from spark.settings import SparkSettings

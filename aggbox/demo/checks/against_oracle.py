@@ -9,7 +9,7 @@ from typing import Any
 
 from aggbox.demo.checks.base import SHOW, Check, Evidence, fmt, plural, state_of, verdict
 from aggbox.demo.oracle import expected_round_counts
-from aggregates.ids import raw_message_id
+from aggregates.core.ids import raw_message_id
 
 __all__ = [
     "check_customers",

@@ -12,8 +12,8 @@ from typing import Any, Final
 from aggbox.demo.model import OutcomeRow, RunRecord
 from aggbox.demo.oracle import Envelope, Expected, Key, bson_plain, classify
 from aggbox.demo.store import StoreView
-from aggregates.aggregate import Registry
-from aggregates.document import F_STATE
+from aggregates.domain.aggregate import Registry
+from aggregates.fold.document import F_STATE
 
 __all__ = ["SHOW", "Check", "Evidence", "fmt", "plural", "state_of", "verdict"]
 

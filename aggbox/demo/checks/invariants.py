@@ -9,10 +9,10 @@ from typing import Any
 
 from aggbox.demo.checks.base import Check, Evidence, fmt, state_of, verdict
 from aggbox.demo.oracle import Key, domain_of, fold_messages, plain_state
+from aggregates.core.ids import emitted_message_id
+from aggregates.core.keys import hw_key
 from aggregates.dedup import HighWater, Inbox
-from aggregates.document import F_HW, F_INBOX, F_SEQ
-from aggregates.ids import emitted_message_id
-from aggregates.keys import hw_key
+from aggregates.fold.document import F_HW, F_INBOX, F_SEQ
 
 __all__ = [
     "check_invariant_1",

@@ -1,0 +1,58 @@
+"""Guard against operator injection: keys from payloads or handler state must never be able
+to become MongoDB operators or update paths."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from aggregates.core.errors import EnvelopeError, InvalidFieldName
+
+MAX_DEPTH = 64
+
+
+def check_field_names(value: Any, path: str, *, envelope: bool = False, depth: int = 0) -> None:
+    """Raise if any key (at any depth) is not a string, starts with ``$`` or contains ``.``.
+
+    ``envelope=True`` raises :class:`EnvelopeError` (input validation), otherwise
+    :class:`InvalidFieldName` (handler output)."""
+    if depth > MAX_DEPTH:
+        _fail(path, envelope, f"nested deeper than {MAX_DEPTH} levels")
+    if isinstance(value, dict | Mapping):  # dict first: the ABC check is slow
+        for key, item in value.items():
+            if type(key) is not str:
+                _fail(f"{path}.{key!r}", envelope, "keys must be strings")
+            if key[:1] == "$" or "." in key or "\x00" in key:
+                _fail(
+                    f"{path}.{key}",
+                    envelope,
+                    "field names must not start with '$' or contain '.' (operator injection)",
+                )
+            if type(item) in _SCALARS:
+                continue
+            if isinstance(item, dict | list | tuple | Mapping):
+                check_field_names(item, f"{path}.{key}", envelope=envelope, depth=depth + 1)
+    elif isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            if type(item) in _SCALARS:
+                continue
+            if isinstance(item, dict | list | tuple | Mapping):
+                check_field_names(item, f"{path}[{i}]", envelope=envelope, depth=depth + 1)
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _fail(path: str, envelope: bool, reason: str) -> None:
+    if envelope:
+        raise EnvelopeError(path, reason)
+    raise InvalidFieldName(path)
+
+
+def escape_key(key: str) -> str:
+    """Make an arbitrary string safe as one MongoDB field-name segment (reversible)."""
+    return key.replace("%", "%25").replace(".", "%2E").replace("$", "%24")
+
+
+def unescape_key(key: str) -> str:
+    return key.replace("%24", "$").replace("%2E", ".").replace("%25", "%")

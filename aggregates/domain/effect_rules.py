@@ -1,0 +1,96 @@
+"""How an effect call's answer becomes a result (pure): the rules the dispatcher's effect
+runner (:mod:`dispatcher.effects.runner`) and the in-memory scenarios of
+:mod:`aggregates.testing` share, so a test sees the reasons and texts production records.
+
+- :func:`effect_call` — the :class:`~aggregates.domain.effects.EffectCall` of an outbox entry, from
+  its published envelope;
+- :func:`retry_reason` — a failed call (an exception, a timeout) as ``(reason, error)``:
+  :class:`~aggregates.domain.effects.PermanentEffectError` is final, everything else retryable;
+- :func:`payload_problem` — why a returned value cannot be the success reply's payload;
+- :func:`exhausted_error` — the error text once ``max_attempts`` calls were begun.
+
+The reply message itself is :func:`aggregates.domain.effects.reply_message`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, Final
+
+from aggregates.core.errors import EnvelopeError
+from aggregates.core.reasons import Reason
+from aggregates.domain.effects import Effect, EffectCall, EffectError
+from aggregates.message.envelope import Message
+
+__all__ = ["MAX_ERROR", "effect_call", "exhausted_error", "payload_problem", "retry_reason",
+           "with_attempt"]
+
+#: Error texts are cut to this many characters (in attempt records and replies).
+MAX_ERROR: Final = 2000
+
+
+def effect_call(envelope: Mapping[str, Any], entry: Mapping[str, Any], *, source_type: str,
+                document_id: Any, created_at: datetime | None,
+                trace: Mapping[str, str] | None = None) -> EffectCall:
+    """The call of an effect entry (attempt 1); ``trace`` (the effect span's headers)
+    replaces the entry's trace context in its headers."""
+    src = entry.get("source")
+    atype = (str(src["type"]) if isinstance(src, Mapping) and src.get("type")
+             else source_type)
+    headers = envelope.get("headers") or {}
+    return EffectCall(
+        idempotency_key=str(envelope.get("message_id")),
+        type=str(envelope.get("type")),
+        payload=envelope.get("payload") or {},
+        aggregate_type=atype,
+        aggregate_id=str(document_id),
+        headers={**{str(k): str(v) for k, v in headers.items()}, **(trace or {})},
+        correlation_id=envelope.get("correlation_id"),
+        created_at=created_at,
+    )
+
+
+def with_attempt(call: EffectCall, attempt: int) -> EffectCall:
+    """``call`` as its ``attempt``-th attempt (at least 1)."""
+    return EffectCall(call.idempotency_key, call.type, call.payload, call.aggregate_type,
+                      call.aggregate_id, attempt=max(1, attempt), headers=call.headers,
+                      correlation_id=call.correlation_id, created_at=call.created_at)
+
+
+def retry_reason(effect: Effect, exc: BaseException, *, what: str = "call") -> tuple[str, str]:
+    """A failed call or query that may be retried, as ``(reason, error)``: a timeout is
+    ``effect_timeout``, an :class:`~aggregates.domain.effects.EffectError` keeps its reason, any
+    other exception is ``effect_error`` with its type and text."""
+    if isinstance(exc, TimeoutError):
+        return Reason.EFFECT_TIMEOUT, f"{what} did not finish within {effect.timeout_s:g}s"
+    if isinstance(exc, EffectError):
+        return exc.reason, text(exc.detail or exc)
+    return Reason.EFFECT_ERROR, text(f"{type(exc).__name__}: {exc}")
+
+
+def exhausted_error(effect: Effect, last: str | None) -> str:
+    """The error of an effect that failed ``effect_attempts_exhausted``."""
+    return f"{effect.max_attempts} attempts; last: {last or 'no result recorded'}"
+
+
+def payload_problem(payload: Any, effect: Effect, *, aggregate_type: str,
+                    aggregate_id: str) -> str | None:
+    """Why ``payload`` (what the effect function returned, ``None`` already made ``{}``)
+    cannot be the payload of the ``on_success`` message; ``None`` if it can. The call took
+    effect all the same: the aggregate then receives a failure (``effect_error``)."""
+    if not isinstance(payload, Mapping):
+        return (f"the {effect.type} function returned {type(payload).__name__}, not a "
+                "payload dict (or None)")
+    try:
+        Message.from_dict({"message_id": "x", "type": effect.on_success,
+                           "aggregate_type": aggregate_type,
+                           "aggregate_id": aggregate_id, "payload": dict(payload)})
+    except EnvelopeError as exc:
+        return f"the {effect.type} result cannot be a message payload: {exc}"
+    return None
+
+
+def text(value: object) -> str:
+    """An error text, cut to :data:`MAX_ERROR` characters."""
+    return str(value)[:MAX_ERROR]

@@ -1,0 +1,102 @@
+"""The aggregate document layout (docs/design.md "Document layout") and its in-memory
+snapshot. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from aggregates.core.keys import read_hw
+from aggregates.core.partitions import F_PARTITION
+from aggregates.dedup import (
+    F_ARCHIVE_FLOOR,
+    F_ARCHIVE_UNDATED,
+    F_HW,
+    F_INBOX,
+    F_INBOX_FLOOR,
+    F_INBOX_UNDATED,
+    DedupRecord,
+)
+
+# Field names of the aggregate document. The dispatcher imports these too.
+F_ID: Final = "_id"
+F_VERSION: Final = "_v"
+F_STATE: Final = "state"
+#: The schema version of ``state`` (absent: 1); see docs/evolving-schemas.md.
+F_STATE_VERSION: Final = "_sv"
+# The dedup record's fields (inbox, archive floor, hw) are defined with the strategies that
+# write them, in aggregates.dedup, and re-exported here.
+F_SEQ: Final = "_seq"
+F_OUTBOX: Final = "outbox"
+F_BLOCKED: Final = "_blocked"
+F_TYPE: Final = "_type"
+# The partition (written once, at insert) is defined with its hash, in aggregates.core.partitions,
+# and re-exported here.
+
+
+@dataclass(slots=True)
+class Snapshot:
+    """What the writer knows of one aggregate document (as read, or as last written)."""
+
+    aggregate_id: str
+    version: int = 0
+    state: dict[str, Any] | None = None
+    dedup: DedupRecord = field(default_factory=DedupRecord)
+    seq: int = 0
+    outbox_ids: list[str] = field(default_factory=list)
+    blocked: dict[str, Any] | None = None
+    size_bytes: int = 0
+    #: ``_sv``: the version of the ``state`` shape as stored (1 when the field is absent).
+    state_version: int = 1
+
+    @property
+    def exists(self) -> bool:
+        return self.version > 0
+
+
+def _aware(value: Any) -> datetime | None:
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=UTC)
+    return None
+
+
+def snapshot_from_document(doc: Mapping[str, Any] | None, aggregate_id: str) -> Snapshot:
+    """Turn a stored document (or ``None`` for a missing one) into a :class:`Snapshot`."""
+    if doc is None:
+        return Snapshot(aggregate_id=aggregate_id)
+    import bson
+
+    inbox = [
+        [e[0], _aware(e[1]) if len(e) > 1 else None, e[2] if len(e) > 2 else None]
+        for e in doc.get(F_INBOX) or []
+    ]
+    outbox = doc.get(F_OUTBOX) or []
+    return Snapshot(
+        aggregate_id=aggregate_id,
+        version=int(doc.get(F_VERSION, 0)),
+        state=dict(doc.get(F_STATE) or {}),
+        dedup=DedupRecord(
+            inbox=inbox,
+            archive_floor=_aware(doc.get(F_ARCHIVE_FLOOR)),
+            archive_undated=bool(doc.get(F_ARCHIVE_UNDATED, False)),
+            legacy_floor=_aware(doc.get(F_INBOX_FLOOR)),
+            legacy_undated=bool(doc.get(F_INBOX_UNDATED, False)),
+            # Keys written before aggregates.core.keys (a '/' inside a type or id unescaped) are
+            # read compatibly: see read_hw.
+            hw=read_hw(doc.get(F_HW)),
+        ),
+        seq=int(doc.get(F_SEQ, 0)),
+        outbox_ids=[str(e.get("id")) for e in outbox],
+        blocked=doc.get(F_BLOCKED),
+        size_bytes=len(bson.encode(dict(doc))),
+        # Kept as stored (checked when the fold loads the state: a bad value is an
+        # invalid_state, not a crash here).
+        state_version=doc.get(F_STATE_VERSION, 1),
+    )
+
+
+__all__ = ["F_ARCHIVE_FLOOR", "F_ARCHIVE_UNDATED", "F_BLOCKED", "F_HW", "F_ID", "F_INBOX",
+           "F_INBOX_FLOOR", "F_INBOX_UNDATED", "F_OUTBOX", "F_PARTITION", "F_SEQ", "F_STATE",
+           "F_STATE_VERSION", "F_TYPE", "F_VERSION", "Snapshot", "snapshot_from_document"]

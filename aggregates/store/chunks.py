@@ -1,0 +1,71 @@
+"""Cutting the writer's input into chunks of aggregates (docs/design.md "The writer",
+step 1)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from aggregates.core.errors import UnknownAggregateType
+from aggregates.core.reasons import Reason
+from aggregates.core.settings import AggboxSettings
+from aggregates.domain.aggregate import AggregateType, Registry
+from aggregates.fold.result import DeadLetter, Parked
+from aggregates.message.envelope import Message
+
+__all__ = ["Chunk", "Work", "chunks"]
+
+
+@dataclass(slots=True)
+class Work:
+    """One aggregate's messages in this chunk, written slice by slice."""
+
+    atype: AggregateType[Any]
+    aggregate_id: str
+    messages: list[Message] = field(default_factory=list)
+    pos: int = 0
+    #: Version conflicts in a row / transient write errors in a row.
+    conflicts: int = 0
+    transient: int = 0
+    parked: list[Parked] = field(default_factory=list)
+
+    @property
+    def done(self) -> bool:
+        return self.pos >= len(self.messages)
+
+
+#: A chunk: its aggregates' work, and the dead letters of messages of unknown types.
+Chunk = tuple[list[Work], list[DeadLetter]]
+
+
+def chunks(messages: Iterable[Message], registry: Registry, settings: AggboxSettings
+           ) -> Iterator[Chunk]:
+    """Cut the input into chunks of at most ``chunk_aggregates`` aggregates and about
+    ``chunk_messages`` messages; a hot aggregate cuts a chunk at four times that."""
+    s = settings
+    chunk: dict[tuple[str, str], Work] = {}
+    pending_dead: list[DeadLetter] = []
+    n = 0
+    for msg in messages:
+        try:
+            atype = registry.get(msg.aggregate_type)
+        except UnknownAggregateType as exc:
+            pending_dead.append(DeadLetter(msg, None, Reason.UNKNOWN_AGGREGATE_TYPE, str(exc),
+                                           None, msg.aggregate_type, msg.aggregate_id))
+            continue
+        key = (atype.name, msg.aggregate_id)
+        work = chunk.get(key)
+        if work is None:
+            if len(chunk) >= s.chunk_aggregates or n >= s.chunk_messages:
+                yield list(chunk.values()), pending_dead
+                chunk, pending_dead, n = {}, [], 0
+            work = chunk[key] = Work(atype, msg.aggregate_id)
+        work.messages.append(msg)
+        n += 1
+        if n >= s.chunk_messages * 4:
+            # A hot aggregate: do not buffer without bound waiting for its end.
+            yield list(chunk.values()), pending_dead
+            chunk, pending_dead, n = {}, [], 0
+    if chunk or pending_dead:
+        yield list(chunk.values()), pending_dead

@@ -1,0 +1,277 @@
+"""One chunk's aggregates of one collection, written until every slice is settled
+(docs/design.md "The writer", steps 2–6).
+
+Read the documents (and the parked messages, and the dedup archive's answer), fold each
+aggregate's next slice, send one unordered bulk of conditional upserts, settle what was
+written, re-read and re-fold what conflicted, back off, and repeat. :meth:`CollectionPass.run`
+returns a :class:`PassResult`; the side records it lists are written by the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pymongo import UpdateOne
+from pymongo.collection import Collection
+
+from aggregates.core.backoff import backoff_delay
+from aggregates.core.bulk import WriteError, bulk_write_unordered
+from aggregates.core.reasons import Reason
+from aggregates.core.settings import AggboxSettings
+from aggregates.core.storeerrors import is_transient
+from aggregates.dedup import RecordArchive
+from aggregates.fold import fold
+from aggregates.fold.document import Snapshot, snapshot_from_document
+from aggregates.fold.result import DeadLetter, FoldResult, Parked
+from aggregates.message.outcomes import Outcome
+from aggregates.store.chunks import Work
+from aggregates.store.parking import ParkedStore
+from aggregates.store.update import build_update
+
+__all__ = ["CollectionPass", "PassContext", "PassResult", "WriterStats"]
+
+log = logging.getLogger("aggbox.writer")
+
+
+@dataclass(slots=True)
+class WriterStats:
+    chunks: int = 0
+    writes: int = 0
+    conflicts: int = 0
+    rounds: int = 0
+    read_s: float = 0.0
+    fold_s: float = 0.0
+    write_s: float = 0.0
+
+    def merge(self, other: WriterStats) -> None:
+        for name in self.__slots__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass(frozen=True, slots=True)
+class PassContext:
+    """What a pass takes from its writer (read when the chunk starts)."""
+
+    settings: AggboxSettings
+    parking: ParkedStore
+    sleep: Callable[[float], None]
+    #: Uniform in [0, 1): the backoff's jitter.
+    random: Callable[[], float]
+    before_write: Callable[[list[UpdateOne]], None] | None = None
+    fault: Callable[[str], None] | None = None
+
+
+@dataclass(slots=True)
+class PassResult:
+    """What a pass decided: one outcome per message (and per released parked one), and the
+    side records to write after the aggregate writes."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    parked: list[Parked] = field(default_factory=list)
+    #: ``(aggregate_id, message_id)`` of parked messages that no longer wait.
+    released: list[tuple[str, str]] = field(default_factory=list)
+    stats: WriterStats = field(default_factory=WriterStats)
+
+    def absorb(self, aggregate_id: str, res: FoldResult) -> None:
+        self.outcomes.extend(res.outcomes)
+        self.dead_letters.extend(res.dead_letters)
+        self.parked.extend(res.parked)
+        self.released.extend((aggregate_id, m) for m in res.released)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """One aggregate's slice folded in this round, with the write that stores it."""
+
+    work: Work
+    result: FoldResult
+    size: int  # messages in the slice
+
+
+class CollectionPass:
+    """Processes ``works`` (aggregates of one collection) for one chunk."""
+
+    def __init__(self, coll: Collection[Any], works: list[Work], archive: RecordArchive | None,
+                 *, now: datetime, ctx: PassContext) -> None:
+        self.coll = coll
+        self.works = works
+        self.archive = archive
+        self.now = now
+        self.ctx = ctx
+        self.result = PassResult()
+        self.snaps: dict[str, Snapshot] = {}
+
+    def run(self) -> PassResult:
+        st = self.result.stats
+        t0 = time.perf_counter()
+        self._load()
+        st.read_s += time.perf_counter() - t0
+        active = {w.aggregate_id: w for w in self.works}
+        while active:
+            st.rounds += 1
+            t0 = time.perf_counter()
+            pending = self._fold_round(active)
+            t1 = time.perf_counter()
+            st.fold_s += t1 - t0
+            if not pending:
+                continue
+            errors = self._write(pending)
+            st.write_s += time.perf_counter() - t1
+            retry = self._after_write(pending, errors, active)
+            if retry:
+                self._reread(retry)
+                self._back_off(max(max(w.conflicts, w.transient) for w in retry))
+        return self.result
+
+    # -- reading ----------------------------------------------------------------------
+    def _load(self) -> None:
+        ids = [w.aggregate_id for w in self.works]
+        self.snaps = self._read(ids)
+        parked = self.ctx.parking.load(self.coll.name, ids)
+        for w in self.works:
+            w.parked = parked.get(w.aggregate_id, [])
+        self._lookup(self.works)
+
+    def _read(self, ids: list[str]) -> dict[str, Snapshot]:
+        found = {d["_id"]: d for d in self.coll.find({"_id": {"$in": ids}})}
+        return {i: snapshot_from_document(found.get(i), i) for i in ids}
+
+    def _reread(self, works: list[Work]) -> None:
+        self.snaps.update(self._read([w.aggregate_id for w in works]))
+        self._lookup(works)
+
+    def _lookup(self, works: Sequence[Work]) -> None:
+        """Complete freshly read snapshots with what the dedup archive holds for the
+        messages still to apply (and the parked ones). Must run after the read
+        (docs/design.md "Dedup"): an id evicted by a write the read saw was archived before
+        that write."""
+        if self.archive is None:
+            return
+        pairs: list[tuple[str, str]] = []
+        for w in works:
+            rec, strategy = self.snaps[w.aggregate_id].dedup, w.atype.dedup
+            for m in w.messages[w.pos:]:
+                if strategy.needs_lookup(rec, m):
+                    pairs.append((w.aggregate_id, m.message_id))
+            for p in w.parked:
+                if strategy.needs_lookup(rec, p.message):
+                    pairs.append((w.aggregate_id, p.message.message_id))
+        found = self.archive.lookup(pairs) if pairs else {}
+        for w in works:
+            self.snaps[w.aggregate_id].dedup.looked_up(found.get(w.aggregate_id, {}))
+
+    # -- one round --------------------------------------------------------------------
+    def _fold_round(self, active: dict[str, Work]) -> list[_Pending]:
+        """Fold each active aggregate's next slice; settle (and retire) the ones that need
+        no write; return the ones that do."""
+        s = self.ctx.settings
+        pending: list[_Pending] = []
+        for w in list(active.values()):
+            batch = w.messages[w.pos:w.pos + s.slice_messages]
+            res = fold(w.atype, self.snaps[w.aggregate_id], batch, now=self.now,
+                       parked=w.parked, max_document_bytes=s.max_document_bytes,
+                       attempt=w.conflicts + 1)
+            if res.changes.empty:
+                self._settle(w, res, len(batch))
+                if w.done:
+                    del active[w.aggregate_id]
+            else:
+                pending.append(_Pending(w, res, len(batch)))
+        return pending
+
+    def _write(self, pending: list[_Pending]) -> list[WriteError]:
+        """Archive what leaves the documents, then send the round's conditional writes."""
+        ops = [build_update(p.work.atype, self.snaps[p.work.aggregate_id], p.result.changes)
+               for p in pending]
+        if self.archive is not None:
+            # Ids leaving the dedup record are archived before the write that evicts them.
+            self.archive.write([(p.work.aggregate_id, e) for p in pending
+                                for e in p.result.changes.dedup.archive], now=self.now)
+        if self.ctx.before_write is not None:
+            self.ctx.before_write(ops)
+        errors = bulk_write_unordered(self.coll, ops)
+        if self.ctx.fault is not None:
+            self.ctx.fault("after_write")
+        return errors
+
+    def _after_write(self, pending: list[_Pending], errors: list[WriteError],
+                     active: dict[str, Work]) -> list[Work]:
+        """Settle the written slices; return the aggregates to re-read and fold again."""
+        conflicted, transient = self._classify(errors)
+        st = self.result.stats
+        st.writes += len(pending) - len(conflicted) - len(transient)
+        retry: list[Work] = []
+        for i, p in enumerate(pending):
+            w = p.work
+            if i in conflicted:
+                w.conflicts += 1
+                st.conflicts += 1
+                if w.conflicts > self.ctx.settings.max_conflict_retries:
+                    self._give_up(w)
+                    del active[w.aggregate_id]
+                else:
+                    retry.append(w)
+            elif i in transient:
+                w.transient += 1
+                if w.transient > self.ctx.settings.max_conflict_retries:
+                    raise transient[i].store_error(f"write to {self.coll.name} (after "
+                                                   f"{w.transient - 1} retries)")
+                retry.append(w)
+            else:
+                p.result.snapshot.version += 1
+                w.conflicts = w.transient = 0  # the retry budgets are for failures in a row
+                self._settle(w, p.result, p.size)
+                if w.done:
+                    del active[w.aggregate_id]
+        return retry
+
+    def _classify(self, errors: list[WriteError]) -> tuple[set[int], dict[int, WriteError]]:
+        """Version conflicts (``E11000`` on ``{_id, _v}``) and transient failures (the
+        server's code or labels say a retry may succeed: the operation did not apply, so
+        re-reading and folding again is safe), by operation index. Anything else raises
+        :class:`~aggregates.core.errors.StoreError`: the batch fails and is retried as a whole."""
+        conflicted: set[int] = set()
+        transient: dict[int, WriteError] = {}
+        for err in errors:
+            if err.duplicate_key:
+                conflicted.add(err.index)
+            elif is_transient(err.failure()):
+                transient[err.index] = err
+            else:
+                raise err.store_error(f"write to {self.coll.name}")
+        return conflicted, transient
+
+    def _back_off(self, failures: int) -> None:
+        s = self.ctx.settings
+        delay_ms = backoff_delay(failures - 1, initial=s.conflict_backoff_ms,
+                                 maximum=s.conflict_backoff_max_ms, random=self.ctx.random)
+        self.ctx.sleep(delay_ms / 1000.0)
+
+    # -- settling ---------------------------------------------------------------------
+    def _settle(self, w: Work, res: FoldResult, n: int) -> None:
+        """Accept a fold whose write succeeded (or that needed none)."""
+        self.snaps[w.aggregate_id] = res.snapshot
+        w.pos += n
+        self.result.absorb(w.aggregate_id, res)
+        # Parked messages that were retried and still wait stay parked; the ones parked by
+        # this slice are candidates for the next slice of the same aggregate.
+        still = {p.message.message_id for p in w.parked} - set(res.released)
+        w.parked = [p for p in w.parked if p.message.message_id in still] + list(res.parked)
+
+    def _give_up(self, w: Work) -> None:
+        detail = (f"{w.conflicts} version conflicts in a row on {w.atype.name}/"
+                  f"{w.aggregate_id}; parked, retried with the aggregate's next messages")
+        log.warning("giving up on %s/%s after %d conflicts", w.atype.name, w.aggregate_id,
+                    w.conflicts)
+        for m in w.messages[w.pos:]:
+            self.result.parked.append(Parked(m, Reason.VERSION_CONFLICT_RETRIES_EXHAUSTED, detail))
+            self.result.outcomes.append(Outcome(
+                m.message_id, m.aggregate_type, m.aggregate_id, "parked",
+                Reason.VERSION_CONFLICT_RETRIES_EXHAUSTED, detail, (), w.conflicts))
+        w.pos = len(w.messages)
