@@ -1,5 +1,6 @@
 """Spark schemas: the message envelope (derived from
-:data:`aggregates.message.envelope.ENVELOPE_FIELDS`, declared once there) and the per-message outcome rows the pipeline returns.
+:data:`aggregates.message.envelope.ENVELOPE_FIELDS`, declared once there) and the per-message
+outcome rows the pipeline returns.
 
 The payload travels as a JSON string column (``payload``): aggregate types have different
 payload shapes, and a string keeps one schema for all of them.

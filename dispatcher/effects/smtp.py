@@ -28,8 +28,8 @@ success reply is ``{"message_id", "recipients"}`` (plus ``refused`` when the ser
 only some recipients). SMTP replies 4xx, a lost connection and timeouts are
 :class:`~aggregates.domain.effects.RetryableEffectError`; 5xx (authentication failure
 included) is :class:`~aggregates.domain.effects.PermanentEffectError` (``effect_rejected``). An
-SMTP server cannot be asked whether a message was sent, so the effect has no query and its guarantee is
-``at-least-once``.
+SMTP server cannot be asked whether a message was sent, so the effect has no query and its
+guarantee is ``at-least-once``.
 """
 
 from __future__ import annotations
