@@ -13,6 +13,15 @@ Messages are ``CustomerRegistered`` for ``aggbox.examples.orders`` (no emits, so
 empty). Peak RSS of the Python workers is sampled from /proc while the pipeline runs.
 
     .venv/bin/python bench/pipeline.py [--sizes 1e5,1e6] [--quick] [--no-connector]
+                                       [--stages] [--repeat N]
+
+``--stages`` turns the driver UI on and prints, for the first repetition of every scenario,
+its jobs and stages from the UI's REST API: wall time per job and stage, task time and CPU
+summed over the stage's tasks, records in (input, shuffle read) and out (output, shuffle
+write), shuffle bytes; and the scenario's wall time outside any job (the driver's own).
+``--repeat N`` runs each scenario N times (interleaved, same session): times are medians,
+the ratios medians of the per-repetition ratios (the machine is shared: ratios within one
+repetition are steadier than absolute times).
 
 Prints a table, then one JSON line (last line) with ``pipeline_vs_raw``,
 ``pipeline_vs_connector``, ``skew_vs_uniform`` (throughput ratios at the largest size),
@@ -195,10 +204,114 @@ class Measured:
                 "worker_cpu_s": round(v["cpu_ns"] / 1e9, 2), "rows": v["rows"]}
 
 
+# -- per-stage breakdown (--stages): Spark's REST API of the driver UI --------------------------
+
+
+class Stages:
+    """Jobs and stages of one scenario, read from the driver UI's REST API
+    (``/api/v1/applications/<id>/jobs`` and ``/stages``): the scenario runs under its own job
+    group, and its jobs are those of that group (a SparkListener cannot be registered from
+    Python)."""
+
+    def __init__(self, spark: Any) -> None:
+        self.spark = spark
+        sc = spark.sparkContext
+        self.base = f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}"
+
+    def _get(self, path: str) -> Any:
+        import urllib.request
+
+        with urllib.request.urlopen(self.base + path, timeout=30) as r:
+            return json.loads(r.read())
+
+    def table(self, group: str) -> list[dict[str, Any]]:
+        """One row per job of ``group`` and one per stage of it (the listener bus is
+        asynchronous: waits until every job of the group has ended)."""
+        for _ in range(50):
+            jobs = [j for j in self._get("/jobs") if j.get("jobGroup") == group]
+            if jobs and all(j["status"] != "RUNNING" for j in jobs):
+                break
+            time.sleep(0.2)
+        stages = {(s["stageId"], s["attemptId"]): s for s in self._get("/stages")}
+        out: list[dict[str, Any]] = []
+        for j in sorted(jobs, key=lambda j: j["jobId"]):
+            out.append({"kind": "job", "id": j["jobId"], "name": _short(j.get("name", "")),
+                        "wall_s": _span(j.get("submissionTime"), j.get("completionTime")),
+                        "stages": j["stageIds"], "skipped": j.get("numSkippedStages", 0)})
+            for sid in sorted(j["stageIds"]):
+                s = next((v for (i, _a), v in sorted(stages.items()) if i == sid), None)
+                if s is None or s.get("status") == "SKIPPED":
+                    continue
+                out.append({
+                    "kind": "stage", "id": sid, "name": _short(s.get("name", "")),
+                    "tasks": s.get("numTasks"),
+                    "wall_s": _span(s.get("submissionTime"), s.get("completionTime")),
+                    "task_s": round(s.get("executorRunTime", 0) / 1e3, 2),
+                    "cpu_s": round(s.get("executorCpuTime", 0) / 1e9, 2),
+                    "in_records": s.get("inputRecords", 0),
+                    "shuffle_read_records": s.get("shuffleReadRecords", 0),
+                    "out_records": s.get("outputRecords", 0),
+                    "shuffle_write_records": s.get("shuffleWriteRecords", 0),
+                    "shuffle_read_mb": round(s.get("shuffleReadBytes", 0) / 2**20, 2),
+                    "shuffle_write_mb": round(s.get("shuffleWriteBytes", 0) / 2**20, 2),
+                })
+        return out
+
+
+def _span(start: str | None, end: str | None) -> float | None:
+    if not start or not end:
+        return None
+    fmt = "%Y-%m-%dT%H:%M:%S.%f%Z"
+    return round((datetime.strptime(end, fmt) - datetime.strptime(start, fmt)).total_seconds(),
+                 2)
+
+
+def _short(name: str) -> str:
+    return name.split(" at ")[0][:40]
+
+
+def print_stages(title: str, wall_s: float, rows: list[dict[str, Any]]) -> None:
+    jobs_s = sum(r["wall_s"] or 0 for r in rows if r["kind"] == "job")
+    njobs = sum(r["kind"] == "job" for r in rows)
+    print(f"\n{title}: {wall_s:.2f} s wall, {jobs_s:.2f} s in {njobs} job(s), "
+          f"{wall_s - jobs_s:.2f} s outside jobs (driver)")
+    print(f"  {'':5} {'id':>4} {'name':<40} {'tasks':>5} {'wall s':>7} {'task s':>7} "
+          f"{'cpu s':>6} {'in rec':>8} {'shr rec':>8} {'out rec':>8} {'shw rec':>8} "
+          f"{'shr MB':>7} {'shw MB':>7}")
+    for r in rows:
+        if r["kind"] == "job":
+            print(f"  job   {r['id']:>4} {r['name']:<40} {'':>5} {r['wall_s'] or 0:>7.2f}"
+                  f"   stages {r['stages']} ({r['skipped']} skipped)")
+        else:
+            print(f"  stage {r['id']:>4} {r['name']:<40} {r['tasks']:>5} {r['wall_s'] or 0:>7.2f} "
+                  f"{r['task_s']:>7.2f} {r['cpu_s']:>6.2f} {r['in_records']:>8} "
+                  f"{r['shuffle_read_records']:>8} {r['out_records']:>8} "
+                  f"{r['shuffle_write_records']:>8} {r['shuffle_read_mb']:>7.2f} "
+                  f"{r['shuffle_write_mb']:>7.2f}")
+
+
 # -- scenarios ---------------------------------------------------------------------------------
 
 
-def run_pipeline(spark: Any, uri: str, inputs: Path
+def job_group(spark: Any, group: str | None) -> Any:
+    """Spark jobs started inside run under job group ``group`` (None: unchanged)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def scope() -> Any:
+        if group is None:
+            yield
+            return
+        spark.sparkContext.setJobGroup(group, group)
+        try:
+            yield
+        finally:
+            spark.sparkContext.setJobGroup("other", "other")
+
+    return scope()
+
+
+def run_pipeline(spark: Any, uri: str, inputs: Path, group: str | None = None
                  ) -> tuple[float, dict[str, int], float, dict[str, Any]]:
     from aggregates.core.settings import AggboxSettings
     from spark.pipeline import Pipeline
@@ -207,7 +320,7 @@ def run_pipeline(spark: Any, uri: str, inputs: Path
     settings = AggboxSettings.load(mongodb_uri=uri, database=db)
     pipeline = Pipeline(spark, aggregates=AGGREGATES, settings=settings, mongodb_uri=uri)
     pipeline.ensure_indexes()
-    with RssSampler() as rss, Measured(spark) as measured:
+    with RssSampler() as rss, Measured(spark) as measured, job_group(spark, group):
         t0 = time.perf_counter()
         result = pipeline.run_batch([str(inputs / "*.jsonl")])
         seconds = time.perf_counter() - t0
@@ -245,26 +358,29 @@ def _messages(spark: Any, inputs: Path) -> Any:
     return df.select(F.from_json("value", schema).alias("m")).select("m.*")
 
 
-def run_raw(spark: Any, uri: str, inputs: Path) -> tuple[float, int]:
+def run_raw(spark: Any, uri: str, inputs: Path, group: str | None = None
+            ) -> tuple[float, int]:
     """Group by aggregate (last message wins), then blind bulk upserts of the documents.
     Also returns the write statements sent (counted by the partitions)."""
     from pyspark.sql import functions as F
 
     db = f"bench_{uuid.uuid4().hex[:8]}"
     writes = spark.sparkContext.accumulator(0)
-    t0 = time.perf_counter()
-    docs = (_messages(spark, inputs)
-            .groupBy("aggregate_id")
-            .agg(F.max_by(F.col("payload"), F.col("occurred_at")).alias("p"))
-            .select("aggregate_id", "p.name", "p.credit_limit"))
-    docs.foreachPartition(functools.partial(_upsert_partition, uri, db, writes))
-    seconds = time.perf_counter() - t0
+    with job_group(spark, group):
+        t0 = time.perf_counter()
+        docs = (_messages(spark, inputs)
+                .groupBy("aggregate_id")
+                .agg(F.max_by(F.col("payload"), F.col("occurred_at")).alias("p"))
+                .select("aggregate_id", "p.name", "p.credit_limit"))
+        docs.foreachPartition(functools.partial(_upsert_partition, uri, db, writes))
+        seconds = time.perf_counter() - t0
     check_written(uri, db, inputs)
     drop(uri, db)
     return seconds, int(writes.value)
 
 
-def run_connector(spark: Any, uri: str, inputs: Path) -> tuple[float, int]:
+def run_connector(spark: Any, uri: str, inputs: Path, group: str | None = None
+                  ) -> tuple[float, int]:
     """One replace-with-upsert per message through the MongoDB Spark Connector. Also
     returns the rows handed to it (counted apart, untimed): one replace each."""
     from pyspark.sql import functions as F
@@ -273,13 +389,15 @@ def run_connector(spark: Any, uri: str, inputs: Path) -> tuple[float, int]:
     frame = _messages(spark, inputs).select(F.col("aggregate_id").alias("_id"),
                                             F.col("payload").alias("state"))
     rows = int(frame.count())
-    t0 = time.perf_counter()
-    (frame
-     .write.format("mongodb").mode("append")
-     .option("connection.uri", uri).option("database", db).option("collection", "customers")
-     .option("operationType", "replace").option("upsertDocument", "true")
-     .save())
-    seconds = time.perf_counter() - t0
+    with job_group(spark, group):
+        t0 = time.perf_counter()
+        (frame
+         .write.format("mongodb").mode("append")
+         .option("connection.uri", uri).option("database", db)
+         .option("collection", "customers")
+         .option("operationType", "replace").option("upsertDocument", "true")
+         .save())
+        seconds = time.perf_counter() - t0
     check_written(uri, db, inputs)
     drop(uri, db)
     return seconds, rows
@@ -308,13 +426,14 @@ def drop(uri: str, db: str) -> None:
 # -- main --------------------------------------------------------------------------------------
 
 
-def start_spark(connector: bool) -> tuple[Any, str | None, str | None]:
-    """A session with the connector if one of CONNECTOR_VERSIONS resolves."""
+def start_spark(connector: bool, ui: bool = False) -> tuple[Any, str | None, str | None]:
+    """A session with the connector if one of CONNECTOR_VERSIONS resolves; ``ui``: the
+    driver UI on (its REST API gives the stage tables)."""
     from spark.session import build_session
     from spark.settings import SparkSettings
 
     settings = SparkSettings.load(master="local[2]", shuffle_partitions=4,
-                                  conf={"spark.ui.enabled": "false",
+                                  conf={"spark.ui.enabled": "true" if ui else "false",
                                         "spark.driver.memory": "4g"})
     problems: list[str] = []
     if connector:
@@ -339,6 +458,12 @@ def main() -> int:
                         help="a small run (sizes 2e4,1e5) to check the script works")
     parser.add_argument("--no-connector", action="store_true",
                         help="skip scenario (d), the MongoDB Spark Connector")
+    parser.add_argument("--stages", action="store_true",
+                        help="print the jobs and stages of each scenario (first repetition) "
+                             "from the driver UI's REST API")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run every scenario this many times per size (interleaved); "
+                             "figures are medians, ratios medians of the per-repetition ratios")
     args = parser.parse_args()
     sizes = [int(float(s)) for s in ("2e4,1e5" if args.quick else args.sizes).split(",")]
 
@@ -356,10 +481,13 @@ def main() -> int:
         f"{TIMER_NS[1] / 1e3:.2f} µs outside the timed interval (subtracted)")
     mongo = start_local_mongodb(java_options=("-Xmx8g",))
     log(f"MongoDB: {mongo.kind} {mongo.uri}")
-    spark, connector, connector_problem = start_spark(not args.no_connector)
+    spark, connector, connector_problem = start_spark(not args.no_connector, ui=args.stages)
     spark.sparkContext.setLogLevel("ERROR")
+    stages = Stages(spark) if args.stages else None
     work = Path(tempfile.mkdtemp(prefix="aggbox-bench-"))
     rows: dict[int, dict[str, Any]] = {}
+    reps: dict[int, list[dict[str, Any]]] = {}
+    tables: list[tuple[str, float, list[dict[str, Any]]]] = []
     try:
         warm = write_input(work / "warm", 2000, skewed=False)
         run_pipeline(spark, mongo.uri, warm)  # Python workers started, modules imported
@@ -367,28 +495,46 @@ def main() -> int:
             log(f"generating {n} messages")
             uniform = write_input(work / f"u{n}", n, skewed=False)
             skewed = write_input(work / f"s{n}", n, skewed=True)
-            row: dict[str, Any] = {"messages": n}
-            log(f"{n}: pipeline uniform")
-            (row["uniform_s"], counts, row["rss_uniform_mb"],
-             row["uniform_cpu"]) = run_pipeline(spark, mongo.uri, uniform)
-            row["uniform_counts"] = counts
-            log(f"{n}: pipeline skewed")
-            (row["skewed_s"], counts, row["rss_skewed_mb"],
-             row["skewed_cpu"]) = run_pipeline(spark, mongo.uri, skewed)
-            row["skewed_counts"] = counts
-            log(f"{n}: raw upsert")
-            row["raw_s"], row["raw_writes"] = run_raw(spark, mongo.uri, uniform)
-            row["connector_s"] = row["connector_rows"] = None
-            if connector:
-                log(f"{n}: connector")
-                try:
-                    row["connector_s"], row["connector_rows"] = run_connector(
-                        spark, mongo.uri, uniform)
-                except Exception as exc:
-                    connector_problem = f"{connector} failed: {str(exc).splitlines()[0][:300]}"
-                    log(connector_problem)
-                    connector = None
-            rows[n] = row
+            reps[n] = []
+            for rep in range(args.repeat):
+                row: dict[str, Any] = {"messages": n}
+
+                def group(name: str, rep: int = rep, n: int = n) -> str | None:
+                    return f"{name}-{n}" if stages is not None and rep == 0 else None
+
+                log(f"{n} #{rep + 1}: pipeline uniform")
+                (row["uniform_s"], counts, row["rss_uniform_mb"],
+                 row["uniform_cpu"]) = run_pipeline(spark, mongo.uri, uniform,
+                                                    group("pipeline-uniform"))
+                row["uniform_counts"] = counts
+                log(f"{n} #{rep + 1}: pipeline skewed")
+                (row["skewed_s"], counts, row["rss_skewed_mb"],
+                 row["skewed_cpu"]) = run_pipeline(spark, mongo.uri, skewed,
+                                                   group("pipeline-skewed"))
+                row["skewed_counts"] = counts
+                log(f"{n} #{rep + 1}: raw upsert")
+                row["raw_s"], row["raw_writes"] = run_raw(spark, mongo.uri, uniform,
+                                                          group("raw"))
+                row["connector_s"] = row["connector_rows"] = None
+                if connector:
+                    log(f"{n} #{rep + 1}: connector")
+                    try:
+                        row["connector_s"], row["connector_rows"] = run_connector(
+                            spark, mongo.uri, uniform, group("connector"))
+                    except Exception as exc:
+                        connector_problem = (f"{connector} failed: "
+                                             f"{str(exc).splitlines()[0][:300]}")
+                        log(connector_problem)
+                        connector = None
+                if stages is not None and rep == 0:
+                    for name, key in (("pipeline-uniform", "uniform_s"),
+                                      ("pipeline-skewed", "skewed_s"), ("raw", "raw_s"),
+                                      ("connector", "connector_s")):
+                        if row[key] is not None:
+                            tables.append((f"{name} {n}", row[key],
+                                           stages.table(f"{name}-{n}")))
+                reps[n].append(row)
+            rows[n] = _median_row(reps[n])
             shutil.rmtree(uniform)
             shutil.rmtree(skewed)
     finally:
@@ -396,6 +542,10 @@ def main() -> int:
         spark.stop()
         mongo.stop()
 
+    for title, wall, table in tables:
+        print_stages(title, wall, table)
+    if tables:
+        print()
     print(f"{'messages':>10} {'uniform s':>10} {'msg/s':>9} {'skewed s':>9} {'raw s':>7} "
           f"{'connector s':>12} {'rss MB':>7}")
     for n, r in rows.items():
@@ -407,11 +557,17 @@ def main() -> int:
         print(f"{'':>10} skewed outcomes  {r['skewed_counts']}")
         print(f"{'':>10} uniform workers  {r['uniform_cpu']}")
         print(f"{'':>10} skewed workers   {r['skewed_cpu']}")
+        if len(reps[n]) > 1:
+            print(f"{'':>10} per repetition (uniform, skewed, raw, connector s): " + "; ".join(
+                f"{x['uniform_s']:.2f}, {x['skewed_s']:.2f}, {x['raw_s']:.2f}, "
+                + (f"{x['connector_s']:.2f}" if x["connector_s"] else "n/a") for x in reps[n]))
     big, small = rows[max(rows)], rows[min(rows)]
+    big_reps = reps[max(rows)]
     result: dict[str, Any] = {
-        "pipeline_vs_raw": round(big["raw_s"] / big["uniform_s"], 3),
-        "pipeline_vs_connector": (round(big["connector_s"] / big["uniform_s"], 3)
-                                  if big["connector_s"] else None),
+        "pipeline_vs_raw": _median([x["raw_s"] / x["uniform_s"] for x in big_reps]),
+        "pipeline_vs_connector": (_median([x["connector_s"] / x["uniform_s"]
+                                           for x in big_reps])
+                                  if all(x["connector_s"] for x in big_reps) else None),
         "python_cpu_us_per_msg": big["uniform_cpu"]["python_cpu_us_per_msg"],
         "handler_cpu_us_per_msg": big["uniform_cpu"]["handler_cpu_us_per_msg"],
         "server_ops_per_msg": big["uniform_cpu"]["server_ops_per_msg"],
@@ -420,7 +576,7 @@ def main() -> int:
                                          if big["connector_rows"] is not None else None),
         "skewed_python_cpu_us_per_msg": big["skewed_cpu"]["python_cpu_us_per_msg"],
         "handler_timer_us_per_call": [round(TIMER_NS[0] / 1e3, 2), round(TIMER_NS[1] / 1e3, 2)],
-        "skew_vs_uniform": round(big["uniform_s"] / big["skewed_s"], 3),
+        "skew_vs_uniform": _median([x["uniform_s"] / x["skewed_s"] for x in big_reps]),
         "per_msg_growth_1e5_to_1e6": round(
             (big["uniform_s"] / big["messages"]) / (small["uniform_s"] / small["messages"]), 3),
         "worker_peak_rss_mb": round(max(max(r["rss_uniform_mb"], r["rss_skewed_mb"])
@@ -429,6 +585,7 @@ def main() -> int:
                                                          r["rss_skewed_mb"]), 1)
                                        for n, r in rows.items()},
         "sizes": list(rows),
+        "repeat": args.repeat,
         "seconds": {str(n): {k: r[k] for k in ("uniform_s", "skewed_s", "raw_s", "connector_s")}
                     for n, r in rows.items()},
         "connector": connector,
@@ -439,6 +596,29 @@ def main() -> int:
     }
     print(json.dumps(result))
     return 0
+
+
+def _median(values: list[float]) -> float:
+    import statistics
+
+    return round(statistics.median(values), 3)
+
+
+def _median_row(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The repetitions of one size as one row: seconds, RSS and worker figures are medians
+    (of each figure on its own); outcome counts are the first repetition's."""
+    if len(reps) == 1:
+        return reps[0]
+    out = dict(reps[0])
+    for key in ("uniform_s", "skewed_s", "raw_s", "connector_s", "rss_uniform_mb",
+                "rss_skewed_mb", "raw_writes", "connector_rows"):
+        values = [r[key] for r in reps if r[key] is not None]
+        out[key] = _median(values) if len(values) == len(reps) else None
+    for key in ("uniform_cpu", "skewed_cpu"):
+        out[key] = {k: (_median([r[key][k] for r in reps])
+                        if isinstance(reps[0][key][k], (int, float)) else reps[0][key][k])
+                    for k in reps[0][key]}
+    return out
 
 
 if __name__ == "__main__":
