@@ -135,8 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         configure_logging(args.log_level, args.log_json)
-    except Exception:
-        logging.basicConfig(level=args.log_level.upper())
+    except ValueError as exc:  # an unknown --log-level
+        configure_logging("INFO", args.log_json)
+        log.warning("--log-level %s: %s; logging at INFO", args.log_level, exc)
     try:
         try:
             warn_unknown_settings(getattr(args, "config", None))

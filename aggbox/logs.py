@@ -45,8 +45,8 @@ class JsonFormatter(logging.Formatter):
 
 class _LogFileHandler(logging.FileHandler):
     """Appends to the log file, which is created at the first record. If the file cannot be
-    written, the handler turns itself off silently (``failed``) instead of printing a
-    logging error on stderr."""
+    written, the handler turns itself off (``failed``) and says so in one WARNING line on
+    stderr instead of logging's own multi-line error."""
 
     failed = False
 
@@ -55,11 +55,18 @@ class _LogFileHandler(logging.FileHandler):
             return
         try:
             super().emit(record)  # opens the file at the first record (an error is raised)
-        except OSError:
-            self.failed = True
+        except OSError as exc:
+            self._turn_off(exc)
 
     def handleError(self, record: logging.LogRecord) -> None:
+        exc = sys.exc_info()[1]
+        self._turn_off(exc if exc is not None else OSError("unknown error"))
+
+    def _turn_off(self, exc: BaseException) -> None:
         self.failed = True
+        logging.getLogger("aggbox").warning(
+            "cannot write the log file %s (%s: %s); full traces are not kept (set %s to "
+            "a writable path)", self.baseFilename, type(exc).__name__, exc, LOG_FILE_ENV)
 
 
 _file_handler: _LogFileHandler | None = None

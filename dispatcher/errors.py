@@ -30,7 +30,7 @@ from pymongo.errors import (
 
 from aggregates.core.errors import AggboxError
 from aggregates.core.storeerrors import error_codes, is_fatal
-from aggregates.core.uri import redact_uri
+from aggregates.core.uri import redact_uri, redact_uris_in
 
 __all__ = ["TRACE_LOGGER", "FatalStoreError", "RateLimitedLog", "check_fatal",
            "describe_store_error", "is_unreachable", "never_reached", "one_line"]
@@ -51,11 +51,9 @@ def one_line(exc: BaseException | str, limit: int = 300) -> str:
     text = raw.splitlines()[0] if raw else type(exc).__name__
     for cut in (", Timeout: ", ", full error: "):
         text = text.split(cut)[0]
-    text = _CREDENTIALS.sub("//***@", text)  # a URI quoted in a message keeps no password
+    text = redact_uris_in(text)  # a URI quoted in a message keeps no password
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
-
-_CREDENTIALS = re.compile(r"//[^/@\s]*@")
 
 _HINTS = {
     18: "check the user name and password in the MongoDB URI (--mongodb-uri, "

@@ -62,6 +62,10 @@ class Metrics:
         self.stale_skipped = Counter(p + "stale_skipped", "Entries seen again after they "
                                      "were published (not republished).", ["collection"],
                                      registry=r)
+        self.pull_failures = Counter(p + "pull_failures", "Published entries' ``$pull`` "
+                                     "from the outbox that failed for good when a worker "
+                                     "stopped publishing (they are published again).",
+                                     ["collection"], registry=r)
         self.backlog = Gauge(p + "backlog_entries", "Pending outbox entries.", ["collection"],
                              registry=r)
         self.backlog_documents = Gauge(p + "backlog_documents",

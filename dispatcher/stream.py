@@ -22,7 +22,7 @@ Contract with the server (it holds for MongoDB and for mongo-java-server):
 from __future__ import annotations
 
 import calendar
-import contextlib
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,8 +33,10 @@ from bson import Timestamp
 from pymongo.asynchronous.change_stream import AsyncChangeStream
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import PyMongoError
 
 from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TYPE
+from dispatcher.errors import describe_store_error
 from dispatcher.timing import REAL_TIME, Timing, pause
 
 __all__ = [
@@ -48,6 +50,8 @@ __all__ = [
     "pipeline",
     "server_time",
 ]
+
+log = logging.getLogger("aggbox.dispatcher")
 
 #: Server error codes meaning "this resume token cannot be used any more": history lost
 #: (286), fatal change-stream error (280), invalid resume token (260), bad value/parse (2, 9).
@@ -225,7 +229,7 @@ class StreamFollower:
             doc = event.get("fullDocument")
             if isinstance(doc, Mapping) and doc.get(F_OUTBOX):
                 docs.append(doc)
-            if _buffered(self._stream) == 0:
+            if _batch_used_up(self._stream, event):
                 break  # the server's batch is used up: publish it now, no extra getMore
         if ended:
             self._ended = StreamBatch([], 0, None, ended=True,
@@ -246,17 +250,27 @@ class StreamFollower:
         self._ended = None
         stream, self._stream = self._stream, None
         if stream is not None:
-            with contextlib.suppress(Exception):  # a broken cursor must not mask the error
+            try:
                 await stream.close()
+            except PyMongoError as exc:  # a broken cursor must not mask the error
+                log.info("closing a change stream failed (%s); the server drops it by "
+                         "itself", describe_store_error(exc))
 
 
-def _buffered(stream: Any) -> int | None:
-    """Events the stream holds locally (from its last ``getMore``); ``None`` when unknown.
+def _batch_used_up(stream: AsyncChangeStream[Any], event: Mapping[str, Any]) -> bool:
+    """``True`` when ``event`` was the last one of the server's batch (known only when the
+    server sends a ``postBatchResumeToken``, as MongoDB does).
 
     Reading on after the batch is used up costs a ``getMore`` that, on MongoDB, waits up to
-    ``max_await_time_ms`` for nothing — latency for every entry of the batch."""
-    data = getattr(getattr(stream, "_cursor", None), "_data", None)
-    return len(data) if data is not None else None
+    ``max_await_time_ms`` for nothing — latency for every entry of the batch. The change
+    streams specification (and ``ChangeStream.resume_token``'s documentation) says the
+    cached token is the event's own ``_id`` while events of the batch remain, and the
+    batch's ``postBatchResumeToken`` once its last event was returned: a token other than
+    the event's ``_id`` means nothing more is buffered. When the two happen to be equal (or
+    the server sends none, as mongo-java-server), reading goes on: one ``getMore`` more."""
+    token = event.get("_id")
+    return token is not None and stream.resume_token is not None \
+        and stream.resume_token != token
 
 
 def latest_documents(docs: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

@@ -30,7 +30,6 @@ watches.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -207,12 +206,29 @@ class CollectionWorker:
             await pause(self.timing, self.retries.wait_s(), self.stop)
             return False
         finally:
-            with contextlib.suppress(Exception):  # a failed pull: the entries stay pending
-                await self.cycle.drain()
+            pull_error = await self._drain_pull()
             await self.stream.close()
             # Nothing of this set is being published any more: the surplus may go now.
             await self.balancer.handover()
+            if pull_error is not None:
+                check_fatal(pull_error, self.name)  # a fatal one ends the worker
         return True
+
+    async def _drain_pull(self) -> PyMongoError | None:
+        """Wait for the last ``$pull``. A failed one is logged (rate-limited) and counted
+        (``aggbox_dispatcher_pull_failures_total``): its entries stay pending and are
+        published again by whoever publishes the partition next. The error is returned so
+        that a fatal one ends the worker once the clean-up is done."""
+        try:
+            await self.cycle.drain()
+        except PyMongoError as exc:
+            self.metrics.pull_failures.labels(self.name).inc()
+            self._warn.warning("pull", "%s: removing published entries from the outbox "
+                               "failed (%s); they stay pending and are published again",
+                               self.name, describe_store_error(exc), exc=exc,
+                               extra={"cause": "pull"})
+            return exc
+        return None
 
     def _set_standby(self) -> None:
         self.metrics.lease_active.labels(self.name).set(0)

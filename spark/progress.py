@@ -7,7 +7,7 @@ has no ``sparkContext``, from the progress the server reports with each operatio
 
 from __future__ import annotations
 
-import contextlib
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,6 +21,8 @@ from rich.table import Table
 from aggregates.message.outcomes import OUTCOME_KINDS
 
 __all__ = ["spark_progress", "summary_table"]
+
+log = logging.getLogger("aggbox.spark")
 
 
 @contextmanager
@@ -61,7 +63,8 @@ def spark_progress(spark: Any, console: Console, *, enabled: bool = True,
                                     total=info.numTasks, extra=extra)
                 for sid in [s for s in bars if s not in active]:
                     progress.remove_task(bars.pop(sid))
-            except Exception:  # the display must never break the job
+            except Exception as exc:  # the display must never break the job
+                log.debug("progress display: %s: %s", type(exc).__name__, exc, exc_info=True)
                 continue
 
     thread = threading.Thread(target=poll, name="aggbox-progress", daemon=True)
@@ -98,16 +101,19 @@ def _connect_progress(spark: Any, progress: Progress) -> Iterator[None]:
                                     total=st.num_tasks)
                 for key in [k for k in bars if k[0] == str(operation_id) and k not in seen]:
                     progress.remove_task(bars.pop(key))
-        except Exception:  # the display must never break the job
-            return
+        except Exception as exc:  # the display must never break the job
+            log.debug("progress display: %s: %s", type(exc).__name__, exc, exc_info=True)
 
     spark.registerProgressHandler(handler)
     with progress:
         try:
             yield
         finally:
-            with contextlib.suppress(Exception):  # the session may be gone already
+            try:
                 spark.removeProgressHandler(handler)
+            except Exception as exc:  # the session may be gone already
+                log.debug("progress display: cannot remove the handler: %s: %s",
+                          type(exc).__name__, exc)
 
 
 def summary_table(title: str, input_count: int, counts: dict[str, int],

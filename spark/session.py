@@ -212,8 +212,9 @@ def _log_to_file(values: dict[str, str], log_file: Path, config_dir: Path) -> No
 def gateway_failed(exc: BaseException) -> bool:
     """Whether starting the session failed because the JVM exited (e.g. Ivy could not
     resolve a package)."""
-    text = f"{type(exc).__name__}: {exc}"
-    return "JAVA_GATEWAY_EXITED" in text or "Java gateway process exited" in text
+    from pyspark.errors import PySparkException
+
+    return isinstance(exc, PySparkException) and exc.getCondition() == "JAVA_GATEWAY_EXITED"
 
 
 def _start(s: SparkSettings, values: dict[str, str]) -> Any:
@@ -228,6 +229,7 @@ def _start(s: SparkSettings, values: dict[str, str]) -> Any:
 
 
 def _start_remote(s: SparkSettings, url: str, conf: Mapping[str, str] | None) -> Any:
+    from pyspark.errors import PySparkException
     from pyspark.sql import SparkSession
 
     spark = SparkSession.builder.remote(url).getOrCreate()
@@ -245,7 +247,7 @@ def _start_remote(s: SparkSettings, url: str, conf: Mapping[str, str] | None) ->
             continue
         try:
             spark.conf.set(key, value)
-        except Exception as exc:  # a static SQL setting
+        except PySparkException as exc:  # a static SQL setting (AnalysisException)
             log.warning("Spark Connect: cannot set %s from the client (%s)", key,
                         str(exc).splitlines()[0])
     add_py_files(spark, s.py_files)

@@ -6,7 +6,6 @@ import hashlib
 import json
 import uuid
 from datetime import datetime
-from json.encoder import encode_basestring_ascii
 from typing import Any, Final
 
 #: Namespace of every id aggbox derives. Never change it: ids would stop matching.
@@ -55,29 +54,11 @@ def _default(value: Any) -> Any:
 #: separators=(",", ":"), default=_default)``.
 _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=_default)
 
-#: The C encoder ``JSONEncoder.encode`` itself builds for a dict (None without CPython's
-#: ``_json``), and the arguments ``JSONEncoder.iterencode`` gives it for ``_CANONICAL``
-#: (after a fresh circular-reference marker dict; ``indent`` is None).
-_c_make_encoder: Any = getattr(json.encoder, "c_make_encoder", None)
-_C_ARGS: Final = (_CANONICAL.default, encode_basestring_ascii if _CANONICAL.ensure_ascii
-                  else json.encoder.encode_basestring, _CANONICAL.indent,
-                  _CANONICAL.key_separator, _CANONICAL.item_separator, _CANONICAL.sort_keys,
-                  _CANONICAL.skipkeys, _CANONICAL.allow_nan)
-if not _CANONICAL.check_circular or _CANONICAL.indent is not None:  # pragma: no cover
-    _c_make_encoder = None
-
 
 def payload_hash(payload: dict[str, Any]) -> str:
     """A short, stable hash of a payload (key order does not matter), kept next to the
     message id in the inbox to flag a reused id with a different payload."""
-    if type(payload) is dict and _c_make_encoder is not None:
-        # Hot path: what ``_CANONICAL.encode`` does for a dict, without its Python layers
-        # (``encode`` → ``iterencode`` builds exactly this C encoder, with a fresh
-        # circular-reference marker dict, and joins its chunks): the same bytes.
-        canon = "".join(_c_make_encoder({}, *_C_ARGS)(payload, 0))
-    else:
-        canon = _CANONICAL.encode(payload)
-    return _blake2b(canon.encode(), digest_size=6).hexdigest()
+    return _blake2b(_CANONICAL.encode(payload).encode(), digest_size=6).hexdigest()
 
 
 _blake2b = hashlib.blake2b

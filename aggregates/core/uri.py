@@ -3,7 +3,9 @@ the pipeline, the dispatcher, the command line) may import it."""
 
 from __future__ import annotations
 
-__all__ = ["redact_uri"]
+import re
+
+__all__ = ["redact_uri", "redact_uris_in"]
 
 
 def redact_uri(uri: str) -> str:
@@ -14,3 +16,12 @@ def redact_uri(uri: str) -> str:
     if not sep or not at or ":" not in userinfo:
         return uri
     return f"{scheme}://{userinfo.partition(':')[0]}:***@{hosts}"
+
+
+#: A URI with user information inside a longer text (an error message quoting one).
+_URI_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://\S*@\S*")
+
+
+def redact_uris_in(text: str) -> str:
+    """``text`` with every URI in it redacted by :func:`redact_uri`."""
+    return _URI_IN_TEXT.sub(lambda m: redact_uri(m.group(0)), text)

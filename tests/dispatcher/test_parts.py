@@ -365,26 +365,25 @@ def test_a_read_returns_what_one_getmore_brought() -> None:
 
     from dispatcher.stream import StreamFollower
 
-    class Cursor:
-        def __init__(self) -> None:
-            self._data: deque[dict[str, Any]] = deque()
-
     class Stream:  # pymongo's AsyncChangeStream, as far as read() looks
         def __init__(self, *batches: list[dict[str, Any]]) -> None:
             self.batches = list(batches)
-            self._cursor = Cursor()
+            self.buffer: deque[dict[str, Any]] = deque()
             self.alive = True
             self.resume_token: dict[str, Any] = {"_data": "s"}
             self.getmores = 0
 
         async def try_next(self) -> dict[str, Any] | None:
-            if not self._cursor._data:
+            if not self.buffer:
                 self.getmores += 1
-                self._cursor._data.extend(self.batches.pop(0) if self.batches else [])
-            if not self._cursor._data:
+                self.buffer.extend(self.batches.pop(0) if self.batches else [])
+            if not self.buffer:
                 return None
-            event = self._cursor._data.popleft()
-            self.resume_token = event["_id"]
+            event = self.buffer.popleft()
+            # The change streams specification: the event's own token while the batch
+            # lasts, the batch's postBatchResumeToken after its last event.
+            self.resume_token = (event["_id"] if self.buffer
+                                 else {"_data": f"pbrt-{self.getmores}"})
             return event
 
     def event(i: int) -> dict[str, Any]:
