@@ -87,6 +87,7 @@ def aggbox(cluster: Cluster, command: str, db: Any, mongo_uri: str, py_file: Pat
            "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.adaptive.enabled=false",
            *args]
     env = spark_env(pythonpath=[])
+    env.pop("AGGBOX_CLUSTER_KILL_RUNS", None)  # a test setting, not an aggbox one
     env["AGGBOX_LOG_FILE"] = str(cluster.workdir / f"aggbox-{uuid.uuid4().hex[:6]}.log")
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=cluster.workdir)
