@@ -1,11 +1,12 @@
-"""``aggbox migrate partitions``: give aggregate documents written before partitions their
-``_p`` (docs/design.md "Document layout", :mod:`aggregates.core.partitions`).
+"""``aggbox migrate partitions``: give aggregate documents without ``_p`` their partition
+(docs/design.md "Document layout", :mod:`aggregates.core.partitions`).
 
 The writer stores ``_p = partition_of(_id)`` when it inserts a document and never changes it.
-Documents inserted by an earlier version have no ``_p``; the dispatcher counts them as
-partition 0 until they are migrated. Moving a document to its partition while entries of its
-outbox may be in flight (read by partition 0's dispatcher, not yet pulled) could publish
-them from two instances at once, so the write is conditional on an empty outbox::
+A document inserted by anything else (a seed script, a restore that dropped the field) has
+no ``_p``; layout 1 counts it as partition 0 until it is migrated. Moving a document to its
+partition while entries of its outbox may be in flight (read by partition 0's dispatcher,
+not yet pulled) could publish them from two instances at once, so the write is conditional
+on an empty outbox::
 
     update_one({_id, _p: {$exists: false}, "outbox.0": {$exists: false}}, {$set: {_p}})
 
@@ -147,11 +148,11 @@ def register_partitions(
     from aggbox.admin import _EPILOG, _Formatter, _store_options
 
     p = sub.add_parser(
-        "partitions", help="give documents of earlier versions their partition _p "
-        "(idempotent)",
+        "partitions", help="give documents without a partition _p theirs (idempotent)",
         epilog=_EPILOG, formatter_class=_Formatter,
-        description="Set the partition field _p on the aggregate documents written before "
-        "partitions existed (the dispatcher counts them as partition 0 until then). A "
+        description="Set the partition field _p on the aggregate documents that have none, "
+        "because something other than the writer inserted them (the dispatcher counts them "
+        "as partition 0 until then). A "
         "document whose outbox still has entries is left pending, so none of its entries "
         "can be published from two partitions: run the command again once the dispatcher "
         "has published them, or pass --wait. Exit status 3 while documents are pending. "

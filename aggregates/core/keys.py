@@ -11,10 +11,7 @@ never give the same key (``"x/y" + "z"`` ≠ ``"x" + "y/z"``). Two encodings are
   ``/``. An encoded part contains no ``/``, so a key splits back into exactly its parts.
 
   A part without ``/`` or ``%`` (and, in ``hw`` keys, ``.``/``$``) encodes to itself, so the
-  ids stay readable (``Order/o-1/m-17``) and every key aggbox wrote before this encoding
-  (parts simply joined with ``/``) is still the right key whenever no part contained
-  ``/`` or ``%``. The others are rewritten by ``aggbox migrate keys``; until then they are
-  read compatibly (see :func:`read_hw` and :class:`aggregates.store.parking.ParkedStore`).
+  ids stay readable (``Order/o-1/m-17``).
 """
 
 from __future__ import annotations
@@ -30,8 +27,6 @@ __all__ = [
     "hw_key",
     "hw_label",
     "join_parts",
-    "legacy_hw_sources",
-    "legacy_path",
     "parked_key",
     "read_hw",
     "split_parts",
@@ -77,11 +72,6 @@ def split_parts(key: str) -> list[str]:
     return [_unescape(p) for p in key.split("/")]
 
 
-def legacy_path(*parts: str) -> str:
-    """How aggbox joined parts before these encodings (ambiguous): plain ``/``."""
-    return "/".join(parts)
-
-
 def parked_key(collection: str, aggregate_id: str, message_id: str) -> str:
     """The ``_id`` of a parked message (``aggbox_parked``)."""
     return join_parts(collection, aggregate_id, message_id)
@@ -101,47 +91,22 @@ def hw_key(source_type: str, source_id: str) -> str:
 
 def decode_hw_key(key: str) -> tuple[str, str] | None:
     """``(source type, source id)`` of an :func:`hw_key`; ``None`` for a key with no or
-    several ``/`` (a legacy key, see :func:`legacy_hw_sources`)."""
+    several ``/`` (not written by :func:`hw_key`)."""
     if key.count("/") != 1:
         return None
     t, i = key.split("/")
     return _unescape(t), _unescape(i)
 
 
-def legacy_hw_sources(key: str) -> list[tuple[str, str]]:
-    """The sources an ``hw`` key written before this encoding may stand for.
-
-    Such a key is ``escape_key(f"{type}/{id}")``: ``/`` inside a type or id was not escaped.
-    With one ``/`` it is exactly :func:`hw_key` of its source; with several, every split is
-    possible (``"x/y/z"``: ``("x", "y/z")`` or ``("x/y", "z")``) — the residual ambiguity of
-    old data. Without any ``/`` it is no high-water key at all: ``[]``."""
-    text = _unescape(key)
-    return [(text[:i], text[i + 1:]) for i, c in enumerate(text) if c == "/"]
-
-
 def read_hw(stored: Mapping[str, Any] | None) -> dict[str, int]:
-    """The ``hw`` map of a stored document, in memory, keyed by :func:`hw_key`.
-
-    A legacy key with several ``/`` (written before this encoding; see
-    :func:`legacy_hw_sources`) is read as a mark for *each* source it may stand for, so no
-    message the old key deduplicated is ever applied again (the conservative choice: a
-    source that never sent anything may find its first seqs reported ``duplicate``, as
-    before). Keys without ``/`` are kept as they are. When a key appears twice (a legacy
-    key and the new one written since), the higher mark wins."""
-    out: dict[str, int] = {}
-    for k, v in (stored or {}).items():
-        key, seq = str(k), int(v)
-        slashes = key.count("/")
-        keys = [key] if slashes <= 1 else [hw_key(t, i) for t, i in legacy_hw_sources(key)]
-        for nk in keys:
-            if seq > out.get(nk, -1):
-                out[nk] = seq
-    return out
+    """The ``hw`` map of a stored document, in memory: :func:`hw_key` → the source's mark."""
+    return {str(k): int(v) for k, v in (stored or {}).items()}
 
 
 def hw_label(key: str) -> str:
     """A stored ``hw`` key for people: ``"<source type>/<source id>"``, the parts decoded but
     for ``/`` and ``%`` (:func:`join_parts`), so the label stays unambiguous
-    (``Tab/pos.1``, ``Shop%2Fx/web``). A legacy key with several ``/`` is shown unescaped."""
+    (``Tab/pos.1``, ``Shop%2Fx/web``). A key :func:`hw_key` did not write is shown
+    unescaped."""
     parts = decode_hw_key(key)
     return join_parts(*parts) if parts else _unescape(key)

@@ -29,8 +29,9 @@ __all__ = ["F_PARTITION", "PARTITIONS", "partition_of"]
 #: Number of partitions of every aggregate collection. Fixed: see the module docstring.
 PARTITIONS: Final = 256
 
-#: The document field holding the partition (absent in documents of earlier versions until
-#: ``aggbox migrate partitions``; the dispatcher counts those as partition 0).
+#: The document field holding the partition (absent in a document something other than the
+#: writer inserted, until ``aggbox migrate partitions``; the dispatcher counts those as
+#: partition 0).
 F_PARTITION: Final = "_p"
 
 

@@ -52,6 +52,7 @@ class Reason(StrEnum):
     # The writer.
     AGGREGATE_BLOCKED = "aggregate_blocked"
     VERSION_CONFLICT_RETRIES_EXHAUSTED = "version_conflict_retries_exhausted"
+    UNKNOWN_DOCUMENT_LAYOUT = "unknown_document_layout"
     # The dispatcher and its publishers.
     MESSAGE_TOO_LARGE = "message_too_large"
     INVALID_TOPIC = "invalid_topic"
@@ -161,8 +162,7 @@ REASON_DOCS: Final[Mapping[Reason, ReasonDoc]] = {
         "new message with a new id. Do not replay."),
     Reason.BEYOND_DEDUP_HORIZON: ReasonDoc(
         _DEAD, "inbox dedup: in neither the inbox nor the inbox archive, not newer than "
-        "`inbox_archive_floor`, and `occurred_at` is older than the dedup horizon (or, in a "
-        "document of aggbox 0.1, not after its `inbox_floor`)",
+        "`inbox_archive_floor`, and `occurred_at` is older than the dedup horizon",
         "It may have been applied before and its record expired: check the audit log "
         "(`trace`). If it is genuinely new, send it again as a new message (new id, current "
         "`occurred_at`) — a replay gets the same verdict. If it happens often, raise the "
@@ -212,6 +212,13 @@ REASON_DOCS: Final[Mapping[Reason, ReasonDoc]] = {
         _PARKED, "other writers kept changing the aggregate (`max_conflict_retries`)",
         "Find the rival writer (two pipelines on one input, speculative tasks); then "
         "`aggbox parked release` or wait for the next message."),
+    Reason.UNKNOWN_DOCUMENT_LAYOUT: ReasonDoc(
+        _DEAD, "the aggregate document carries a layout version `_lv` this aggbox does not "
+        "know — higher than its own (a newer aggbox wrote it) or not a positive integer "
+        "(docs/design.md \"Compatibility\"); the document is neither applied to nor written",
+        "Run the newer aggbox everywhere that writes the collection (writers must be at least "
+        "as new as the newest that wrote it), then replay the dead letters. Never lower `_lv` "
+        "by hand."),
     Reason.MESSAGE_TOO_LARGE: ReasonDoc(
         _DISPATCH_DEAD, "the broker refused the entry's size",
         "See \"Dispatcher dead letters\" in docs/debugging.md; raise the broker's/topic's size "

@@ -25,13 +25,15 @@ from aggregates.fold.document import (
     F_BLOCKED,
     F_HW,
     F_INBOX,
-    F_INBOX_FLOOR,
+    F_LAYOUT_VERSION,
     F_OUTBOX,
     F_SEQ,
     F_STATE,
     F_STATE_VERSION,
     F_VERSION,
+    LAYOUT_VERSION,
     Snapshot,
+    layout_error,
     snapshot_from_document,
 )
 from aggregates.store.parking import ParkedStore
@@ -109,11 +111,6 @@ class AggregateView:
         archive."""
         return _aware(self._doc.get(F_ARCHIVE_FLOOR))
 
-    @property
-    def legacy_inbox_floor(self) -> datetime | None:
-        """A document written by aggbox 0.1: ids evicted up to this time were not archived."""
-        return _aware(self._doc.get(F_INBOX_FLOOR))
-
     def archived(self, message_ids: Sequence[str]) -> dict[str, str | None]:
         """Which of ``message_ids`` this aggregate's inbox archive holds (id → payload
         hash); ``{}`` without an archive (not an inbox aggregate, or not loaded from MongoDB)."""
@@ -168,8 +165,9 @@ class AggregateView:
             facts.insert(0, ("stored", "no document yet (the aggregate does not exist)"))
         if self.atype.dedup.name == "inbox":
             facts.append(("inbox archive floor", fmt_time(self.inbox_floor)))
-            if self.legacy_inbox_floor is not None:
-                facts.append(("inbox floor (aggbox 0.1)", fmt_time(self.legacy_inbox_floor)))
+        unreadable = layout_error(self._doc.get(F_LAYOUT_VERSION, LAYOUT_VERSION))
+        if unreadable is not None:
+            facts.append(("layout (_lv)", f"UNKNOWN: {unreadable}"))
         blocked = self.blocked
         facts.append(("blocked", "no" if blocked is None else
                       f"YES by message {blocked.get('message_id')!r} at "

@@ -30,10 +30,6 @@ F_INBOX: Final = "inbox"
 #: Newest occurred_at ever moved to the inbox archive / an undated id was moved there.
 F_ARCHIVE_FLOOR: Final = "inbox_archive_floor"
 F_ARCHIVE_UNDATED: Final = "inbox_archive_undated"
-#: aggbox 0.1 (before the inbox archive): ids evicted up to this time were forgotten. Read
-#: only, never written; such documents keep working (docs/design.md "Dedup").
-F_INBOX_FLOOR: Final = "inbox_floor"
-F_INBOX_UNDATED: Final = "inbox_undated_evicted"
 F_HW: Final = "hw"
 
 
@@ -59,9 +55,7 @@ class DedupRecord:
 
     ``inbox`` holds ``[message_id, occurred_at, payload_hash]`` entries, newest last.
     ``archive_floor`` / ``archive_undated``: the newest ``occurred_at`` ever moved to the
-    inbox archive / whether an undated entry ever was. ``legacy_floor`` /
-    ``legacy_undated``: the same for entries evicted *without* an archive by aggbox 0.1
-    (documents written before the archive existed; read, never written).
+    inbox archive / whether an undated entry ever was.
 
     ``archived`` is what the archive is known to hold (message id → payload hash) for the
     messages at hand, plus what this process archived itself; ``lookup_floor`` /
@@ -71,8 +65,6 @@ class DedupRecord:
     inbox: list[InboxEntry] = field(default_factory=list)
     archive_floor: datetime | None = None
     archive_undated: bool = False
-    legacy_floor: datetime | None = None
-    legacy_undated: bool = False
     hw: dict[str, int] = field(default_factory=dict)
     archived: dict[str, str | None] = field(default_factory=dict)
     lookup_floor: datetime | None = None
@@ -87,8 +79,7 @@ class DedupRecord:
     def copy(self) -> DedupRecord:
         return DedupRecord(
             inbox=list(self.inbox), archive_floor=self.archive_floor,
-            archive_undated=self.archive_undated, legacy_floor=self.legacy_floor,
-            legacy_undated=self.legacy_undated, hw=dict(self.hw), archived=dict(self.archived),
+            archive_undated=self.archive_undated, hw=dict(self.hw), archived=dict(self.archived),
             lookup_floor=self.lookup_floor, lookup_undated=self.lookup_undated,
             archive_known=self.archive_known,
         )

@@ -116,16 +116,6 @@ class Inbox(DedupStrategy):
                 "beyond_dedup_horizon); if it is new, resend it with a current "
                 "occurred_at, or raise Inbox(horizon=...)",
             )
-        if (t is None and rec.legacy_undated) or (
-                t is not None and rec.legacy_floor is not None and t <= rec.legacy_floor):
-            return Decision(
-                "dead_letter", Reason.BEYOND_DEDUP_HORIZON,
-                f"not in the inbox, and occurred_at {t.isoformat() if t else '(none)'} is "
-                f"not after {rec.legacy_floor.isoformat() if rec.legacy_floor else 'the'} "
-                "floor of ids evicted before the inbox archive existed (a document written "
-                "by aggbox 0.1): it cannot be proven new. If it was applied before, dismiss "
-                "it; if it is new, resend it with a current occurred_at",
-            )
         return APPLY
 
     def record(self, rec: DedupRecord, msg: Message, payload_hash: str) -> None:

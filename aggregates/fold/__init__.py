@@ -25,7 +25,7 @@ from aggregates.core.ids import payload_hash
 from aggregates.core.reasons import Reason
 from aggregates.dedup import source_key
 from aggregates.domain.aggregate import AggregateType
-from aggregates.fold.document import Snapshot
+from aggregates.fold.document import Snapshot, layout_error
 from aggregates.fold.handler_result import entries_size
 from aggregates.fold.ordering import delivery_order
 from aggregates.fold.result import Changes, DeadLetter, FoldResult, Parked
@@ -106,12 +106,16 @@ class _Folder:
             blocked=snap.blocked,
             size_bytes=snap.size_bytes,
             state_version=snap.state_version,
+            layout_version=snap.layout_version,
         )
         self._state0_bytes = len(bson.encode(snap.state)) if snap.state else 0
         #: Set when the stored state cannot be loaded (it does not fit the state type, was
         #: written by a newer state version, or a state migration failed): every message of
         #: this aggregate is then dead-lettered, the batch goes on.
         self.load_error: str | None = None
+        #: Set when the document's layout (``_lv``) is unknown to this aggbox: every message
+        #: of this aggregate is dead-lettered, nothing of the document is read.
+        self.layout_error = layout_error(snap.layout_version)
         try:
             # An older stored state (_sv) is migrated in memory first; the next write
             # stores the new shape and _sv (docs/evolving-schemas.md).
@@ -184,6 +188,9 @@ class _Folder:
     def _admit(self, msg: Message) -> Refusal | str:
         """Whether the handler may see ``msg``: its payload hash if so (``""`` when the
         dedup strategy does not use it), else how it ends."""
+        if self.layout_error is not None:
+            return dead(Reason.UNKNOWN_DOCUMENT_LAYOUT,
+                        f"{self.atype.name}/{msg.aggregate_id}: {self.layout_error}")
         if self.load_error is not None:
             return dead(Reason.INVALID_STATE,
                          f"the stored state of {self.atype.name}/{msg.aggregate_id} cannot be "

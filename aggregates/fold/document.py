@@ -15,8 +15,6 @@ from aggregates.dedup import (
     F_ARCHIVE_UNDATED,
     F_HW,
     F_INBOX,
-    F_INBOX_FLOOR,
-    F_INBOX_UNDATED,
     DedupRecord,
 )
 
@@ -32,6 +30,12 @@ F_SEQ: Final = "_seq"
 F_OUTBOX: Final = "outbox"
 F_BLOCKED: Final = "_blocked"
 F_TYPE: Final = "_type"
+#: The layout version of the whole document (absent: 1), written once, at insert; see
+#: docs/design.md "Compatibility".
+F_LAYOUT_VERSION: Final = "_lv"
+#: The document layout this aggbox reads and writes. A document with a higher ``_lv`` was
+#: written by a newer aggbox: it is neither read nor written (:func:`layout_error`).
+LAYOUT_VERSION: Final = 1
 # The partition (written once, at insert) is defined with its hash, in aggregates.core.partitions,
 # and re-exported here.
 
@@ -50,6 +54,9 @@ class Snapshot:
     size_bytes: int = 0
     #: ``_sv``: the version of the ``state`` shape as stored (1 when the field is absent).
     state_version: int = 1
+    #: ``_lv``: the document layout as stored (1 when the field is absent); see
+    #: :func:`layout_error`.
+    layout_version: int = LAYOUT_VERSION
 
     @property
     def exists(self) -> bool:
@@ -60,6 +67,19 @@ def _aware(value: Any) -> datetime | None:
     if isinstance(value, datetime):
         return value if value.tzinfo else value.replace(tzinfo=UTC)
     return None
+
+
+def layout_error(layout_version: Any) -> str | None:
+    """Why a document of layout ``layout_version`` (its ``_lv``, as stored) cannot be read by
+    this aggbox; ``None`` when it can (1 up to :data:`LAYOUT_VERSION`)."""
+    if type(layout_version) is int and 1 <= layout_version <= LAYOUT_VERSION:
+        return None
+    if type(layout_version) is int and layout_version > LAYOUT_VERSION:
+        return (f"the document has layout version {F_LAYOUT_VERSION}={layout_version}, "
+                f"written by a newer aggbox; this one knows layouts up to {LAYOUT_VERSION}: "
+                "upgrade aggbox")
+    return (f"the document's layout version {F_LAYOUT_VERSION}={layout_version!r} is not "
+            f"a positive integer (this aggbox knows layouts up to {LAYOUT_VERSION})")
 
 
 def snapshot_from_document(doc: Mapping[str, Any] | None, aggregate_id: str) -> Snapshot:
@@ -81,10 +101,6 @@ def snapshot_from_document(doc: Mapping[str, Any] | None, aggregate_id: str) -> 
             inbox=inbox,
             archive_floor=_aware(doc.get(F_ARCHIVE_FLOOR)),
             archive_undated=bool(doc.get(F_ARCHIVE_UNDATED, False)),
-            legacy_floor=_aware(doc.get(F_INBOX_FLOOR)),
-            legacy_undated=bool(doc.get(F_INBOX_UNDATED, False)),
-            # Keys written before aggregates.core.keys (a '/' inside a type or id unescaped) are
-            # read compatibly: see read_hw.
             hw=read_hw(doc.get(F_HW)),
         ),
         seq=int(doc.get(F_SEQ, 0)),
@@ -94,9 +110,12 @@ def snapshot_from_document(doc: Mapping[str, Any] | None, aggregate_id: str) -> 
         # Kept as stored (checked when the fold loads the state: a bad value is an
         # invalid_state, not a crash here).
         state_version=doc.get(F_STATE_VERSION, 1),
+        # Kept as stored too: the fold refuses the document's messages (layout_error).
+        layout_version=doc.get(F_LAYOUT_VERSION, LAYOUT_VERSION),
     )
 
 
 __all__ = ["F_ARCHIVE_FLOOR", "F_ARCHIVE_UNDATED", "F_BLOCKED", "F_HW", "F_ID", "F_INBOX",
-           "F_INBOX_FLOOR", "F_INBOX_UNDATED", "F_OUTBOX", "F_PARTITION", "F_SEQ", "F_STATE",
-           "F_STATE_VERSION", "F_TYPE", "F_VERSION", "Snapshot", "snapshot_from_document"]
+           "F_LAYOUT_VERSION", "F_OUTBOX", "F_PARTITION", "F_SEQ", "F_STATE", "F_STATE_VERSION",
+           "F_TYPE", "F_VERSION", "LAYOUT_VERSION", "Snapshot", "layout_error",
+           "snapshot_from_document"]

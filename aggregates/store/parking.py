@@ -13,7 +13,7 @@ from pymongo import ASCENDING, DeleteOne, UpdateOne
 from pymongo.database import Database
 
 from aggregates.core.bulk import upsert_all
-from aggregates.core.keys import legacy_path, parked_key
+from aggregates.core.keys import parked_key
 from aggregates.fold import Parked
 from aggregates.message.envelope import Message
 
@@ -38,26 +38,12 @@ class ParkedStore:
         out: dict[str, list[Parked]] = defaultdict(list)
         if not aggregate_ids:
             return out
-        # A message parked before aggregates.core.keys under an ambiguous id (a part with '/' or
-        # '%', not yet rewritten by `aggbox migrate keys`) and parked again since has two
-        # documents: it is loaded once, preferring the current id.
-        seen: dict[tuple[str, str], tuple[bool, int]] = {}
         for doc in self.coll.find(
             {"collection": collection, "aggregate_id": {"$in": list(aggregate_ids)}}
         ):
-            aid = doc["aggregate_id"]
-            p = Parked(Message.from_dict(doc["message"], max_payload_bytes=0), doc["reason"],
-                       doc.get("detail"))
-            current = doc["_id"] == parked_id(collection, aid, p.message.message_id)
-            key = (aid, p.message.message_id)
-            if key in seen:
-                was_current, i = seen[key]
-                if current and not was_current:
-                    out[aid][i] = p
-                    seen[key] = (True, i)
-                continue
-            seen[key] = (current, len(out[aid]))
-            out[aid].append(p)
+            out[doc["aggregate_id"]].append(
+                Parked(Message.from_dict(doc["message"], max_payload_bytes=0), doc["reason"],
+                       doc.get("detail")))
         return out
 
     def apply(
@@ -94,10 +80,6 @@ class ParkedStore:
             )
         for aid, mid in released:
             ops.append(DeleteOne({"_id": parked_id(collection, aid, mid)}))
-            legacy = legacy_path(collection, aid, mid)
-            if legacy != parked_id(collection, aid, mid):  # parked before aggregates.core.keys
-                ops.append(DeleteOne({"_id": legacy, "collection": collection,
-                                      "aggregate_id": aid, "message_id": mid}))
         if ops:
             upsert_all(self.coll, ops)
 

@@ -10,6 +10,7 @@ from aggregates.core.partitions import partition_of
 from aggregates.domain.aggregate import AggregateType
 from aggregates.fold.document import (
     F_BLOCKED,
+    F_LAYOUT_VERSION,
     F_OUTBOX,
     F_PARTITION,
     F_SEQ,
@@ -17,6 +18,7 @@ from aggregates.fold.document import (
     F_STATE_VERSION,
     F_TYPE,
     F_VERSION,
+    LAYOUT_VERSION,
     Snapshot,
 )
 from aggregates.fold.result import Changes
@@ -41,9 +43,11 @@ def build_update(atype: AggregateType[Any], snap: Snapshot, ch: Changes) -> Upda
     set_.update(ch.dedup.set)
     update: dict[str, Any] = {"$inc": {F_VERSION: 1}}
     if not snap.exists:
-        # Written once: the partition never changes (docs/design.md "Document layout").
+        # Written once: the partition and the layout version never change (docs/design.md
+        # "Document layout", "Compatibility").
         update["$setOnInsert"] = {F_TYPE: atype.name,
-                                  F_PARTITION: partition_of(snap.aggregate_id)}
+                                  F_PARTITION: partition_of(snap.aggregate_id),
+                                  F_LAYOUT_VERSION: LAYOUT_VERSION}
     if set_:
         update["$set"] = set_
     push: dict[str, Any] = {}

@@ -159,7 +159,7 @@ class StoreContract:
         w.process([msg("u1", 1, atype="Small", at=None), msg("d1", 1, atype="Small"),
                    msg("d2", 1, atype="Small", at="2026-01-01T00:00:05Z")])
         doc = store_db.smalls.find_one()
-        assert "inbox_floor" not in doc and doc["inbox_archive_undated"] is True
+        assert doc["inbox_archive_undated"] is True
         entry = store_db.smalls_inbox_archive.find_one({"a": "a1", "m": "u1"})
         assert entry is not None and "x" not in entry  # no horizon for undated ids
         out = w.process([msg("d3", 1, atype="Small", at="2026-01-01T00:00:01Z"),
@@ -167,33 +167,21 @@ class StoreContract:
                          msg("u2", 1, atype="Small", at=None)])
         assert kinds(out) == ["applied", "duplicate", "applied"]
 
-    def test_documents_of_aggbox_0_1_keep_working(self, store_db: Any) -> None:
-        small = make_counter("Small", window=2)
-        t = datetime(2026, 1, 1, tzinfo=UTC)
-        store_db.smalls.insert_one({
-            "_id": "a1", "_v": 4, "_type": "Small", "_seq": 0,
-            "state": {"total": 4, "items": [1, 1, 1, 1]},
-            "inbox": [["m2", t.replace(second=2), None], ["m3", t.replace(second=3), None]],
-            "inbox_floor": t.replace(second=1), "inbox_undated_evicted": True,
-        })
-        w = writer(store_db, Registry([small]))
-        out = w.process([
-            msg("m3", 1, atype="Small", at="2026-01-01T00:00:03Z"),  # in the inbox
-            msg("m0", 1, atype="Small", at="2026-01-01T00:00:00Z"),  # evicted unarchived
-            msg("ux", 1, atype="Small", at=None),                    # undated: unprovable
-            msg("m4", 1, atype="Small", at="2026-01-01T00:00:04Z"),  # new
-        ])
+    def test_a_document_of_an_unknown_layout_is_refused_untouched(self, store_db: Any
+                                                                  ) -> None:
+        w = writer(store_db, Registry([make_counter("Small", window=2)]))
+        assert kinds(w.process([msg("m1", 1, atype="Small")])) == ["applied"]
+        assert store_db.smalls.find_one()["_lv"] == 1  # written at insert
+        store_db.smalls.update_one({"_id": "a1"}, {"$set": {"_lv": 2}})  # a newer aggbox
+        before = store_db.smalls.find_one()
+        out = w.process([msg("m2", 1, atype="Small")])
         assert [(o.outcome, o.reason) for o in out] == [
-            ("duplicate", None), ("dead_lettered", Reason.BEYOND_DEDUP_HORIZON),
-            ("dead_lettered", Reason.BEYOND_DEDUP_HORIZON), ("applied", None)]
-        assert "aggbox 0.1" in (out[1].detail or "")
-        doc = store_db.smalls.find_one()
-        assert doc["state"]["total"] == 5
-        assert doc["inbox_floor"].replace(tzinfo=UTC) == t.replace(second=1)  # untouched
-        w.process([msg("m5", 1, atype="Small", at="2026-01-01T00:00:05Z")])
-        assert store_db.smalls_inbox_archive.find_one({"a": "a1", "m": "m2"})
-        assert kinds(w.process([msg("m2", 1, atype="Small", at="2026-01-01T00:00:02Z")])) \
-            == ["duplicate"]
+            ("dead_lettered", Reason.UNKNOWN_DOCUMENT_LAYOUT)]
+        assert "_lv=2" in (out[0].detail or "") and "newer aggbox" in (out[0].detail or "")
+        assert store_db.smalls.find_one() == before
+        store_db.smalls.update_one({"_id": "a1"}, {"$unset": {"_lv": ""}})  # absent: 1
+        assert kinds(w.process([msg("m3", 1, atype="Small")])) == ["applied"]
+        assert "_lv" not in store_db.smalls.find_one()  # never rewritten after the insert
 
     def test_archive_has_a_ttl_index(self, store_db: Any) -> None:
         writer(store_db, Registry([make_counter("Small", window=2)]))

@@ -1,20 +1,16 @@
 """Keys derived from user strings are unambiguous (``aggregates/core/keys.py``): the encoders as
-properties, the collisions they fixed through the store writer, the dead-letter identity of
-raw input lines, and ``aggbox migrate keys`` on stored data of the old format."""
+properties, the collisions they fixed through the store writer and the dead-letter identity of
+raw input lines."""
 
 from __future__ import annotations
 
-import json
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aggbox.migrate import MOVED, migrate_keys
 from aggregates import AggboxSettings
-from aggregates.core.fieldnames import escape_key
 from aggregates.core.ids import raw_message_id
 from aggregates.core.keys import (
     archive_key,
@@ -22,9 +18,7 @@ from aggregates.core.keys import (
     decode_hw_key,
     hw_key,
     hw_label,
-    legacy_path,
     parked_key,
-    read_hw,
     split_parts,
 )
 from aggregates.core.reasons import Reason
@@ -76,25 +70,6 @@ def test_hw_keys_are_unambiguous_safe_field_names_and_decode(a: tuple[str, str],
     assert decode_hw_key(key) == a
     assert split_parts(hw_label(key)) == list(a)  # readable and still unambiguous
     assert (hw_label(hw_key(*a)) == hw_label(hw_key(*b))) == (a == b)
-
-
-@FAST
-@given(parts=TRIPLE)
-def test_keys_without_slash_or_percent_are_the_old_ones(parts: tuple[str, str, str]) -> None:
-    """Stored data whose parts had no '/' or '%' needs no migration."""
-    if not any("/" in p or "%" in p for p in parts):
-        assert parked_key(*parts) == legacy_path(*parts) == dead_letter_key(*parts)
-    t, i = parts[:2]
-    if "/" not in t + i and "\x00" not in t + i:
-        old = escape_key(f"{t}/{i}")  # how hw keys were written
-        assert hw_key(t, i) == old and read_hw({old: 4}) == {old: 4}
-
-
-def test_legacy_hw_key_with_several_slashes_marks_every_possible_source() -> None:
-    old = escape_key("Shop/x/w.eb")
-    assert read_hw({old: 5, hw_key("Shop/x", "w.eb"): 7}) == {
-        hw_key("Shop", "x/w.eb"): 5, hw_key("Shop/x", "w.eb"): 7}
-    assert decode_hw_key(old) is None and hw_label(old) == "Shop/x/w.eb"
 
 
 # -- the collisions, through the writer ---------------------------------------------------------
@@ -186,148 +161,3 @@ def test_an_explicit_message_id_wins_and_other_raw_values_keep_none(mdb: Any) ->
     corrupt = mdb.aggbox_dead_letters.find_one({"reason": "invalid_outbox_entry"})
     assert corrupt["message_id"] is None
     assert corrupt["_id"] == raw_message_id(repr({"id": "corrupt"}))
-
-
-# -- the migration (local server) ---------------------------------------------------------------
-T0 = datetime(2026, 1, 1, tzinfo=UTC)
-
-
-def old_dead_letter(mid: str, agg: str, *, attempts: int = 1, atype: str = "Counter"
-                    ) -> dict[str, Any]:
-    m = msg(mid, 1, agg=agg, atype=atype, mtype="Boom")
-    return {"_id": legacy_path(atype, agg, mid), "message_id": mid, "aggregate_type": atype,
-            "aggregate_id": agg, "message": m.to_dict(), "raw": None,
-            "reason": Reason.HANDLER_ERROR,
-            "status": "open", "attempts": attempts, "first_seen": T0, "last_seen": T0}
-
-
-def old_raw_letter(line: str) -> dict[str, Any]:
-    return {"_id": raw_message_id(repr(line)), "message_id": None, "message": None, "raw": line,
-            "reason": Reason.INVALID_ENVELOPE, "status": "open", "attempts": 1, "first_seen": T0,
-            "last_seen": T0}
-
-
-def old_parked(mid: str, agg: str, seq: int) -> dict[str, Any]:
-    m = msg(mid, seq, agg=agg, atype="Seq", source=("Up", "u", seq))
-    return {"_id": legacy_path("seqs", agg, mid), "collection": "seqs", "aggregate_type": "Seq",
-            "aggregate_id": agg, "message_id": mid, "message": m.to_dict(),
-            "reason": Reason.SEQUENCE_GAP, "detail": "gap", "parked_at": T0, "last_seen": T0,
-            "attempts": 1}
-
-
-def seed_old_data(db: Any) -> None:
-    db.aggbox_dead_letters.insert_many([
-        old_dead_letter("z", "x/y", attempts=2),     # re-keyed
-        old_dead_letter("m1", "o-1"),                # unchanged
-        old_dead_letter("p%1", "o-2"),               # re-keyed: '%' is escaped now
-        old_raw_letter('{"message_id": "r-1", "type": 1}'),
-        old_raw_letter("{not json"),
-        {**old_raw_letter("x" * 10 + "… (99 chars, truncated)"), "_id": "raw:feedface"},
-    ])
-    # A dead letter written again after the upgrade, before the migration: merged.
-    db.aggbox_dead_letters.insert_one({**old_dead_letter("p%1", "o-2", attempts=3),
-                                       "_id": dead_letter_key("Counter", "o-2", "p%1"),
-                                       "first_seen": T0 + timedelta(days=1),
-                                       "last_seen": T0 + timedelta(days=2)})
-    db.aggbox_parked.insert_many([old_parked("z", "x/y", 2), old_parked("m2", "plain", 2)])
-    db.monos.insert_one({"_id": "a1", "_v": 4, "state": {"total": 1, "items": [1]},
-                         "hw": {escape_key("Shop/x/w.eb"): 5, "Up/u1": 2}})
-
-
-@pytest.mark.mongo
-def test_migrate_keys_rewrites_old_keys_idempotently(db: Any) -> None:
-    seed_old_data(db)
-    before = sorted(map(str, db.aggbox_dead_letters.find()))
-
-    dry = migrate_keys(db, collections=["monos"], dry_run=True)
-    assert sorted(map(str, db.aggbox_dead_letters.find())) == before  # nothing changed
-    res = migrate_keys(db, collections=["monos"])
-    assert {**dry.as_dict(), "dry_run": False} == res.as_dict()
-    assert (res.dead_letters, res.raw_dead_letters, res.raw_left, res.parked, res.merged) == \
-        (2, 2, 1, 1, 1)
-    assert (res.hw_documents, res.hw_legacy_keys, res.hw_conflicts) == (1, 1, 0)
-
-    letters = {d["_id"]: d for d in db.aggbox_dead_letters.find()}
-    assert sorted(letters) == sorted([
-        "Counter/x%2Fy/z", "Counter/o-1/m1", "Counter/o-2/p%251", "raw:feedface",
-        raw_message_id('{"message_id": "r-1", "type": 1}'), raw_message_id("{not json")])
-    assert letters["Counter/x%2Fy/z"]["attempts"] == 2
-    merged = letters["Counter/o-2/p%251"]
-    assert merged["attempts"] == 4 and merged[MOVED] == ["Counter/o-2/p%1"]
-    assert merged["first_seen"].replace(tzinfo=UTC) == T0
-    assert merged["last_seen"].replace(tzinfo=UTC) == T0 + timedelta(days=2)
-    store = DeadLetterStore(db)
-    for line, mid in [('{"message_id": "r-1", "type": 1}', "r-1"), ("{not json", None)]:
-        [doc] = store.get([outcome_id(line, mid)])
-        assert doc["raw"] == line and doc["_id"] == raw_message_id(line)
-
-    assert sorted(d["_id"] for d in db.aggbox_parked.find()) == ["seqs/plain/m2",
-                                                                 "seqs/x%2Fy/z"]
-    doc = db.monos.find_one({"_id": "a1"})
-    assert doc["hw"] == {"Up/u1": 2, hw_key("Shop", "x/w.eb"): 5, hw_key("Shop/x", "w.eb"): 5}
-    assert doc["_v"] == 5
-
-    # Idempotent: a second run finds nothing to do and changes nothing.
-    snapshot = {c: sorted(map(str, db[c].find())) for c in
-                ("aggbox_dead_letters", "aggbox_parked", "monos")}
-    again = migrate_keys(db, collections=["monos"])
-    assert (again.dead_letters, again.raw_dead_letters, again.parked, again.merged,
-            again.hw_documents) == (0, 0, 0, 0, 0)
-    assert snapshot == {c: sorted(map(str, db[c].find())) for c in snapshot}
-
-    # The writer carries on with the migrated data: the parked message is released once.
-    out = writer(db).process([msg("s1", 1, agg="x/y", atype="Seq", source=("Up", "u", 1))])
-    assert sorted((o.message_id, o.outcome) for o in out) == [("s1", "applied"),
-                                                              ("z", "applied")]
-    assert db.aggbox_parked.count_documents({"aggregate_id": "x/y"}) == 0
-
-
-@pytest.mark.mongo
-def test_migrate_keys_resumes_after_an_interrupted_move(db: Any) -> None:
-    # Interrupted after the copy, before the delete: attempts are not added twice.
-    old = old_dead_letter("z", "x/y", attempts=2)
-    new_id = dead_letter_key("Counter", "x/y", "z")
-    db.aggbox_dead_letters.insert_many([old, {**old, "_id": new_id, MOVED: [old["_id"]]}])
-    migrate_keys(db)
-    [doc] = db.aggbox_dead_letters.find()
-    assert doc["_id"] == new_id and doc["attempts"] == 2
-
-
-@pytest.mark.mongo
-def test_unmigrated_data_is_read_compatibly(db: Any) -> None:
-    """Before `aggbox migrate keys` runs: old hw keys still deduplicate (conservatively),
-    an old parked document is released and deleted."""
-    seed_old_data(db)
-    w = writer(db)
-    out = w.process([msg("h1", 1, atype="Mono", source=("Shop/x", "w.eb", 5)),
-                     msg("h2", 1, atype="Mono", source=("Shop", "x/w.eb", 5)),
-                     msg("h3", 1, atype="Mono", source=("Up", "u1", 2)),
-                     msg("h4", 1, atype="Mono", source=("Shop/x", "w.eb", 6))])
-    assert kinds(out) == ["duplicate", "duplicate", "duplicate", "applied"]
-    out = w.process([msg("s1", 1, agg="x/y", atype="Seq", source=("Up", "u", 1))])
-    assert sorted((o.message_id, o.outcome) for o in out) == [("s1", "applied"),
-                                                              ("z", "applied")]
-    assert db.aggbox_parked.count_documents({"aggregate_id": "x/y"}) == 0
-
-
-# -- the command --------------------------------------------------------------------------------
-
-
-@pytest.mark.mongo
-def test_aggbox_migrate_keys_command(db: Any, cli: Run) -> None:
-    seed_old_data(db)
-    rc, out, _ = cli("migrate", "keys", "--collection", "monos", "--dry-run")
-    assert rc == 0 and "dry run: nothing changed" in out and "would be re-keyed: 2" in out
-    assert db.aggbox_parked.find_one({"_id": "seqs/x/y/z"}) is not None
-    rc, out, _ = cli("migrate", "keys", "--collection", "monos", "--json")
-    counts = json.loads(out)
-    assert rc == 0 and counts["dead_letters"] == 2 and counts["parked"] == 1
-    assert counts["hw_legacy_keys"] == 1
-    rc, out, _ = cli("migrate", "keys")
-    assert rc == 0 and "re-keyed: 0 of messages" in out and "hw maps not checked" in out
-    # The dead letter of a raw line is shown by the id its outcome reported.
-    line = '{"message_id": "r-1", "type": 1}'
-    rc, out, _ = cli("deadletters", "show", "r-1")
-    assert rc == 0 and line in out
-    rc, out, _ = cli("deadletters", "show", raw_message_id("{not json"))
-    assert rc == 0 and "{not json" in out
