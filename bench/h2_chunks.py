@@ -30,6 +30,7 @@ aggbox's launcher does for every request. Printed: full scans, ``MVStoreExceptio
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -39,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from pymongo import MongoClient
-from pymongo.errors import PyMongoError
+from pymongo.errors import AutoReconnect, PyMongoError
 
 from aggbox.servers import _process, maven
 
@@ -201,6 +202,7 @@ class Load:
         self.read_latencies: list[float] = []
         self.events = 0
         self.client_errors: list[str] = []
+        self.stalls = 0  # operations cut off by the client (pool cleared: the server stalled)
 
     def _error(self, where: str, exc: BaseException) -> None:
         with self.lock:
@@ -215,10 +217,14 @@ class Load:
         try:
             while not self.stop.is_set():
                 docs = [{"_id": f"w{index}-{n + i}", "v": 1, "pad": payload} for i in range(100)]
-                coll.insert_many(docs, ordered=False)
-                for i in range(0, 100, 10):
-                    coll.update_one({"_id": f"w{index}-{n + i}"},
-                                    {"$set": {"v": 2, "outbox": [{"id": f"o{index}-{n + i}"}]}})
+                try:
+                    coll.insert_many(docs, ordered=False)
+                    for i in range(0, 100, 10):
+                        coll.update_one({"_id": f"w{index}-{n + i}"},
+                                        {"$set": {"v": 2, "outbox": [{"id": f"o{index}-{n + i}"}]}})
+                except AutoReconnect:
+                    with self.lock:
+                        self.stalls += 1
                 n += 100
                 with self.lock:
                     self.inserted += 100
@@ -257,8 +263,12 @@ class Load:
         coll = client.bench.docs
         try:
             while not self.stop.is_set():
-                for _doc in coll.find({"outbox": {"$exists": True}}, batch_size=1000):
-                    pass
+                try:
+                    for _doc in coll.find({"outbox": {"$exists": True}}, batch_size=1000):
+                        pass
+                except AutoReconnect:
+                    with self.lock:
+                        self.stalls += 1
                 self.stop.wait(5)
         except PyMongoError as exc:
             self._error("sweep", exc)
@@ -299,10 +309,15 @@ def main(argv: list[str] | None = None) -> int:
                 load.stop.wait(15)
                 log_text = log_path.read_text(errors="replace")
                 storage_errors = log_text.count("MVStoreException")
-                if args.stock:
-                    entries = admin.local["oplog.rs"].estimated_document_count()
-                else:
-                    entries = admin.admin.command("aggboxOplogStats")["entries"]
+                try:
+                    if args.stock:
+                        entries = admin.local["oplog.rs"].estimated_document_count()
+                    else:
+                        entries = admin.admin.command("aggboxOplogStats")["entries"]
+                except AutoReconnect:
+                    entries = -1  # the server stalled past pymongo's heartbeat: not counted
+                    with load.lock:
+                        load.stalls += 1
                 with load.lock:
                     lat, load.read_latencies = load.read_latencies, []
                     inserted, events = load.inserted, load.events
@@ -330,8 +345,11 @@ def main(argv: list[str] | None = None) -> int:
             for line in lines[:5]:
                 print("  " + line[:300])
         print(f"result: {storage_errors} storage errors in the server log, "
-              f"{len(load.client_errors)} client errors, after "
+              f"{len(load.client_errors)} client errors, {load.stalls} operations cut off "
+              f"by a stall (pymongo AutoReconnect, retried), after "
               f"{time.monotonic() - began:.0f} s")
+        if os.environ.get("H2_CHUNKS_KEEP_LOG"):
+            Path(os.environ["H2_CHUNKS_KEEP_LOG"]).write_bytes(log_path.read_bytes())
     return 0
 
 
