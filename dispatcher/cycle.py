@@ -24,21 +24,18 @@ from typing import Any
 
 from pymongo import UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
-from pymongo.errors import PyMongoError
 
-from aggregates.core.backoff import Backoff
 from aggregates.core.reasons import Reason
-from aggregates.core.storeerrors import is_fatal
 from aggregates.fold import DeadLetter
 from aggregates.fold.document import F_OUTBOX, F_TYPE
 from aggregates.store.deadletters import dead_letter_update
-from dispatcher.errors import describe_store_error
 from dispatcher.faults import Faults
 from dispatcher.inflight import InFlight
 from dispatcher.metrics import Metrics
 from dispatcher.publishers.base import Publisher, PublishResult
+from dispatcher.pull import pull_entries
 from dispatcher.record import H_FENCE, InvalidEntry, OutboundRecord, build_record
-from dispatcher.timing import REAL_TIME, Timing, pause
+from dispatcher.timing import REAL_TIME, Timing
 from dispatcher.tracing import publish_spans
 
 __all__ = ["INVALID_OUTBOX_ENTRY", "Cycle", "CycleResult"]
@@ -47,8 +44,6 @@ log = logging.getLogger("aggbox.dispatcher")
 
 #: Dead-letter reason of an entry that cannot form a valid envelope.
 INVALID_OUTBOX_ENTRY = Reason.INVALID_OUTBOX_ENTRY
-
-_PULL_ATTEMPTS = 6
 
 
 @dataclass(slots=True)
@@ -314,8 +309,10 @@ class Cycle:
                         published: int) -> None:
         pulls = self._still_fenced(pulls)
         try:
-            await self._pull([(d.key, done + d.stale) for d, done, _ in pulls
-                              if done or d.stale])
+            await pull_entries(self.coll, [(d.key, done + d.stale) for d, done, _ in pulls
+                                            if done or d.stale],
+                               initial_s=self.backoff_initial_s,
+                               max_s=self.backoff_max_s, timing=self.timing)
         except BaseException:
             self._release(pulls)
             raise
@@ -380,25 +377,3 @@ class Cycle:
     async def _write_letters(self, letters: list[DeadLetter], now: datetime) -> None:
         ops = [UpdateOne(*dead_letter_update(dl, now=now), upsert=True) for dl in letters]
         await self.dead_letters.bulk_write(ops, ordered=False)
-
-    async def _pull(self, pulls: list[tuple[Any, list[str]]]) -> None:
-        """``$pull`` exactly these ids per document; never touches ``_v``. Retried a few
-        times: the entries were published, failing here means publishing them again."""
-        if not pulls:
-            return
-        ops = [UpdateOne({"_id": key}, {"$pull": {F_OUTBOX: {"id": {"$in": ids}}}})
-               for key, ids in pulls]
-        backoff = Backoff(self.backoff_initial_s, self.backoff_max_s, random=self.timing.random)
-        while True:
-            try:
-                await self.coll.bulk_write(ops, ordered=False)
-                return
-            except PyMongoError as exc:
-                if is_fatal(exc) or backoff.attempt + 1 >= _PULL_ATTEMPTS:
-                    raise
-                delay = backoff.next()
-                log.warning("pull from %s failed (%s); retrying in %.2fs", self.collection,
-                            describe_store_error(exc), delay,
-                            extra={"collection": self.collection})
-                await pause(self.timing, delay)
-

@@ -40,7 +40,6 @@ from pymongo.errors import PyMongoError
 
 from aggregates.core.errors import AggboxError, ConfigurationError
 from aggregates.core.settings import AggboxSettings
-from aggregates.domain.aggregate import Registry
 from aggregates.domain.effects import Effects
 from dispatcher.effects.guard import EffectGuard, FleetEffects
 from dispatcher.errors import (
@@ -57,6 +56,7 @@ from dispatcher.publishers import Publisher, create_publisher
 from dispatcher.record import check_template
 from dispatcher.settings import DispatcherSettings
 from dispatcher.timing import REAL_TIME, Timing
+from dispatcher.wiring import check_replies, effect_router, load_effects, resolve_collections
 from dispatcher.worker import CollectionWorker
 
 __all__ = ["Dispatcher", "FatalStoreError", "NeverReached", "OnceGaveUp", "check_replies",
@@ -72,48 +72,6 @@ class OnceGaveUp(AggboxError):
 class NeverReached(OnceGaveUp):
     """``--once`` stopped because MongoDB or the broker was never reached since start (no
     point waiting ``once_timeout_s``). ``str()`` is the one line for the operator."""
-
-
-def resolve_collections(settings: DispatcherSettings) -> list[tuple[str, str | None]]:
-    """``(collection, aggregate type name or None)`` for every collection to dispatch."""
-    from aggregates.domain.aggregate import Registry
-
-    types: dict[str, str] = {}
-    if settings.aggregates:
-        for atype in Registry.from_module(settings.aggregates):
-            types.setdefault(atype.collection, atype.name)
-    names = list(settings.collections) or list(types)
-    if not names:
-        raise ConfigurationError(
-            "no collections to dispatch: set `collections` (--collection, "
-            "AGGBOX_DISPATCHER_COLLECTIONS) or `aggregates` (--aggregates)"
-        )
-    if len(set(names)) != len(names):
-        raise ConfigurationError(f"collections listed twice: {names}")
-    return [(n, types.get(n)) for n in names]
-
-
-def load_effects(settings: DispatcherSettings) -> Effects:
-    """The effects of the ``aggregates`` module plus the built-ins of ``settings.effects``."""
-    found = Effects.from_module(settings.aggregates) if settings.aggregates else Effects()
-    if settings.effects:
-        from dispatcher.effects.builtin import builtin_effects
-
-        found = found.merged(builtin_effects(settings.effects))
-    return found
-
-
-def check_replies(effects: Effects, registry: Registry) -> None:
-    """Every effect's result messages must have a handler in some aggregate type, or each
-    result would be dead-lettered (``unknown_message_type``)."""
-    handled = {t for atype in registry for t in atype.message_types}
-    for e in effects:
-        missing = [t for t in (e.on_success, e.on_failure) if t not in handled]
-        if missing:
-            raise ConfigurationError(
-                f"effect {e.type}: no aggregate type handles {' or '.join(missing)}; add a "
-                "handler for its result messages to the aggregate type that emits "
-                f"{e.type} (registered types: {registry.names})")
 
 
 class Dispatcher:
@@ -381,39 +339,10 @@ class Dispatcher:
 
     async def _effect_router(self, db: Any) -> Publisher:
         """The publisher wrapped so that effect entries are executed (dispatcher.effects)."""
-        from pymongo import MongoClient
-
-        from aggregates.domain.aggregate import Registry
-        from aggregates.store.writer import StoreWriter
-        from dispatcher.effects.attempts import Attempts
-        from dispatcher.effects.router import EffectRouter
-        from dispatcher.effects.runner import EffectRunner
-
-        if not self.settings.aggregates:
-            raise ConfigurationError(
-                "effects need the aggregate types their results are applied to: set "
-                "`aggregates` (--aggregates MODULE)")
-        registry = Registry.from_module(self.settings.aggregates)
-        check_replies(self.effects, registry)
-        uri = self.store.mongodb_uri
-        if not uri:
-            raise ConfigurationError(
-                "effects need mongodb_uri (--mongodb-uri, AGGBOX_MONGODB_URI) for the store "
-                "writer that applies their results")
-        self._sync_client = MongoClient(uri, tz_aware=True, appname="aggbox-effects")
-        writer = StoreWriter(self._sync_client[self.store.database], registry,
-                             settings=self.store.model_copy(update={"pipeline_depth": 1}))
-
-        async def reply(messages: list[Any]) -> list[Any]:
-            return await asyncio.to_thread(writer.process, messages)
-
-        attempts = Attempts(db, collection=self.settings.effect_collection)
-        await attempts.ensure_indexes()
-        runner = EffectRunner(attempts, reply, metrics=self.metrics, faults=self.faults)
-        log.info("effects executed by this dispatcher: %s",
-                 ", ".join(f"{e.type} ({e.kind}, {e.guarantee})" for e in self.effects))
-        return EffectRouter(self.publisher, runner, self.effects,
-                            concurrency=self.settings.effect_concurrency)
+        router, self._sync_client = await effect_router(
+            db, self.publisher, self.effects, settings=self.settings, store=self.store,
+            metrics=self.metrics, faults=self.faults)
+        return router
 
     async def _close(self) -> None:
         if self.metrics_server is not None:

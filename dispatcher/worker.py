@@ -12,6 +12,7 @@ The worker only decides *what* to do next; each part is its own object, testable
 - :class:`~dispatcher.retries.Retries` — backoff (:mod:`aggregates.core.backoff`) and the
   documents kept for a retry;
 - :class:`~dispatcher.cycle.Cycle` — publishing, dead letters, ``$pull``;
+- :class:`~dispatcher.outcomes.Outcomes` — counts, backoff and one line per failure;
 - :func:`~dispatcher.backlog.measure_backlog` — the backlog gauges.
 
 Mode choice: ``auto`` opens a change stream and falls back to polling when the server has
@@ -32,7 +33,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from pymongo.asynchronous.database import AsyncDatabase
@@ -42,18 +42,17 @@ from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TYPE
 from aggregates.wire.fence import fence_scope
 from dispatcher.backlog import measure_backlog
 from dispatcher.balancer import Balancer
-from dispatcher.cycle import Cycle, CycleResult
+from dispatcher.cycle import Cycle
 from dispatcher.effects.guard import FleetEffects
 from dispatcher.errors import (
     FatalStoreError,
-    RateLimitedLog,
     check_fatal,
-    describe_store_error,
     one_line,
 )
 from dispatcher.faults import Faults
 from dispatcher.inflight import InFlight
 from dispatcher.metrics import Health, Metrics
+from dispatcher.outcomes import LeaseLost, Outcomes, WorkerStats
 from dispatcher.partlease import PartitionLeases
 from dispatcher.publishers.base import Publisher
 from dispatcher.retries import Retries
@@ -67,22 +66,6 @@ from dispatcher.timing import REAL_TIME, Timing, pause
 __all__ = ["CollectionWorker", "WorkerStats"]
 
 log = logging.getLogger("aggbox.dispatcher")
-
-
-@dataclass(slots=True)
-class WorkerStats:
-    published: int = 0
-    dead_lettered: int = 0
-    stale: int = 0
-    sweeps: int = 0
-    stream_restarts: int = 0
-    stream_invalidations: int = 0
-    backoffs: int = 0
-    activations: int = 0
-
-
-class _LeaseLost(Exception):
-    pass
 
 
 class CollectionWorker:
@@ -109,7 +92,7 @@ class CollectionWorker:
         self.balancer = Balancer(self.leases, name=collection, interval_s=s.renew_interval_s,
                                  health=health, metrics=metrics, stop=stop, timing=timing,
                                  on_contact=self._contact, on_error=self._note_error,
-                                 published=lambda: self._counts.published,
+                                 published=lambda: self.outcomes.counts.published,
                                  publishing=lambda: self.selection.partitions,
                                  on_members=self._on_members if fleet else None)
         #: the partitions published in the current activation (empty while standby)
@@ -138,21 +121,26 @@ class CollectionWorker:
             request_sweep=self.sweeps.request, publish=self._publish_streamed,
             retry_pending=lambda: self.retries.pending, on_contact=self._contact,
             drain=self.cycle.drain)
-        self._counts = WorkerStats()
         self.mode: str = "standby"
         self.last_active_mode: str | None = None
         self._drained = False
-        #: last time this worker got anywhere (``--once`` gives up after once_timeout_s
-        #: without): a server answer while standby, published entries or a completed sweep
-        self.progress_at = timing.monotonic()
-        self.last_error: str | None = None
-        #: retried failures: one line each, at most one per minute per cause
-        self._warn = RateLimitedLog(log, every_s=60.0, collection=collection,
-                                    clock=timing.monotonic)
+        #: counts, backoff and progress; its failure lines are rate-limited
+        self.outcomes = Outcomes(collection, retries=self.retries, metrics=metrics,
+                                 health=health, timing=timing)
+
+    @property
+    def progress_at(self) -> float:
+        """Last time this worker got anywhere (``--once`` gives up after once_timeout_s
+        without): a server answer while standby, published entries or a completed sweep."""
+        return self.outcomes.progress_at
+
+    @property
+    def last_error(self) -> str | None:
+        return self.outcomes.last_error
 
     @property
     def stats(self) -> WorkerStats:
-        c = self._counts
+        c = self.outcomes.counts
         return WorkerStats(published=c.published, dead_lettered=c.dead_lettered, stale=c.stale,
                            sweeps=self.sweeps.count, stream_restarts=self.stream.restarts,
                            stream_invalidations=self.stream.invalidations,
@@ -198,11 +186,11 @@ class CollectionWorker:
         off)."""
         try:
             await self._active()
-        except _LeaseLost:
+        except LeaseLost:
             pass
         except PyMongoError as exc:  # e.g. the server went away while starting
             check_fatal(exc, self.name)
-            self._failed("store", exc)
+            self.outcomes.failed("store", exc)
             await pause(self.timing, self.retries.wait_s(), self.stop)
             return False
         finally:
@@ -222,11 +210,7 @@ class CollectionWorker:
         try:
             await self.cycle.drain()
         except PyMongoError as exc:
-            self.metrics.pull_failures.labels(self.name).inc()
-            self._warn.warning("pull", "%s: removing published entries from the outbox "
-                               "failed (%s); they stay pending and are published again",
-                               self.name, describe_store_error(exc), exc=exc,
-                               extra={"cause": "pull"})
+            self.outcomes.pull_failed(exc)
             return exc
         return None
 
@@ -255,13 +239,10 @@ class CollectionWorker:
     def _contact(self) -> None:
         self.health.contact(self.name)
         if self.mode == "standby":  # a server answer is all the progress a standby makes
-            self._progress()
-
-    def _progress(self) -> None:
-        self.progress_at = self.timing.monotonic()
+            self.outcomes.progress()
 
     def _note_error(self, text: str) -> None:
-        self.last_error = text
+        self.outcomes.last_error = text
 
     def failure_summary(self) -> str:
         """The last error, shortened to one line (for ``--once`` giving up)."""
@@ -275,12 +256,12 @@ class CollectionWorker:
         self.balancer.check()  # a fatal error in a lease round
         b = self.balancer
         if b.release_wanted or b.active() != self.selection.partitions:
-            raise _LeaseLost()  # lost, gained or handing over partitions: start over
+            raise LeaseLost()  # lost, gained or handing over partitions: start over
         return True
 
     # -- active: mode choice ------------------------------------------------------------
     async def _active(self) -> None:
-        self._counts.activations += 1
+        self.outcomes.counts.activations += 1
         self.metrics.lease_active.labels(self.name).set(1)
         self.health.beat(self.name, role="active")
         self.retries.reset()
@@ -330,57 +311,24 @@ class CollectionWorker:
         did something)."""
         try:
             return bool(await step())
-        except (_LeaseLost, asyncio.CancelledError, FatalStoreError):
+        except (LeaseLost, asyncio.CancelledError, FatalStoreError):
             raise
         except PyMongoError as exc:
             check_fatal(exc, self.name)
-            self._failed("store", exc)
+            self.outcomes.failed("store", exc)
         except Exception as exc:
             log.exception("%s: unexpected error: %s", self.name, exc,
                           extra={"collection": self.name})
-            self._failed("error", exc)
+            self.outcomes.failed("error", exc)
         return True
 
-    # -- failures and results -----------------------------------------------------------
-    def _failed(self, cause: str, exc: BaseException) -> None:
-        delay = self.retries.failed()
-        self.metrics.backoffs.labels(self.name, cause).inc()
-        self.health.beat(self.name)
-        text = describe_store_error(exc) if cause == "store" else one_line(exc)
-        self.last_error = self.health.workers[self.name].error = text
-        self._warn.warning(cause, "%s: %s failure (%s); retrying in %.2fs", self.name, cause,
-                           text, delay, exc=exc, extra={"cause": cause})
-
-    def _absorb(self, res: CycleResult) -> None:
-        c = self._counts
-        c.published += res.published
-        c.dead_lettered += res.dead_lettered
-        c.stale += res.stale
-        if res.retry:
-            self.retries.keep(res.retry)
-            delay = self.retries.failed()
-            self.metrics.backoffs.labels(self.name, "broker").inc()
-            self.last_error = f"publishing failed: {res.retry_error}"
-            self._warn.warning("broker", "%s: publishing failed (%s); %d document(s) kept "
-                               "pending, retry in %.2fs", self.name,
-                               one_line(res.retry_error or "no error text"), len(res.retry),
-                               delay, extra={"cause": "broker"})
-        elif res.published or res.dead_lettered:
-            self._warn.reset()  # the next failure is news again
-            self._progress()
-            self.retries.succeeded()
-            if self.name in self.health.workers:
-                self.health.workers[self.name].error = None
-        if res.lease_lost:
-            raise _LeaseLost()
-
     async def _publish(self, docs: list[Mapping[str, Any]]) -> None:
-        self._absorb(await self.cycle.run(docs))
+        self.outcomes.absorb(await self.cycle.run(docs))
 
     async def _publish_streamed(self, docs: list[Mapping[str, Any]]) -> None:
         """Stream mode: the batch's ``$pull`` runs on while the next batch is read (stream
         mode waits for it before it publishes again or saves the checkpoint)."""
-        self._absorb(await self.cycle.run(docs, wait=False))
+        self.outcomes.absorb(await self.cycle.run(docs, wait=False))
 
     # -- what to do before reading anything new -----------------------------------------
     async def _pending(self) -> bool:
@@ -395,8 +343,8 @@ class CollectionWorker:
                 await self._run_keys_or_keep(keys)
                 return True
         if self.sweeps.due(periodic=self.mode == "stream"):
-            if await self.sweeps.run(self._absorb, self._contact):
-                self._progress()
+            if await self.sweeps.run(self.outcomes.absorb, self._contact):
+                self.outcomes.progress()
             return True
         return False
 
@@ -419,7 +367,7 @@ class CollectionWorker:
         res = await sweep(self.coll, self.cycle, page_size=self.settings.batch_size,
                           stop=self.stop, where=self.selection.query())
         self._contact()
-        self._absorb(res.cycle)
+        self.outcomes.absorb(res.cycle)
         if res.documents == 0:
             await pause(self.timing, self.settings.poll_interval_ms / 1000, self.stop)
         return True

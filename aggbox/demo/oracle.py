@@ -10,9 +10,10 @@ round, until nothing is emitted.
 
 Independent of the code it checks: a bug there must not be made twice, here too.
 
-- *Envelope*: its own check of the documented envelope contract (:func:`_envelope`, into its
-  own :class:`Envelope`), not :meth:`aggregates.message.envelope.Message.from_dict`. Only the field
-  table ``ENVELOPE_FIELDS`` is shared.
+- *Envelope*: its own check of the documented envelope contract
+  (:func:`~aggbox.demo.oracle_envelope.parse_envelope`, into its own :class:`Envelope`), not
+  :meth:`aggregates.message.envelope.Message.from_dict`. Only the field table
+  ``ENVELOPE_FIELDS`` is shared.
 - *Handlers and classification*: its own map aggregate type → message type → the domain's
   handler function (:func:`domain_of`), read once from the registrations; unknown aggregate
   and message types are decided by that map. Handlers get an :class:`Envelope` (they read
@@ -48,10 +49,16 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from aggbox.demo.errors import DemoError
+from aggbox.demo.oracle_envelope import (
+    Envelope,
+    EnvelopeSource,
+    InvalidEnvelope,
+    Key,
+    parse_envelope,
+)
 from aggregates.core.ids import emitted_message_id, raw_message_id
 from aggregates.core.reasons import Reason
 from aggregates.domain.aggregate import Emit, Registry
-from aggregates.message.envelope import ENVELOPE_FIELDS
 
 __all__ = [
     "Classified",
@@ -71,133 +78,10 @@ __all__ = [
     "plain_state",
 ]
 
-Key = tuple[str, str]
 
 #: Generations of emitted messages before the oracle gives up (a domain whose messages
 #: trigger each other forever would never settle).
 MAX_GENERATIONS: Final = 50
-
-
-# -- the envelope ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class EnvelopeSource:
-    type: str
-    id: str
-    seq: int
-
-
-@dataclass(frozen=True, slots=True)
-class Envelope:
-    """A message as the oracle reads it: the envelope's fields, nothing derived. Handlers
-    take it in place of :class:`aggregates.message.envelope.Message` (they read its attributes)."""
-
-    message_id: str
-    type: str
-    aggregate_type: str
-    aggregate_id: str
-    payload: dict[str, Any]
-    occurred_at: datetime | None = None
-    source: EnvelopeSource | None = None
-    correlation_id: str | None = None
-    causation_id: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
-    schema_version: int = 1
-
-    @property
-    def aggregate_key(self) -> Key:
-        return (self.aggregate_type, self.aggregate_id)
-
-
-class _Invalid(Exception):
-    """The line is not a valid envelope (``invalid_envelope``)."""
-
-
-def _string(value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise _Invalid("must be a non-empty string")
-    return value
-
-
-def _object(value: Any) -> dict[str, Any]:
-    if not isinstance(value, dict):
-        raise _Invalid("must be a JSON object")
-    return value
-
-
-def _time(value: Any) -> datetime:
-    if isinstance(value, str):  # ISO-8601 (``Z`` accepted by Python ≥ 3.11)
-        try:
-            dt = datetime.fromisoformat(value)
-        except ValueError:
-            raise _Invalid("not an ISO-8601 time") from None
-        return dt if dt.tzinfo else dt.replace(tzinfo=UTC)
-    if isinstance(value, int | float) and not isinstance(value, bool):  # epoch milliseconds
-        try:
-            return datetime.fromtimestamp(value / 1000, tz=UTC)
-        except (OverflowError, ValueError, OSError):
-            raise _Invalid("epoch milliseconds out of range") from None
-    raise _Invalid("must be an ISO-8601 string or epoch milliseconds")
-
-
-def _positive_int(value: Any) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise _Invalid("must be an integer ≥ 1")
-    return value
-
-
-def _source(value: Any) -> EnvelopeSource:
-    src = _object(value)
-    seq = src.get("seq")
-    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
-        raise _Invalid("source.seq must be an integer ≥ 1")
-    return EnvelopeSource(_string(src.get("type")), _string(src.get("id")), seq)
-
-
-def _headers(value: Any) -> dict[str, str]:
-    h = _object(value)
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in h.items()):
-        raise _Invalid("headers must map strings to strings")
-    return dict(h)
-
-
-#: How the oracle checks each kind of the field table (``ENVELOPE_FIELDS``: field → (kind,
-#: required)). Written from the envelope contract (docs/concepts.md, docs/design.md "The
-#: pipeline", the table's comments), not from ``Message.from_dict``. Rules the generator
-#: never exercises are not modelled: id length and NUL characters, white space around ids,
-#: ``$``/``.`` in payload keys, the payload's BSON size, float seqs, time ranges.
-_KINDS: Final[dict[str, Callable[[Any], Any]]] = {
-    "string": _string,
-    "object": lambda v: dict(_object(v)),
-    "timestamp": _time,
-    "source": _source,
-    "map<string,string>": _headers,
-    "int": _positive_int,  # schema_version (docs/evolving-schemas.md)
-}
-
-
-def _envelope(raw: Any) -> Envelope:
-    """``raw`` (parsed JSON) as an :class:`Envelope`; :class:`_Invalid` if it breaks the
-    contract: not an object, an unknown field, a required field missing (``null`` is
-    missing), a field of the wrong kind."""
-    if not isinstance(raw, dict):
-        raise _Invalid("not a JSON object")
-    if set(raw) - set(ENVELOPE_FIELDS):
-        raise _Invalid("unknown envelope field")
-    values: dict[str, Any] = {}
-    for name, (kind, required) in ENVELOPE_FIELDS.items():
-        check = _KINDS.get(kind)
-        if check is None:
-            raise DemoError(f"envelope field {name!r} has kind {kind!r}, which the demo's "
-                            "oracle does not know; teach aggbox/demo/oracle.py the new kind")
-        value = raw.get(name)
-        if value is None:
-            if required:
-                raise _Invalid(f"{name} is required")
-            continue
-        values[name] = check(value)
-    return Envelope(**values)
 
 
 # -- the domain -----------------------------------------------------------------------------
@@ -305,8 +189,8 @@ def classify(line: str, registry: Registry) -> Classified:
     mid = raw.get("message_id") if isinstance(raw, dict) else None
     key = mid if isinstance(mid, str) and mid else raw_message_id(line)
     try:
-        msg = _envelope(raw)
-    except _Invalid:
+        msg = parse_envelope(raw)
+    except InvalidEnvelope:
         return Classified(line, None, Reason.INVALID_ENVELOPE, key)
     dtype = domain_of(registry).get(msg.aggregate_type)
     if dtype is None:

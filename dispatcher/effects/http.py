@@ -33,7 +33,6 @@ as :class:`TimeoutError` for the runner.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -48,6 +47,16 @@ from aggregates.core.errors import ConfigurationError
 from aggregates.core.reasons import Reason
 from aggregates.core.tracecontext import TRACEPARENT, TRACESTATE, trace_headers
 from aggregates.domain.effects import Effect, EffectCall, PermanentEffectError, RetryableEffectError
+from dispatcher.effects.http_reply import (
+    MAX_BODY_BYTES,
+    MAX_RESPONSE_BYTES,
+    MAX_TEXT_CHARS,
+    Reply,
+    read_capped,
+    reply_detail,
+    reply_result,
+    shown_url,
+)
 from dispatcher.effects.secrets import check_env_secret, read_env_secret
 from dispatcher.effects.templates import (
     Escape,
@@ -71,15 +80,6 @@ __all__ = [
 #: Sent from the entry's trace context unless a configured header sets one of them.
 _TRACE_HEADERS = frozenset({TRACEPARENT, TRACESTATE})
 
-#: At most this much of a response is read.
-MAX_RESPONSE_BYTES: Final = 1024 * 1024
-#: A JSON response larger than this is not put in the reply's ``body`` (the reply is stored
-#: in the aggregate's document): only its first :data:`MAX_TEXT_CHARS` characters, as text.
-MAX_BODY_BYTES: Final = 64 * 1024
-#: ``text`` in the reply is cut to this many characters.
-MAX_TEXT_CHARS: Final = 4096
-#: A response ``body`` nested deeper than this is left out (``text`` instead).
-MAX_BODY_DEPTH: Final = 20
 
 _RETRYABLE_STATUS: Final = frozenset({408, 425, 429})
 _NOT_DONE_STATUS: Final = frozenset({404, 410})
@@ -89,7 +89,6 @@ _HEADER_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _URL_PREFIX: Final = re.compile(r"https?://[^/?#@\s\\]+[/?#]", re.IGNORECASE)
 _URL_WHOLE: Final = re.compile(r"https?://[^/?#@\s\\]+([/?#].*)?", re.IGNORECASE | re.DOTALL)
 _BAD_URL_CHAR: Final = re.compile(r"[\s\x00-\x1f\x7f\"<>\\^`|{}]")
-_INT64: Final = 2**63
 
 
 class HttpEffectSpec(BaseModel):
@@ -227,14 +226,6 @@ def _url_template(text: str, *, setting: str) -> Template:
     return template
 
 
-@dataclass(frozen=True, slots=True)
-class _Reply:
-    status: int
-    data: bytes
-    truncated: bool
-    charset: str | None
-
-
 class _HttpClient:
     """Performs the requests of one configured effect (one client session per request:
     nothing is shared between event loops or calls)."""
@@ -257,8 +248,8 @@ class _HttpClient:
         reply = await self._request(method, url, call, data=data, content_type=content_type)
         status = reply.status
         if 200 <= status < 300:
-            return _result(reply)
-        detail = _detail(method, url, reply)
+            return reply_result(reply)
+        detail = reply_detail(method, url, reply)
         if status in _RETRYABLE_STATUS or status >= 500:
             raise RetryableEffectError(detail)
         raise PermanentEffectError(Reason.EFFECT_REJECTED, detail)
@@ -268,10 +259,10 @@ class _HttpClient:
         url = render_template(self.query_url, call, escape=url_escape)
         reply = await self._request("GET", url, call, data=None, content_type=None)
         if reply.status == 200:
-            return _result(reply)
+            return reply_result(reply)
         if reply.status in _NOT_DONE_STATUS:
             return None
-        raise RetryableEffectError("query: " + _detail("GET", url, reply))
+        raise RetryableEffectError("query: " + reply_detail("GET", url, reply))
 
     def _data(self, call: EffectCall) -> tuple[bytes | None, str | None]:
         body = self.body
@@ -311,17 +302,17 @@ class _HttpClient:
         return headers
 
     async def _request(self, method: str, url: str, call: EffectCall, *, data: bytes | None,
-                       content_type: str | None) -> _Reply:
+                       content_type: str | None) -> Reply:
         headers = self._headers(call, content_type)
-        shown = _shown(url)
+        shown = shown_url(url)
         timeout = aiohttp.ClientTimeout(total=self.spec.timeout_s)
         try:
             target = yarl.URL(url, encoded=True)
             async with (aiohttp.ClientSession(timeout=timeout) as session,
                         session.request(method, target, headers=headers, data=data,
                                         allow_redirects=False) as response):
-                raw, truncated = await _read_capped(response)
-                return _Reply(response.status, raw, truncated, response.charset)
+                raw, truncated = await read_capped(response)
+                return Reply(response.status, raw, truncated, response.charset)
         except TimeoutError:
             raise
         except (aiohttp.InvalidURL, ValueError) as exc:
@@ -332,86 +323,7 @@ class _HttpClient:
                 f"{method} {shown}: no response: {type(exc).__name__}: {exc}") from None
 
 
-async def _read_capped(response: aiohttp.ClientResponse) -> tuple[bytes, bool]:
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in response.content.iter_chunked(64 * 1024):
-        room = MAX_RESPONSE_BYTES - size
-        if len(chunk) > room:
-            chunks.append(chunk[:room])
-            return b"".join(chunks), True
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks), False
-
-
 def _json_default(value: Any) -> str:
     if isinstance(value, datetime | date):
         return value.isoformat()
     raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def _shown(url: str) -> str:
-    """The URL without query string and fragment, for error details."""
-    return url.split("?", 1)[0].split("#", 1)[0]
-
-
-def _text(reply: _Reply) -> str:
-    try:
-        return reply.data.decode(reply.charset or "utf-8", errors="replace")
-    except LookupError:
-        return reply.data.decode("utf-8", errors="replace")
-
-
-def _detail(method: str, url: str, reply: _Reply) -> str:
-    detail = f"{method} {_shown(url)} -> HTTP {reply.status}"
-    text = _text(reply).strip()
-    return f"{detail}: {text[:200]}" if text else detail
-
-
-def _result(reply: _Reply) -> dict[str, Any]:
-    """The success reply's payload: status, and the JSON body or the text."""
-    result: dict[str, Any] = {"status": reply.status}
-    body = None if reply.truncated or len(reply.data) > MAX_BODY_BYTES else _json_body(
-        reply.data)
-    if body is not None:
-        result["body"] = body
-        return result
-    text = _text(reply)[:MAX_TEXT_CHARS]
-    if text:
-        result["text"] = text
-    return result
-
-
-def _json_body(data: bytes) -> dict[str, Any] | None:
-    """``data`` as a JSON object usable as (part of) an aggbox payload, else ``None``."""
-    try:
-        value = json.loads(data, parse_constant=_no_constant)
-    except ValueError:
-        return None
-    if not isinstance(value, dict) or not _valid(value, 0):
-        return None
-    return value
-
-
-def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid in a payload")
-
-
-def _valid(value: Any, depth: int) -> bool:
-    if depth > MAX_BODY_DEPTH:
-        return False
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if key[:1] == "$" or "." in key or "\x00" in key:
-                return False
-            if not _valid(item, depth + 1):
-                return False
-        return True
-    if isinstance(value, list):
-        return all(_valid(item, depth + 1) for item in value)
-    if isinstance(value, bool) or value is None or isinstance(value, str):
-        return True
-    if isinstance(value, int):
-        return -_INT64 <= value < _INT64
-    return isinstance(value, float) and math.isfinite(value)
