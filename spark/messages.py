@@ -1,69 +1,20 @@
-"""The executor's fast path to a :class:`~aggregates.message.envelope.Message`: the common, valid
-envelope built with cheap checks, everything else left to :meth:`Message.from_dict`.
-
-:func:`fast_message` returns exactly what ``Message.from_dict(decoded)`` returns when it can
-prove, with type-identity and plain string tests, that every check of ``from_dict`` passes;
-otherwise it returns ``None`` and the caller runs ``from_dict``, which builds the message or
-raises the one error with its reason and detail. It never raises and never decides a
-failure, so reason codes and details come from one place. What it accepts is narrower than
-``from_dict`` (``tests/spark/test_spark_messages.py`` holds the two equal on hostile
-envelopes):
-
-- the decoded record is a ``dict`` whose keys are envelope fields;
-- ids and names are ``str``: non-empty, no surrounding white space, at most
-  :data:`~aggregates.message.envelope.MAX_ID_LENGTH` characters, no NUL;
-- strings can only hold a lone surrogate when the raw text has a ``\\u`` escape or is not
-  ASCII; then each string is checked;
-- the payload is a ``dict`` of JSON values whose keys pass the field-name rules, whose
-  integers fit BSON's int64, at most 60 levels deep, and whose raw record is small enough
-  that its BSON size cannot exceed ``max_payload_bytes`` (a BSON element takes at most
-  :data:`_BSON_PER_CHAR` bytes per character of its JSON text), so ``bson.encode`` is not
-  needed to prove it fits;
-- ``occurred_at`` is absent, ``YYYY-MM-DDTHH:MM:SS[.fff[fff]]Z`` or anything
-  :func:`~aggregates.message.envelope.parse_time` accepts; ``source``, ``headers`` and
-  ``schema_version`` are absent or of their plain form.
+"""The executor's helpers for input records: :func:`json_loads` (``json.loads``, faster on
+a whole record) and :func:`with_record_trace` (a Kafka record's trace headers into the
+envelope). The envelope check itself is :mod:`aggregates.message.fastpath`, the one shared by
+every reader of envelopes: :func:`fast_message` is re-exported from there (the executor builds
+the common valid envelope with it and leaves everything else to ``Message.from_dict``).
 """
 
 from __future__ import annotations
 
 import json
 import json.scanner
-import re
-from collections.abc import Callable
-from datetime import datetime
-from typing import Any, Final, TypeGuard
+from typing import Any
 
-from aggregates.core.errors import EnvelopeError
-from aggregates.core.fastbuild import slot_builder, utf8_encodable
 from aggregates.core.tracecontext import TRACEPARENT, TRACESTATE, trace_headers
-from aggregates.message.envelope import (
-    ENVELOPE_FIELDS,
-    MAX_ID_LENGTH,
-    MAX_SCHEMA_VERSION,
-    MAX_SEQ,
-    Message,
-    Source,
-    parse_time,
-)
+from aggregates.message.fastpath import fast_message
 
 __all__ = ["fast_message", "json_loads", "with_record_trace"]
-
-_FIELDS: Final = frozenset(ENVELOPE_FIELDS)
-#: An upper bound of BSON bytes per character of a payload's JSON text (the worst case is
-#: an array of one-digit numbers: 2 characters, "1," → type, index key, NUL, int32 — at
-#: most 18 bytes while the index has at most 8 digits; strings take at most 4 UTF-8 bytes
-#: per character). Records longer than ``max_payload_bytes / _BSON_PER_CHAR`` characters
-#: take the exact path.
-_BSON_PER_CHAR: Final = 16
-#: Deepest payload nesting checked here (``check_field_names`` allows 64); deeper: exact path.
-_MAX_WALK_DEPTH: Final = 60
-_INT64_MIN: Final = -(2**63)
-_INT64_MAX: Final = 2**63 - 1
-#: occurred_at in the form producers write (UTC, no fraction or 3 or 6 digits of it): parsed
-#: by ``datetime.fromisoformat`` as ``parse_time`` parses it (then cut to milliseconds).
-_ISO_UTC: Final = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{3}(?:\d{3})?)?Z")
-_iso_utc: Final = _ISO_UTC.fullmatch
-_fromisoformat: Final = datetime.fromisoformat
 
 
 _make_scanner: Any = json.scanner.make_scanner  # typeshed types it as the class it is
@@ -83,131 +34,6 @@ def json_loads(raw: str) -> Any:
         if end == len(raw):
             return value
     return json.loads(raw)
-
-
-#: ``Message(...)`` with every field given, positionally: the same object (Message has no
-#: ``__post_init__``), slots filled directly (:func:`aggregates.core.fastbuild.slot_builder`).
-_new_message: Callable[[str, str, str, str, dict[str, Any], datetime | None, Source | None,
-                        str | None, str | None, dict[str, str], int], Message] = slot_builder(
-    Message, ("message_id", "type", "aggregate_type", "aggregate_id", "payload", "occurred_at",
-              "source", "correlation_id", "causation_id", "headers", "schema_version"))
-
-
-def _id_ok(value: Any, escapes: bool) -> TypeGuard[str]:
-    """``_req_str`` returns ``value`` unchanged."""
-    return (type(value) is str and 0 < len(value) <= MAX_ID_LENGTH and value.strip() == value
-            and "\x00" not in value and (not escapes or utf8_encodable(value)))
-
-
-def _plain(value: Any, escapes: bool, depth: int) -> bool:
-    """``check_field_names`` passes and ``bson.encode`` can encode ``value`` (a decoded JSON
-    dict or list)."""
-    if depth > _MAX_WALK_DEPTH:
-        return False
-    items = value.items() if type(value) is dict else enumerate(value)
-    for key, item in items:
-        if type(key) is str and (key[:1] == "$" or "." in key or "\x00" in key
-                                 or (escapes and not utf8_encodable(key))):
-            return False
-        t = type(item)
-        if t is str:
-            if escapes and not utf8_encodable(item):
-                return False
-        elif t is int:
-            if not _INT64_MIN <= item <= _INT64_MAX:
-                return False
-        elif t is dict or t is list:
-            if not _plain(item, escapes, depth + 1):
-                return False
-        elif t is not float and t is not bool and item is not None:
-            return False
-    return True
-
-
-def _time(value: Any) -> tuple[bool, datetime | None]:
-    if value is None:
-        return True, None
-    if type(value) is str and _ISO_UTC.fullmatch(value):
-        try:
-            dt = datetime.fromisoformat(value)
-        except ValueError:
-            return False, None
-        if dt.microsecond % 1000:
-            dt = dt.replace(microsecond=dt.microsecond // 1000 * 1000)
-        return True, dt
-    try:
-        return True, parse_time(value, "occurred_at")
-    except EnvelopeError:
-        return False, None
-
-
-def fast_message(decoded: Any, raw: str, max_payload_bytes: int) -> Message | None:
-    """``Message.from_dict(decoded, max_payload_bytes=max_payload_bytes)`` when that
-    certainly succeeds (``decoded`` is ``json.loads(raw)``), else ``None``."""
-    if type(decoded) is not dict or not decoded.keys() <= _FIELDS:
-        return None
-    payload = decoded.get("payload")
-    if type(payload) is not dict:
-        return None
-    if max_payload_bytes and len(raw) * _BSON_PER_CHAR > max_payload_bytes:
-        return None
-    # A str holds a lone surrogate only if spelt as a JSON escape (or already in ``raw``).
-    escapes = "\\u" in raw or not raw.isascii()
-    mid, mtype = decoded.get("message_id"), decoded.get("type")
-    atype, aid = decoded.get("aggregate_type"), decoded.get("aggregate_id")
-    if not (_id_ok(mid, escapes) and _id_ok(mtype, escapes) and _id_ok(atype, escapes)
-            and _id_ok(aid, escapes)):
-        return None
-    if payload and not _plain(payload, escapes, 0):
-        return None
-    at = decoded.get("occurred_at")
-    occurred_at: datetime | None
-    if type(at) is str and _iso_utc(at):  # the common form, inline
-        try:
-            dt = _fromisoformat(at)
-        except ValueError:
-            return None
-        us = dt.microsecond
-        occurred_at = dt.replace(microsecond=us - us % 1000) if us % 1000 else dt
-    else:
-        ok, occurred_at = _time(at)
-        if not ok:
-            return None
-    if len(decoded) - ("occurred_at" in decoded) == 5:
-        # the five required fields are there (checked above): no optional one to check
-        return _new_message(mid, mtype, atype, aid, payload, occurred_at, None, None, None,
-                            {}, 1)
-    source = decoded.get("source")
-    if source is not None:
-        if type(source) is not dict:
-            return None
-        seq, stype, sid = source.get("seq"), source.get("type"), source.get("id")
-        if (type(seq) is not int or not 1 <= seq <= MAX_SEQ or not _id_ok(stype, escapes)
-                or not _id_ok(sid, escapes)):
-            return None
-        source = Source(stype, sid, seq)
-    correlation_id, causation_id = decoded.get("correlation_id"), decoded.get("causation_id")
-    if ((correlation_id is not None and not _id_ok(correlation_id, escapes))
-            or (causation_id is not None and not _id_ok(causation_id, escapes))):
-        return None
-    headers = decoded.get("headers")
-    if headers is None:
-        headers = {}
-    elif type(headers) is dict:
-        for k, v in headers.items():
-            if (type(v) is not str or k[:1] == "$" or "\x00" in k
-                    or (escapes and not (utf8_encodable(k) and utf8_encodable(v)))):
-                return None
-        headers = dict(headers)
-    else:
-        return None
-    version = decoded.get("schema_version")
-    if version is None:
-        version = 1
-    elif type(version) is not int or not 1 <= version <= MAX_SCHEMA_VERSION:
-        return None
-    return _new_message(mid, mtype, atype, aid, payload, occurred_at, source, correlation_id,
-                        causation_id, headers, version)
 
 
 def with_record_trace(decoded: Any, traceparent: str | None, tracestate: str | None) -> Any:

@@ -19,7 +19,14 @@ from typing import Any, NamedTuple
 from bson.tz_util import utc as _BSON_UTC
 
 from aggregates.core.errors import AggboxError, EnvelopeError
-from aggregates.message.envelope import KIND_EVENT, KIND_HEADER, MAX_ID_LENGTH, Message
+from aggregates.message.envelope import KIND_EVENT, KIND_HEADER, Message
+from aggregates.message.fastpath import (
+    headers_ok,
+    id_ok,
+    plain_payload,
+    schema_version_ok,
+    source_ok,
+)
 
 __all__ = ["EntryEnvelope", "InvalidEntry", "entry_envelope", "entry_message"]
 
@@ -77,11 +84,6 @@ def entry_message(entry: Mapping[str, Any], *, document_id: Any, source_type: st
     return Message.from_dict(env, max_payload_bytes=0)
 
 
-def _id_ok(value: Any) -> bool:
-    return (isinstance(value, str) and 0 < len(value) <= MAX_ID_LENGTH
-            and value.strip() == value)
-
-
 def _utc_iso(value: datetime) -> str:
     tz = value.tzinfo
     if (tz is _BSON_UTC or tz is UTC) and not value.microsecond % 1000:
@@ -92,45 +94,46 @@ def _utc_iso(value: datetime) -> str:
 
 def _fast_envelope(entry: Mapping[str, Any], entry_id: str, agg_type: str, agg_id: str,
                    src: Any) -> dict[str, Any] | None:
-    """The envelope of a well-formed entry (what the writer stores) without the full
-    validation of ``Message.from_dict`` — the dispatcher's hot path. ``None`` when anything
-    looks unusual; the caller then validates properly (and names the problem). Payload key
-    names are not re-checked here: the writer rejects ``$``/``.`` keys when it stores them."""
+    """The envelope of a well-formed entry (what the writer stores) proven valid by the field
+    rules of :mod:`aggregates.message.fastpath` (the envelope check's fast path) instead of
+    ``Message.from_dict`` — the dispatcher's hot path. ``None`` when anything looks unusual;
+    the caller then validates properly (and names the problem). Every string is checked for
+    lone surrogates (``escapes``): an entry built in memory, not read from BSON, may hold
+    one."""
     etype = entry.get("type")
     payload = entry.get("payload")
-    if not (_id_ok(etype) and _id_ok(agg_type) and _id_ok(agg_id)
-            and isinstance(payload, dict)):
+    if not (id_ok(entry_id, True) and id_ok(etype, True) and id_ok(agg_type, True)
+            and id_ok(agg_id, True) and type(payload) is dict
+            and plain_payload(payload, True)):
         return None
     env: dict[str, Any] = {"message_id": entry_id, "type": etype, "aggregate_type": agg_type,
                            "aggregate_id": agg_id, "payload": payload}
     created = entry.get("created_at")
     if isinstance(created, datetime):
-        env["occurred_at"] = _utc_iso(created)
+        try:
+            env["occurred_at"] = _utc_iso(created)
+        except (OverflowError, ValueError):  # out of range in UTC: from_dict names it
+            return None
     elif created is not None:
         return None
     if src is not None:
-        if not isinstance(src, Mapping):
+        if not source_ok(src, True):
             return None
-        seq = src.get("seq")
-        if not (_id_ok(src.get("type")) and _id_ok(src.get("id")) and isinstance(seq, int)
-                and not isinstance(seq, bool) and seq >= 1):
-            return None
-        env["source"] = {"type": src["type"], "id": src["id"], "seq": seq}
+        env["source"] = {"type": src["type"], "id": src["id"], "seq": src["seq"]}
     for name in ("correlation_id", "causation_id"):
         value = entry.get(name)
         if value is not None:
-            if not _id_ok(value):
+            if not id_ok(value, True):
                 return None
             env[name] = value
     headers = entry.get("headers")
     if headers:
-        if not isinstance(headers, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in headers.items()):
+        if not headers_ok(headers, True):
             return None
         env["headers"] = dict(headers)
     sv = entry.get("schema_version")
     if sv is not None:
-        if not (isinstance(sv, int) and not isinstance(sv, bool) and 1 <= sv < 2**31):
+        if not schema_version_ok(sv):
             return None
         if sv != 1:
             env["schema_version"] = sv
