@@ -1,8 +1,10 @@
 """The SparkSession of the ``aggbox`` command (and of the demo, the tests and the benchmarks):
 :func:`spark.session.build_session` plus what needs Maven.
 
-``spark.session`` never downloads anything (docs/design.md, "Layering"). Here, when Spark's
-Kafka source is wanted, its jars are resolved **once** with Maven into the aggbox cache
+``spark.session`` downloads nothing itself, though with ``kafka=True`` it names the Kafka
+package in ``spark.jars.packages`` and Spark's Ivy fetches it at session start
+(docs/design.md, "Layering"). Here, when Spark's Kafka source is wanted, it is not asked
+for that way: its jars are resolved **once** with Maven into the aggbox cache
 (:func:`kafka_jars`) and put on the classpath with ``spark.jars`` — no Ivy at session start.
 The Kafka source's dependency ``spark-token-provider-kafka-0-10`` is missing on Maven Central
 for some patch releases (4.0.1): ``[spark] kafka_token_provider_version`` pins it, else the

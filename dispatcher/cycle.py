@@ -50,6 +50,8 @@ INVALID_OUTBOX_ENTRY = Reason.INVALID_OUTBOX_ENTRY
 class CycleResult:
     documents: int = 0
     published: int = 0
+    #: of ``published``, the effect entries executed instead (dispatcher.effects)
+    executed: int = 0
     dead_lettered: int = 0
     stale: int = 0
     #: documents with entries still pending after a retryable failure (retry after backoff)
@@ -61,6 +63,7 @@ class CycleResult:
     def add(self, other: CycleResult) -> None:
         self.documents += other.documents
         self.published += other.published
+        self.executed += other.executed
         self.dead_lettered += other.dead_lettered
         self.stale += other.stale
         self.retry.extend(other.retry)
@@ -282,14 +285,15 @@ class Cycle:
             if res.status == "ok":
                 done.append(rid)
                 result.published += 1
+                result.executed += res.effect
                 if r.created_at is not None:
                     self._m_latency.observe(max(0.0, (now - r.created_at).total_seconds()))
             elif res.status == "permanent":
                 letters.append(self._letter_rejected(r, res))
                 self._m_permanent.inc()
                 self.metrics.dead_lettered.labels(self.collection, res.reason or "rejected").inc()
-                log.error("dead-lettered %s (%s/%r → topic %s): %s: %s", rid,
-                          self.collection, d.key, r.topic, res.reason, res.error,
+                log.error("dead-lettered %s (%s/%r → %s): %s: %s", rid,
+                          self.collection, d.key, _target(r, res), res.reason, res.error,
                           extra={"collection": self.collection, "message_id": rid,
                                  "reason": res.reason, "alert": True})
                 done.append(rid)
@@ -361,8 +365,9 @@ class Cycle:
     def _letter_rejected(self, r: OutboundRecord, res: PublishResult) -> DeadLetter:
         return DeadLetter(
             message=r.message, raw=None, reason=res.reason or Reason.REJECTED_BY_BROKER,
-            detail=f"publisher {self.publisher.name} rejected it for good (topic {r.topic!r}): "
-                   f"{res.error}",
+            detail=(f"effect {r.envelope.get('type')!r} failed for good: {res.error}"
+                    if res.effect else f"publisher {self.publisher.name} rejected it for good "
+                    f"(topic {r.topic!r}): {res.error}"),
             aggregate_type=r.source_type, aggregate_id=str(r.document_id),
         )
 
@@ -377,3 +382,8 @@ class Cycle:
     async def _write_letters(self, letters: list[DeadLetter], now: datetime) -> None:
         ops = [UpdateOne(*dead_letter_update(dl, now=now), upsert=True) for dl in letters]
         await self.dead_letters.bulk_write(ops, ordered=False)
+
+
+def _target(r: OutboundRecord, res: PublishResult) -> str:
+    """Where a record went, for a log line: its effect, or its topic."""
+    return f"effect {r.envelope.get('type')}" if res.effect else f"topic {r.topic}"

@@ -50,9 +50,6 @@ class InFlight:
     def busy(self, doc_key: Any) -> bool:
         return doc_key in self._docs
 
-    def is_done(self, entry_id: str) -> bool:
-        return entry_id in self._done
-
     def claim(self, doc_key: Any, outbox: Sequence[Any]) -> Claim:
         """Claim the document's entries that nobody publishes yet. A busy document yields
         nothing and is marked dirty (re-read it after :meth:`finish`)."""

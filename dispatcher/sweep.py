@@ -136,7 +136,10 @@ class Sweeps:
         level = logging.WARNING if reason in ("history_lost", "invalid_token") else logging.INFO
         if reason == "periodic" and not total.published and not total.dead_lettered:
             level = logging.DEBUG
-        log.log(level, "%s: %s sweep done: %d entries published, %d dead-lettered, %d stale",
-                self.name, reason, total.published, total.dead_lettered, total.stale,
-                extra={"collection": self.name, "sweep": reason, "published": total.published,
-                       "dead_lettered": total.dead_lettered})
+        log.log(level, "%s: %s sweep done: %d entries published, %d effects executed, "
+                "%d dead-lettered, %d stale", self.name, reason,
+                total.published - total.executed, total.executed, total.dead_lettered,
+                total.stale, extra={"collection": self.name, "sweep": reason,
+                                    "published": total.published - total.executed,
+                                    "executed": total.executed,
+                                    "dead_lettered": total.dead_lettered})

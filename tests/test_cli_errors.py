@@ -248,10 +248,10 @@ def test_parked_list_json_is_always_an_object(mongo_uri: str, db: Any,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setenv("AGGBOX_MONGODB_URI", mongo_uri)
     rc, out, _ = run(capsys, "parked", "list", "--json", "--database", db.name)
-    assert rc == 0 and json.loads(out) == {"parked": [], "blocked": []}
+    assert rc == 0 and json.loads(out) == {"items": [], "total": 0, "blocked": []}
     rc, out, _ = run(capsys, "parked", "list", "--json", "--database", db.name,
                      "--aggregates", "aggbox.examples.orders")
-    assert rc == 0 and json.loads(out) == {"parked": [], "blocked": []}
+    assert rc == 0 and json.loads(out) == {"items": [], "total": 0, "blocked": []}
 
 
 # -- any other exception: one line, trace in the log file; Ctrl-C stays 130 ---------------------

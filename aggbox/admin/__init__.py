@@ -91,7 +91,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--limit", metavar="N", type=_positive, default=50,
                    help="show at most N (default 50)")
     p.add_argument("--json", action="store_true",
-                   help="print a JSON array of dead letters (with message and traceback)")
+                   help='print a JSON object {"items": [...], "total": N}: the dead '
+                   "letters (with message and traceback) and how many match")
     p.set_defaults(func=_cmd_deadletters_list)
 
     p = dl_sub.add_parser(
@@ -101,7 +102,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _store_options(p)
     p.add_argument("ids", nargs="+", metavar="ID",
                    help="dead-letter id (<type>/<aggregate id>/<message id>) or message id")
-    p.add_argument("--json", action="store_true", help="print a JSON array")
+    p.add_argument("--json", action="store_true",
+                   help='print a JSON object {"items": [...], "missing": [ids]}')
     p.set_defaults(func=_cmd_deadletters_show)
 
     p = dl_sub.add_parser(
@@ -174,8 +176,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _aggregates_option(p, required=False,
                        extra=" (to also list blocked aggregates of its types)")
     p.add_argument("--json", action="store_true",
-                   help='print a JSON object {"parked": [...], "blocked": [...]}; "blocked" '
-                   "lists blocked aggregates with --aggregates, and is empty without it")
+                   help='print a JSON object {"items": [...], "total": N, "blocked": '
+                   '[...]}; "blocked" lists blocked aggregates with --aggregates, and is '
+                   "empty without it")
     p.set_defaults(func=_cmd_parked_list)
 
     p = pk_sub.add_parser(
@@ -194,7 +197,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _aggregates_option(p, required=False, extra=" (needed to retry the parked messages now)")
     p.add_argument("--collection", metavar="NAME",
                    help="the aggregates' collection, when --aggregates is not given")
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--json", action="store_true",
+                   help='print a JSON object {"items": [one per aggregate]}')
     p.set_defaults(func=_cmd_parked_release)
 
     ef = subparsers.add_parser(
@@ -225,7 +229,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--limit", metavar="N", type=_positive, default=50,
                    help="show at most N (default 50)")
     p.add_argument("--json", action="store_true",
-                   help='print a JSON object {"total": N, "effects": [...]}')
+                   help='print a JSON object {"items": [...], "total": N}')
     p.set_defaults(func=cmd_effects_list)
 
     p = subparsers.add_parser(

@@ -45,11 +45,11 @@ def _cmd_deadletters_list(args: argparse.Namespace) -> int:
         store = DeadLetterStore(db, collection=settings.dead_letter_collection)
         docs = store.list(**_filters(args), status=status, limit=args.limit)
         records = [_record(d) for d in docs]
-        if args.json:
-            _print_json(records)
-            return 0
         counts = store.counts_by_reason()
         matching = store.counts_by_reason(**_filters(args), status=status) if filtered else counts
+    if args.json:
+        _print_json({"items": records, "total": sum(matching.values())})
+        return 0
     rows = [[r["id"], r["reason"], r["message_type"], r["attempts"], r["last_seen"],
              r["status"], r["error"] if r["error"] else r["raw"]] for r in records]
     caption = f"open by reason: {_by_reason(counts)}."
@@ -76,7 +76,7 @@ def _cmd_deadletters_show(args: argparse.Namespace) -> int:
     found = {r["id"] for r in records} | {r["message_id"] for r in records}
     missing = [i for i in args.ids if i not in found]
     if args.json:
-        _print_json(records)
+        _print_json({"items": records, "missing": missing})
     else:
         console = _console()
         for r in records:
@@ -118,7 +118,7 @@ def _cmd_deadletters_replay(args: argparse.Namespace) -> int:
                                status="open", limit=args.limit or 0))
             records = [dead_letter_record(d) for d in docs][: args.limit]
             if args.json:
-                _print_json(records)
+                _print_json({"dry_run": True, "items": records})
             else:
                 _console().print(_table(
                     f"Would replay {len(records)} dead letter(s) (dry run)",

@@ -65,7 +65,7 @@ def cmd_effects_list(args: argparse.Namespace) -> int:
     records = [{f: d.get(f) for f in _FIELDS if f != "_id"} | {"key": d["_id"]}
                for d in docs]
     if args.json:
-        _print_json({"total": total, "effects": records})
+        _print_json({"items": records, "total": total})
         return 0
     rows = []
     for r in records:

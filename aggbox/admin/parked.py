@@ -49,7 +49,7 @@ def _cmd_parked_list(args: argparse.Namespace) -> int:
                 blocked.append({"aggregate_type": atype.name, "aggregate_id": doc["_id"],
                                 "blocked": doc.get(F_BLOCKED)})
     if args.json:
-        _print_json({"parked": records, "blocked": blocked})
+        _print_json({"items": records, "total": total, "blocked": blocked})
         return 0
     console = _console()
     rows = [[f"{r['aggregate_type']}/{r['aggregate_id']}", r["message_id"], r["message_type"],
@@ -88,10 +88,11 @@ def _cmd_parked_release(args: argparse.Namespace) -> int:
             results.append(res)
             still[f"{atype_name}/{agg_id}"] = len(parking.for_aggregate(atype_name, agg_id))
     if args.json:
-        _print_json([{"aggregate": f"{r.aggregate_type}/{r.aggregate_id}",
-                      "cleared": r.cleared, "outcomes": [o.to_dict() for o in r.outcomes],
-                      "still_parked": still[f"{r.aggregate_type}/{r.aggregate_id}"]}
-                     for r in results])
+        _print_json({"items": [
+            {"aggregate": f"{r.aggregate_type}/{r.aggregate_id}", "cleared": r.cleared,
+             "outcomes": [o.to_dict() for o in r.outcomes],
+             "still_parked": still[f"{r.aggregate_type}/{r.aggregate_id}"]}
+            for r in results]})
         return 0 if not any(still.values()) else EXIT_UNSETTLED
     console = _console()
     for r in results:

@@ -57,7 +57,7 @@ def register(subparsers: Any) -> None:
                         "aggbox.examples.orders: their collections (unless --collection "
                         "is given; the configured `collections` do not apply then)")
     p.add_argument("--json", action="store_true",
-                   help="print a JSON array, one object per collection")
+                   help='print a JSON object {"items": [one per collection]}')
     p.set_defaults(func=run)
 
 
@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                                 member_collection=settings.member_collection)
                     for name in names]
     if args.json:
-        _print_json([s.as_dict() for s in statuses])
+        _print_json({"items": [s.as_dict() for s in statuses]})
     else:
         print("\n\n".join(format_status(s) for s in statuses))
     return 0

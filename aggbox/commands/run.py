@@ -28,6 +28,7 @@ from aggbox.commands.options import (
     key_values,
     overrides,
 )
+from aggbox.commands.run_summary import by_type_rows, write_metrics
 from aggregates.core.errors import AggboxError, ConfigurationError
 from aggregates.core.settings import AggboxSettings
 from spark.settings import SparkSettings
@@ -111,7 +112,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                         help="no live progress display (it is also off when stderr is not a "
                              "terminal)")
     parser.add_argument("--json", action="store_true",
-                        help="also print the summary as one JSON line on stdout (last line)")
+                        help="one JSON line on stdout, nothing else (the tables go to stderr)")
     parser.add_argument("--fail-on-dead-letters", action="store_true",
                         help="exit with status 3 when any record was dead-lettered or parked")
     parser.add_argument("--metrics-file", metavar="PATH",
@@ -183,7 +184,7 @@ class _Context:
             check_mongodb_uri(self.settings.mongodb_uri, mongodb_uri_source(
                 "--mongodb-uri" if args.opt_aggbox_mongodb_uri else None))
         self.console = Console(stderr=True)
-        self.out = Console()
+        self.out = Console(stderr=args.json)  # --json: stdout holds the JSON line only
         self.kafka = kafka
         self.spark: Any = None
         self.owns_session = False
@@ -221,24 +222,6 @@ class _Context:
     def stop(self) -> None:
         if self.spark is not None and self.owns_session:
             self.spark.stop()
-
-
-def _by_type_rows(by_type: dict[tuple[str, str, str, str], int]) -> list[dict[str, Any]]:
-    """``by_type`` for the JSON summary, largest count first."""
-    return [{"aggregate_type": a, "message_type": m, "outcome": o, "reason": r, "count": n}
-            for (a, m, o, r), n in sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0]))]
-
-
-def _write_metrics(path: str | None, by_type: dict[tuple[str, str, str, str], int],
-                   input_count: int, seconds: float) -> None:
-    if not path:
-        return
-    import time
-
-    from spark.metrics_export import render_metrics, write_metrics_file
-
-    write_metrics_file(path, render_metrics(by_type, input_records=input_count,
-                                            run_seconds=seconds, timestamp=time.time()))
 
 
 def _finish(ctx: _Context, title: str, summary: dict[str, Any], input_count: int,
@@ -319,8 +302,8 @@ def run_command(args: argparse.Namespace) -> int:
         summary.update(ok=result.ok, seconds=round(result.seconds, 3),
                        outcomes_path=result.outcomes_path,
                        reasons={f"{o}/{r}": n for (o, r), n in result.reasons.items()},
-                       by_type=_by_type_rows(result.by_type))
-        _write_metrics(args.metrics_file, result.by_type, result.input_count, result.seconds)
+                       by_type=by_type_rows(result.by_type))
+        write_metrics(args.metrics_file, result.by_type, result.input_count, result.seconds)
         title = f"aggbox run {result.run_id} ({result.seconds:.1f} s)"
         if result.outcomes_path:
             title += f" — outcomes: {result.outcomes_path}"
@@ -372,8 +355,8 @@ def stream_command(args: argparse.Namespace) -> int:
                     run_id=b.run_id, input_count=b.input_count, counts=b.counts,
                     reasons=b.reasons, by_type=b.by_type, batch_id=b.batch_id,
                     seconds=b.seconds))
-                _write_metrics(args.metrics_file, totals.by_type, totals.input_count,
-                               totals.seconds)
+                write_metrics(args.metrics_file, totals.by_type, totals.input_count,
+                              totals.seconds)
             c = b.counts
             ctx.console.print(
                 f"micro-batch {b.batch_id}: input {b.input_count}, applied {c['applied']}, "
@@ -391,7 +374,7 @@ def stream_command(args: argparse.Namespace) -> int:
                                    "input": result.input_count, **result.counts,
                                    "ok": result.ok}
         summary["reasons"] = {f"{o}/{r}": n for (o, r), n in result.reasons.items()}
-        summary["by_type"] = _by_type_rows(result.by_type)
+        summary["by_type"] = by_type_rows(result.by_type)
         title = f"aggbox stream {result.query_id}: {len(result.batches)} micro-batch(es)"
         return _finish(ctx, title, summary, result.input_count, result.counts, result.reasons,
                        result.ok, result.by_type)

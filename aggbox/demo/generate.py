@@ -103,10 +103,6 @@ class OrderPlan:
     #: the amount alone exceeds the customer's credit limit
     oversized: bool
 
-    @property
-    def expected_status(self) -> str:
-        return "rejected" if self.oversized else "approved"
-
 
 @dataclass(frozen=True, slots=True)
 class BadRow:

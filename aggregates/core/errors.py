@@ -92,9 +92,6 @@ class StoreError(AggboxError):
         self.code = code
         self.labels: frozenset[str] = frozenset(labels)
 
-    def has_label(self, label: str) -> bool:
-        return label in self.labels
-
     def __reduce__(self) -> tuple[Any, ...]:  # keep code and labels across pickling (Spark)
         return (type(self), (str(self.args[0]) if self.args else "",),
                 {"code": self.code, "labels": self.labels})

@@ -50,9 +50,6 @@ def _fail(path: str, envelope: bool, reason: str) -> None:
 
 
 def escape_key(key: str) -> str:
-    """Make an arbitrary string safe as one MongoDB field-name segment (reversible)."""
+    """Make an arbitrary string safe as one MongoDB field-name segment (``%`` is escaped too,
+    so two different strings never give the same segment)."""
     return key.replace("%", "%25").replace(".", "%2E").replace("$", "%24")
-
-
-def unescape_key(key: str) -> str:
-    return key.replace("%24", "$").replace("%2E", ".").replace("%25", "%")

@@ -244,13 +244,13 @@ REASON_DOCS: Final[Mapping[Reason, ReasonDoc]] = {
         "Check the directory's space and permissions."),
     Reason.EFFECT_REJECTED: ReasonDoc(
         _EFFECT_DEAD, "an effect function raised `PermanentEffectError` (a built-in: HTTP 4xx "
-        "other than 408/429, SMTP 5xx); the aggregate received the `on_failure` message",
+        "other than 408/425/429, SMTP 5xx); the aggregate received the `on_failure` message",
         "Read the error in the dead letter; fix the request data or the resource's "
         "configuration. The aggregate already knows (its failure handler ran); emit the "
         "effect again from a handler if it should be retried."),
     Reason.EFFECT_RETRYABLE: ReasonDoc(
         _EFFECT_RETRY, "an effect function raised `RetryableEffectError` (a built-in: HTTP 5xx, "
-        "408, 429, connection failure; SMTP 4xx)",
+        "408, 425, 429, connection failure; SMTP 4xx)",
         "Nothing while attempts remain; after `max_attempts` it becomes "
         "`effect_attempts_exhausted`. Check the resource if `aggbox_effect_retries_total` "
         "keeps rising."),

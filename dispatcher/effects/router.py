@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import replace
 
 from aggregates.core.reasons import Reason
 from aggregates.domain.effects import Effects
@@ -83,7 +84,7 @@ class EffectRouter:
                 if self.is_effect(rec):
                     effect = self.effects.get(str(rec.envelope.get("type")))
                     done = [idx[pos]]
-                    outcome = [await self.runner.execute(rec, effect)]
+                    outcome = [replace(await self.runner.execute(rec, effect), effect=True)]
                 else:
                     end = pos
                     while end < len(idx) and not self.is_effect(records[idx[end]]):

@@ -180,9 +180,14 @@ class EffectRunner:
         when the query found the effect done, ``None`` to call (again)."""
         if effect.query is None:
             self.metrics.effect_recoveries.labels(effect.type, "call_again").inc()
-            log.info("effect %s %s: attempt %d has no recorded result and %s cannot be "
-                     "asked: calling again (at-least-once)", effect.type, call.idempotency_key,
-                     att.attempts, effect.type)
+            if effect.idempotent:
+                log.info("effect %s %s: attempt %d has no recorded result: calling again "
+                         "with the same Idempotency-Key (the resource honours it: once)",
+                         effect.type, call.idempotency_key, att.attempts)
+            else:
+                log.info("effect %s %s: attempt %d has no recorded result and %s cannot be "
+                         "asked: calling again (at-least-once)", effect.type,
+                         call.idempotency_key, att.attempts, effect.type)
             return None
         try:
             found = await _invoke(effect.query, _with_attempt(call, att.attempts),

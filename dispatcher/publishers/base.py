@@ -57,6 +57,8 @@ class PublishResult:
     status: PublishStatus
     reason: str | None = None
     error: str | None = None
+    #: the record was an effect entry, executed (dispatcher.effects), not published
+    effect: bool = False
 
     @classmethod
     def ok(cls) -> PublishResult:

@@ -160,7 +160,7 @@ def test_config_file_supplies_uri_and_database(cli: Run, db: Any, mongo_uri: str
     config.write_text(f'[aggbox]\nmongodb_uri = "{mongo_uri}"\ndatabase = "{db.name}"\n')
     rc, out, _ = cli("deadletters", "list", "--json", "--config", str(config))
     assert rc == 0
-    assert [d["id"] for d in json.loads(out)] == ["Order/o-1/p1"]
+    assert [d["id"] for d in json.loads(out)["items"]] == ["Order/o-1/p1"]
     bad = tmp_path / "bad.toml"
     bad.write_text("[aggbox]\nno_such_setting = 1\n")
     rc, _, err = cli("deadletters", "list", "--config", str(bad))
@@ -186,11 +186,15 @@ def test_deadletters_list_show_and_replay(cli: Run, db: Any) -> None:
                  "open by reason: handler_error: 1, unknown_aggregate_type: 2"):
         assert text in out
     rc, out, _ = cli("deadletters", "list", "--reason", Reason.HANDLER_ERROR, "--json")
-    [letter] = json.loads(out)
+    listed = json.loads(out)
+    [letter] = listed["items"]
+    assert listed["total"] == 1
     assert letter["id"] == "Order/o-3/p3" and "ValueError" in letter["traceback"]
     assert letter["message"]["payload"] == {"customer_id": "c-1", "amount": -5}
-    assert json.loads(cli("deadletters", "list", "--type", "Customer", "--json")[1]) == []
-    assert len(json.loads(cli("deadletters", "list", "--limit", "1", "--json")[1])) == 1
+    assert json.loads(cli("deadletters", "list", "--type", "Customer", "--json")[1]) == {
+        "items": [], "total": 0}
+    limited = json.loads(cli("deadletters", "list", "--limit", "1", "--json")[1])
+    assert len(limited["items"]) == 1 and limited["total"] == 3
 
     rc, out, _ = cli("deadletters", "show", "p3")
     assert rc == 0 and "Order/o-3/p3" in out and "Traceback" in out and '"amount": -5' in out
@@ -212,7 +216,7 @@ def test_deadletters_list_show_and_replay(cli: Run, db: Any) -> None:
     assert {d["_id"]: d["state"]["status"] for d in db.orders.find()} == {
         "o-1": "pending", "o-2": "pending"}
     replayed = json.loads(cli("deadletters", "list", "--status", "replayed", "--json")[1])
-    assert sorted(d["id"] for d in replayed) == ["Order/o-1/p1", "Order/o-2/p2"]
+    assert sorted(d["id"] for d in replayed["items"]) == ["Order/o-1/p1", "Order/o-2/p2"]
 
     # Replaying again is safe (dedup): duplicate, still replayed, exit 0.
     rc, out, _ = cli("deadletters", "replay", "--id", "p1", "--aggregates",
@@ -260,7 +264,7 @@ def test_deadletters_list_filters(cli: Run, db: Any) -> None:
     def ids(*argv: str) -> list[str]:
         rc, out, err = cli("deadletters", "list", "--json", *argv)
         assert rc == 0, err
-        return [d["id"] for d in json.loads(out)]
+        return [d["id"] for d in json.loads(out)["items"]]
 
     assert ids() == ["Account/a3/m4", "Order/o1/m3", "Account/a2/m2", "Account/a1/m1"]
     assert ids("--reason", HORIZON) == ["Order/o1/m3", "Account/a2/m2", "Account/a1/m1"]
@@ -311,13 +315,15 @@ def test_deadletters_dismiss_in_bulk(cli: Run, db: Any) -> None:
 
     # Dismissed ones leave the default list and filtered replays; --status shows them.
     listed = json.loads(cli("deadletters", "list", "--json")[1])
-    assert [d["id"] for d in listed] == ["Account/a3/m4", "Order/o1/m3"]
+    assert [d["id"] for d in listed["items"]] == ["Account/a3/m4", "Order/o1/m3"]
     dismissed = json.loads(cli("deadletters", "list", "--status", "dismissed", "--json")[1])
-    assert sorted(d["id"] for d in dismissed) == ["Account/a1/m1", "Account/a2/m2"]
-    assert dismissed[0]["dismiss_note"].startswith("old duplicates")
+    assert sorted(d["id"] for d in dismissed["items"]) == ["Account/a1/m1", "Account/a2/m2"]
+    assert dismissed["items"][0]["dismiss_note"].startswith("old duplicates")
     rc, out, _ = cli("deadletters", "replay", "--reason", HORIZON, "--aggregates",
                      "aggbox.examples.orders", "--dry-run", "--json")
-    assert rc == 0 and [d["id"] for d in json.loads(out)] == ["Order/o1/m3"]
+    dry = json.loads(out)
+    assert rc == 0 and dry["dry_run"] is True and [d["id"] for d in dry["items"]] == [
+        "Order/o1/m3"]
     rc, out, _ = cli("deadletters", "show", "m2")
     assert rc == 0 and "status: dismissed" in out and "dismiss_note: old duplicates" in out
 
@@ -378,12 +384,12 @@ def test_parked_list_and_release(cli: Run, db: Any, domain: types.ModuleType) ->
     assert rc == 0 and "Blocked aggregates: 1" in text and "card reader on fire" in text
     assert "j2" not in text
     listed = json.loads(cli("parked", "list", "--json", "--type", "Tab")[1])
-    assert sorted(p["message_id"] for p in listed["parked"]) == ["j2", "k3", "k4"]
+    assert sorted(p["message_id"] for p in listed["items"]) == ["j2", "k3", "k4"]
     assert listed["blocked"] == []  # blocked aggregates are looked up with --aggregates only
     assert json.loads(cli("parked", "list", "--json", "--reason", "sequence_gap")[1]) == {
-        "parked": [], "blocked": []}
+        "items": [], "total": 3, "blocked": []}
     listed = json.loads(cli("parked", "list", "--json", "--aggregates", DOMAIN)[1])
-    assert sorted(listed) == ["blocked", "parked"] and len(listed["parked"]) == 3
+    assert sorted(listed) == ["blocked", "items", "total"] and len(listed["items"]) == 3
     assert sorted(b["aggregate_id"] for b in listed["blocked"]) == ["t1", "t2"]
 
     # Without --aggregates: the block is cleared (+1 on _v), the messages keep waiting.
@@ -421,7 +427,7 @@ def test_release_argument_errors(cli: Run, capsys: pytest.CaptureFixture[str]) -
     assert rc == 1 and "pass --aggregates MODULE" in err and "--collection" in err
     rc, text, _ = cli("parked", "release", "--aggregate", "Tab/none", "--collection", "tabs",
                       "--json")
-    assert rc == 0 and json.loads(text)[0]["cleared"] is None
+    assert rc == 0 and json.loads(text)["items"][0]["cleared"] is None
 
 
 # -- indexes -----------------------------------------------------------------------------------

@@ -41,11 +41,9 @@ def test_normal_orders_always_fit_and_oversized_never_do() -> None:
     for o in sc.orders:
         if o.oversized:
             assert o.amount > limit[o.customer_id]
-            assert o.expected_status == "rejected"
         else:
             assert o.amount > 0
             normal_sum[o.customer_id] += o.amount
-            assert o.expected_status == "approved"
     assert all(normal_sum[c] <= limit[c] for c in limit)
     assert any(normal_sum[c] == limit[c] for c in normal_sum)  # the boundary is exercised
     assert 0 < sum(o.oversized for o in sc.orders) < len(sc.orders)

@@ -216,6 +216,9 @@ def test_permanent_4xx_fails_the_order_and_dead_letters_the_entry(
     (letter,) = DeadLetterStore(ddb, collection=store.dead_letter_collection).list()
     assert letter["message_id"] == entries[failed[0]]
     assert letter["reason"] == "effect_rejected" and "422" in letter["error"]
+    # An effect is executed, never published: its dead letter names the effect, no topic.
+    assert letter["error"].startswith("effect 'BookShipment' failed for good: ")
+    assert "topic" not in letter["error"]
     assert sum(shipping_plain.work_for(k) for k in entries.values()) == 2
     assert d.metrics.registry.get_sample_value(
         "aggbox_effect_failures_total",

@@ -386,10 +386,10 @@ def test_aggbox_effects_list_finds_open_failed_and_stale_attempts(
         return out
 
     def entries(out: dict[str, Any]) -> list[tuple[str, str]]:
-        return [(e["aggregate_id"], e["state"]) for e in out["effects"]]
+        return [(e["aggregate_id"], e["state"]) for e in out["items"]]
 
     assert entries(listing()) == [("o/3.$", "attempting")]
-    failed = listing("--state", "failed")["effects"]
+    failed = listing("--state", "failed")["items"]
     assert [(e["aggregate_id"], e["reason"]) for e in failed] == [("o-1", "effect_rejected")]
     assert "HTTP 422" in failed[0]["error"] and failed[0]["entry_id"] == ids["o-1"][0]
     everything = listing("--state", "all", "--type", "BookShipment")

@@ -286,7 +286,7 @@ def test_the_command_prints_instances_ranges_and_json(ddb: Database[Any], cli: R
 
     rc, out, err = cli("dispatch-status", "--aggregates", "tests.dispatcher.domain", "--json")
     assert rc == 0, err
-    (doc,) = json.loads(out)
+    (doc,) = json.loads(out)["items"]
     assert doc["collection"] == COLL and doc["fair"] is False
     assert {i["instance"]: i["owned"] for i in doc["instances"]} == {"a": 86, "b": 86, "c": 0}
     assert doc["lag"][0]["partition"] == 200 and doc["lag"][0]["owner"] is None

@@ -143,7 +143,7 @@ def test_inflight_claims_once_remembers_done_and_serialises_documents() -> None:
     assert [e["id"] for e in c.fresh] == ["e-2", "e-3"]
     assert c.stale == ["e-1"] and c.malformed == 1
     f.finish("d1", ["e-2", "e-3"], [])
-    assert len(f) == 0 and f.is_done("e-3")
+    assert len(f) == 0 and f.claim("d2", [entry(3)]).stale == ["e-3"]  # done: stale
 
 
 def test_done_cache_is_bounded() -> None:
@@ -151,7 +151,8 @@ def test_done_cache_is_bounded() -> None:
     for i in range(1500):
         f.claim(i, [entry(i)])
         f.finish(i, [f"e-{i}"], [])
-    assert not f.is_done("e-0") and f.is_done("e-1499")
+    assert [e["id"] for e in f.claim("x", [entry(0)]).fresh] == ["e-0"]  # forgotten
+    assert f.claim("y", [entry(1499)]).stale == ["e-1499"]
 
 
 def test_kafka_error_classification_and_topic_names() -> None:
