@@ -93,7 +93,7 @@ def aggbox(cluster: Cluster, command: str, db: Any, mongo_uri: str, py_file: Pat
                             env=env, cwd=cluster.workdir)
 
 
-def finish(proc: subprocess.Popen[str], timeout: float = 300) -> dict[str, Any]:
+def finish(proc: subprocess.Popen[str], timeout: float = 600) -> dict[str, Any]:
     out, err = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, f"exit {proc.returncode}\n{err[-4000:]}"
     summary: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
