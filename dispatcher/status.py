@@ -11,16 +11,18 @@ and, with ONE aggregation on the collection, the pending outbox entries per part
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
+from pymongo.collection import Collection
 from pymongo.database import Database
 
 from aggregates.core.partitions import F_PARTITION, PARTITIONS
 from aggregates.fold.document import F_OUTBOX
 from dispatcher.balance import fair
+from dispatcher.status_text import columns, compress_ranges, format_age, pending_text
 from dispatcher.sweep import PENDING
 
 __all__ = [
@@ -191,77 +193,108 @@ def read_status(db: Database[Any], collection: str, *,
                 partition_collection: str = DEFAULT_PARTITION_COLLECTION,
                 member_collection: str = DEFAULT_MEMBER_COLLECTION,
                 now: datetime | None = None, partitions: int = PARTITIONS) -> DispatchStatus:
-    """The dispatch state of ``collection`` in ``db``: three reads (leases, members, one
+    """The dispatch state of ``collection`` in ``db``: three reads (members, leases, one
     aggregation of the pending documents). ``now`` (default: this host's clock) decides
     which leases and members are live and the ages."""
     now = _utc(now) if now is not None else datetime.now(UTC)
     scope = f"{db.name}.{collection}"
     status = DispatchStatus(database=db.name, collection=collection, now=now,
                             partitions=partitions)
-
-    instances: dict[str, InstanceStatus] = {}
-    for doc in db[member_collection].find({"scope": scope}):
-        member = _member(doc, now)
-        if member is not None:
-            instances[member.instance] = member
-            member.live = member.expires_at is not None and member.expires_at > now
-
-    # A lease is live while its owner's heartbeat is (dispatcher/partlease.py).
-    owners: dict[int, str] = {}  # partition → owner of its live lease
-    latest: Handover | None = None
-    fields = {f: 1 for f in ("partition", "owner", "epoch", "previous", "handover",
-                             "handed_at", "since")}
-    for doc in db[partition_collection].find({"scope": scope}, fields):
-        p = doc.get("partition")
-        if not isinstance(p, int) or not 0 <= p < partitions:
-            continue
-        owner = doc.get("owner")
-        if isinstance(owner, str) and owner in instances and instances[owner].live:
-            owners[p] = owner
-        kind = doc.get("handover")
-        at = _opt_utc(doc.get("handed_at")) or _opt_utc(doc.get("since"))
-        if kind in (None, "new") or at is None or not isinstance(owner, str):
-            continue  # never handed over, or released since (no current owner)
-        if latest is None or at > latest.at:
-            epoch = doc.get("epoch")
-            previous = doc.get("previous")
-            latest = Handover(partition=p, previous=previous if isinstance(previous, str)
-                              else None, owner=owner, kind=str(kind), at=at,
-                              epoch=epoch if isinstance(epoch, int) else None)
-    status.last_handover = latest
+    instances = _read_members(db[member_collection], scope, now)
+    owners, status.last_handover = _read_leases(db[partition_collection], scope, instances,
+                                                partitions)
     status.unowned = [p for p in range(partitions) if p not in owners]
-
     for p, owner in sorted(owners.items()):
         instances.setdefault(owner, InstanceStatus(instance=owner)).partitions.append(p)
-
-    lags: dict[int, PartitionLag] = {}
-    for row in db[collection].aggregate(_LAG_PIPELINE):
-        p = row.get("_id")
-        if isinstance(p, float) and p.is_integer():
-            p = int(p)
-        if not isinstance(p, int) or isinstance(p, bool):
-            p = 0  # not a partition number: counted with the documents written before it
-        lag = lags.setdefault(p, PartitionLag(partition=p, entries=0, documents=0,
-                                              oldest_age_s=0.0, owner=owners.get(p)))
-        lag.entries += int(row.get("n") or 0)
-        lag.documents += int(row.get("docs") or 0)
-        lag.oldest_age_s = max(lag.oldest_age_s,
-                               _age(_opt_utc(row.get("oldest")), now) or 0.0)
-    for lag in lags.values():
+    lags = _read_lag(db[collection], owners, now)
+    for lag in lags.values():  # each owner's share of the backlog
         if lag.owner is not None:
             inst = instances[lag.owner]
             inst.pending_entries += lag.entries
             inst.pending_documents += lag.documents
             inst.oldest_age_s = max(inst.oldest_age_s or 0.0, lag.oldest_age_s)
-    status.lag = list(lags.values())
-    status.lag.sort(key=lambda x: (-x.oldest_age_s, -x.entries, x.partition))
-
+    status.lag = sorted(lags.values(), key=lambda x: (-x.oldest_age_s, -x.entries, x.partition))
     status.instances = sorted(instances.values(), key=lambda i: i.instance)
     # The balancing rule's own test: every partition held by a live instance, shares
     # within one of each other.
     status.fair = fair({i.instance: len(i.partitions) for i in status.instances if i.live},
                        partitions)
     return status
+
+
+def _read_members(coll: Collection[Any], scope: str, now: datetime
+                  ) -> dict[str, InstanceStatus]:
+    """Read 1: the instances (member heartbeats) of ``scope``, by name; live while their
+    heartbeat has not expired."""
+    instances: dict[str, InstanceStatus] = {}
+    for doc in coll.find({"scope": scope}):
+        member = _member(doc, now)
+        if member is not None:
+            instances[member.instance] = member
+            member.live = member.expires_at is not None and member.expires_at > now
+    return instances
+
+
+_LEASE_FIELDS: Final = {f: 1 for f in ("partition", "owner", "epoch", "previous", "handover",
+                                       "handed_at", "since")}
+
+
+def _read_leases(coll: Collection[Any], scope: str, instances: Mapping[str, InstanceStatus],
+                 partitions: int) -> tuple[dict[int, str], Handover | None]:
+    """Read 2: the owner of each partition whose lease is live — a lease is live while its
+    owner's heartbeat is (dispatcher/partlease.py) — and the latest handover."""
+    owners: dict[int, str] = {}  # partition → owner of its live lease
+    latest: Handover | None = None
+    for doc in coll.find({"scope": scope}, _LEASE_FIELDS):
+        p = doc.get("partition")
+        if not isinstance(p, int) or not 0 <= p < partitions:
+            continue
+        owner = doc.get("owner")
+        if isinstance(owner, str) and owner in instances and instances[owner].live:
+            owners[p] = owner
+        handover = _handover(doc, p, owner)
+        if handover is not None and (latest is None or handover.at > latest.at):
+            latest = handover
+    return owners, latest
+
+
+def _handover(doc: Mapping[str, Any], partition: int, owner: Any) -> Handover | None:
+    """The last handover of one lease; ``None`` when it was never handed over, or was
+    released since (no current owner)."""
+    kind = doc.get("handover")
+    at = _opt_utc(doc.get("handed_at")) or _opt_utc(doc.get("since"))
+    if kind in (None, "new") or at is None or not isinstance(owner, str):
+        return None
+    epoch, previous = doc.get("epoch"), doc.get("previous")
+    return Handover(partition=partition,
+                    previous=previous if isinstance(previous, str) else None,
+                    owner=owner, kind=str(kind), at=at,
+                    epoch=epoch if isinstance(epoch, int) else None)
+
+
+def _read_lag(coll: Collection[Any], owners: Mapping[int, str], now: datetime
+              ) -> dict[int, PartitionLag]:
+    """Read 3: the pending outbox entries per partition (one aggregation)."""
+    lags: dict[int, PartitionLag] = {}
+    for row in coll.aggregate(_LAG_PIPELINE):
+        p = _lag_partition(row.get("_id"))
+        lag = lags.setdefault(p, PartitionLag(partition=p, entries=0, documents=0,
+                                              oldest_age_s=0.0, owner=owners.get(p)))
+        lag.entries += int(row.get("n") or 0)
+        lag.documents += int(row.get("docs") or 0)
+        lag.oldest_age_s = max(lag.oldest_age_s,
+                               _age(_opt_utc(row.get("oldest")), now) or 0.0)
+    return lags
+
+
+def _lag_partition(value: Any) -> int:
+    """The partition a lag row counts for: its ``_p``; a document without a partition number
+    counts as partition 0."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool):
+        return 0
+    return value
 
 
 def _member(doc: Mapping[str, Any], now: datetime) -> InstanceStatus | None:
@@ -300,46 +333,6 @@ def _iso(value: datetime | None) -> str | None:
 
 
 # -- formatting (pure) -----------------------------------------------------------------------
-def compress_ranges(numbers: Iterable[int]) -> str:
-    """``[0, 1, 2, 3, 7, 9, 10]`` → ``"0-3, 7, 9-10"`` (sorted, duplicates ignored);
-    ``""`` for none."""
-    parts: list[str] = []
-    values = sorted(set(numbers))
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        parts.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
-        i = j + 1
-    return ", ".join(parts)
-
-
-def format_age(seconds: float | None) -> str:
-    """``3.2s``, ``4m05s``, ``2h07m``, ``3d04h``; ``-`` for none."""
-    if seconds is None:
-        return "-"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    s = int(seconds)
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
-def _pending(entries: int, documents: int) -> str:
-    return (f"{entries} entr{'y' if entries == 1 else 'ies'} in {documents} "
-            f"doc{'' if documents == 1 else 's'}")
-
-
-def _columns(rows: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
-            for r in rows]
-
-
 def format_status(status: DispatchStatus, *, top: int = TOP_LAGGING) -> str:
     """The text form: a header, one line per instance, the unowned partitions, the ``top``
     partitions with the oldest pending entries and the last hand-over."""
@@ -348,7 +341,7 @@ def format_status(status: DispatchStatus, *, top: int = TOP_LAGGING) -> str:
         f"{status.scope}: {status.partitions} partitions, {len(live)} live "
         f"instance{'' if len(live) == 1 else 's'}, "
         f"{'fair' if status.fair else 'NOT fair'}; pending: "
-        f"{_pending(status.pending_entries, status.pending_documents)}, oldest: "
+        f"{pending_text(status.pending_entries, status.pending_documents)}, oldest: "
         f"{format_age(status.oldest_age_s)}"]
     rows: list[list[str]] = []
     for i in status.instances:
@@ -360,10 +353,10 @@ def format_status(status: DispatchStatus, *, top: int = TOP_LAGGING) -> str:
         beat = ("heartbeat: -" if i.heartbeat_age_s is None
                 else f"heartbeat: {format_age(i.heartbeat_age_s)} ago")
         rows.append([i.instance, "live" if i.live else "DEAD", where, beat, owned,
-                     f"pending: {_pending(i.pending_entries, i.pending_documents)}",
+                     f"pending: {pending_text(i.pending_entries, i.pending_documents)}",
                      f"oldest: {format_age(i.oldest_age_s)}"])
     if rows:
-        lines.extend("  " + line for line in _columns(rows))
+        lines.extend("  " + line for line in columns(rows))
     else:
         lines.append("  no instances")
     unowned = compress_ranges(status.unowned)
@@ -378,9 +371,9 @@ def format_status(status: DispatchStatus, *, top: int = TOP_LAGGING) -> str:
         shown = status.lag[:top]
         lines.append(f"lagging partitions ({len(shown)} of {len(status.lag)} with pending "
                      "entries, oldest first):")
-        lines.extend("  " + line for line in _columns([
+        lines.extend("  " + line for line in columns([
             [f"partition {p.partition}", f"owner: {p.owner or 'NONE'}",
-             f"pending: {_pending(p.entries, p.documents)}",
+             f"pending: {pending_text(p.entries, p.documents)}",
              f"oldest: {format_age(p.oldest_age_s)}"] for p in shown]))
     else:
         lines.append("lagging partitions: none (no pending entries)")

@@ -3,13 +3,20 @@
 The store writer and the in-memory testing helpers both use :func:`fold`, so dedup, outbox
 and parking rules are the same in tests and in production.
 
-One message goes through :meth:`_Folder.step`: :meth:`~_Folder._admit` (state loadable, not
-an event, the dedup decision, not blocked, room in the outbox), then
+:func:`fold` runs two passes at most. The *fast* pass checks the document's size budget
+once, on the result (:meth:`_Folder.finish` says whether it fits); only when it does not is
+the fold redone by the *strict* pass, which checks the budget per message to find the
+culprit(s). Both passes are pure, so the redo sees exactly the same inputs.
+
+One message goes through :meth:`_Folder.step`: :meth:`~_Folder._admit` (layout and state
+loadable, not an event, the dedup decision, not blocked, room in the outbox), then
 :func:`aggregates.fold.steps.run_handler` (handler lookup, upcast, typed payload, the
 handler), :func:`aggregates.fold.steps.check_result` (the result, the emits, the outbox limit)
 and, in the strict pass, :meth:`~_Folder._budget` (the size budget). Each returns what it
 found or raises :class:`~aggregates.fold.steps.Refusal` (how the message ends instead); only
-:meth:`~_Folder._commit` and :meth:`~_Folder._refuse` record anything.
+:meth:`~_Folder._commit` and :meth:`~_Folder._refuse` record anything, each exactly one
+outcome per step — in a new slot, or in the ``slot`` the step was given (a message parked
+earlier in this fold and retried: its outcome is replaced, one outcome per input message).
 """
 
 from __future__ import annotations
@@ -23,10 +30,11 @@ import bson
 from aggregates.core.errors import AggboxError
 from aggregates.core.ids import payload_hash
 from aggregates.core.reasons import Reason
+from aggregates.core.tracecontext import emit_trace
 from aggregates.dedup import source_key
 from aggregates.domain.aggregate import AggregateType
 from aggregates.fold.document import Snapshot, layout_error
-from aggregates.fold.handler_result import entries_size
+from aggregates.fold.handler_result import EmitHeaders, entries_size
 from aggregates.fold.ordering import delivery_order
 from aggregates.fold.result import Changes, DeadLetter, FoldResult, Parked
 from aggregates.fold.steps import (
@@ -60,20 +68,18 @@ def fold(
 
     Returns the new snapshot, the changes to write, and one outcome per input message (plus
     outcomes for released parked messages, marked ``from_parked``)."""
-    # Fast path: state validation and the size budget are checked once, on the result. If
-    # that check fails, the fold is redone strictly (per message) to find the culprit(s);
-    # both passes are pure, so the redo sees exactly the same inputs.
-    for strict in (False, True):
-        f = _Folder(atype, snap, now=now, max_bytes=max_document_bytes, attempt=attempt,
-                    strict=strict)
-        try:
-            f.retry_parked(list(parked), first=True)
-            for msg in messages:
-                f.step(msg, from_parked=False)
-            f.finish()
-        except _NeedStrict:
-            continue
-        break
+    # The one input from the context: the writer's tracing hook (aggregates/store/tracing.py),
+    # read here once and passed down (the trace headers of emitted entries).
+    emit_headers = emit_trace.get()
+    folder = _Folder(atype, snap, now=now, max_bytes=max_document_bytes, attempt=attempt,
+                     strict=False, emit_headers=emit_headers)
+    folder.run(parked, messages)
+    if not folder.finish():  # over the size budget, or not storable: find the culprit(s)
+        folder = _Folder(atype, snap, now=now, max_bytes=max_document_bytes, attempt=attempt,
+                         strict=True, emit_headers=emit_headers)
+        folder.run(parked, messages)
+        folder.finish()
+    f = folder
     return FoldResult(f.snap, f.changes, f.outcomes, f.dead, f.parked, f.released)
 
 
@@ -87,8 +93,10 @@ class _Folder:
         max_bytes: int,
         attempt: int,
         strict: bool = True,
+        emit_headers: EmitHeaders = None,
     ) -> None:
         self.atype = atype
+        self.emit_headers = emit_headers
         self._upcasting = atype.upcasts
         self.strict = strict
         self.applied = False
@@ -131,59 +139,65 @@ class _Folder:
         # Messages of this fold's input parked earlier in the same fold: their outcome slot,
         # overwritten if a later message closes their gap (one outcome per input message).
         self._slots: dict[int, int] = {}
-        self._cur_slot: int | None = None
         self.added_bytes = 0
 
     # -- recording ------------------------------------------------------------------------
-    def _out(self, msg: Message, kind: oc.OutcomeKind, from_parked: bool, reason: str | None = None,
-             detail: str | None = None, emitted: tuple[str, ...] = ()) -> int:
+    def _out(self, msg: Message, kind: oc.OutcomeKind, from_parked: bool, slot: int | None,
+             reason: str | None = None, detail: str | None = None,
+             emitted: tuple[str, ...] = ()) -> int:
+        """Record ``msg``'s outcome in ``slot`` (``None``: a new one); returns the slot."""
         outcome = new_outcome(msg.message_id, msg.aggregate_type, msg.aggregate_id, kind,
                               reason, detail, emitted, self.attempt, from_parked)
-        slot = self._cur_slot
         if slot is None:
             outcomes = self.outcomes
             outcomes.append(outcome)
             slot = len(outcomes) - 1
         else:
-            self._cur_slot = None
             self.outcomes[slot] = outcome
         if from_parked and kind != "parked":
             self.released.append(msg.message_id)
         return slot
 
-    def _refuse(self, msg: Message, from_parked: bool, r: Refusal) -> None:
+    def _refuse(self, msg: Message, from_parked: bool, slot: int | None, r: Refusal) -> None:
         if r.kind == "duplicate":
-            self._out(msg, "duplicate", from_parked, r.reason, r.detail)
+            self._out(msg, "duplicate", from_parked, slot, r.reason, r.detail)
         elif r.kind == "parked":
             p = Parked(msg, r.reason or "parked", r.detail)
             if not from_parked:  # parked before: no new outcome, it was counted already
                 self.parked.append(p)
-                self._slots[id(p)] = self._out(msg, "parked", False, r.reason, r.detail)
+                self._slots[id(p)] = self._out(msg, "parked", False, slot, r.reason, r.detail)
             self.waiting.append(p)  # a later message of this fold may close its gap
         else:
             self.dead.append(DeadLetter(msg, None, r.reason or "dedup", r.detail, r.tb,
                                         msg.aggregate_type, msg.aggregate_id))
-            self._out(msg, "dead_lettered", from_parked, r.reason, r.detail)
+            self._out(msg, "dead_lettered", from_parked, slot, r.reason, r.detail)
             if r.block:
                 self.snap.blocked = {"message_id": msg.message_id, "error": r.detail,
                                      "at": self.now}
                 self.changes.blocked = self.snap.blocked
 
     # -- the step -------------------------------------------------------------------------
-    def step(self, msg: Message, *, from_parked: bool) -> None:
+    def run(self, parked: Sequence[Parked], messages: Sequence[Message]) -> None:
+        """Previously parked messages first, then the input, in order."""
+        self.retry_parked(list(parked), first=True)
+        for msg in messages:
+            self.step(msg, from_parked=False)
+
+    def step(self, msg: Message, *, from_parked: bool, slot: int | None = None) -> None:
+        """Handle one message and record its one outcome (in ``slot``, if given)."""
         admitted = self._admit(msg)
         if isinstance(admitted, Refusal):
-            self._refuse(msg, from_parked, admitted)
+            self._refuse(msg, from_parked, slot, admitted)
             return
         try:
             result = run_handler(self.atype, self.state_obj, msg, upcasting=self._upcasting)
             new_state, state_doc, entries = check_result(self.atype, self.snap, msg, result,
-                                                         self.now)
+                                                         self.now, self.emit_headers)
             added = self._budget(msg, state_doc, entries) if self.strict else 0
         except Refusal as refusal:
-            self._refuse(msg, from_parked, refusal)
+            self._refuse(msg, from_parked, slot, refusal)
             return
-        self._commit(msg, from_parked, admitted, new_state, state_doc, entries, added)
+        self._commit(msg, from_parked, slot, admitted, new_state, state_doc, entries, added)
 
     def _admit(self, msg: Message) -> Refusal | str:
         """Whether the handler may see ``msg``: its payload hash if so (``""`` when the
@@ -242,8 +256,9 @@ class _Folder:
             raise too_large(self.snap, state_doc, added, self.max_bytes)
         return added
 
-    def _commit(self, msg: Message, from_parked: bool, phash: str, new_state: Any,
-                state_doc: dict[str, Any], entries: list[dict[str, Any]], added: int) -> None:
+    def _commit(self, msg: Message, from_parked: bool, slot: int | None, phash: str,
+                new_state: Any, state_doc: dict[str, Any], entries: list[dict[str, Any]],
+                added: int) -> None:
         """Apply the step in memory: state, dedup record, outbox, outcome."""
         snap, changes, atype = self.snap, self.changes, self.atype
         if added:
@@ -262,12 +277,12 @@ class _Folder:
         else:
             ids = ()
         changes.seq = snap.seq
-        if self._cur_slot is None and not from_parked:  # _out(), inlined: the hot path
+        if slot is None and not from_parked:  # _out(), inlined: the hot path
             self.outcomes.append(new_outcome(msg.message_id, msg.aggregate_type,
                                              msg.aggregate_id, "applied", None, None, ids,
                                              self.attempt, False))
         else:
-            self._out(msg, "applied", from_parked, emitted=ids)
+            self._out(msg, "applied", from_parked, slot, emitted=ids)
         if self.waiting:
             key = source_key(msg)
             if key is not None:
@@ -294,8 +309,7 @@ class _Folder:
                 self.step(p.message, from_parked=True)
             else:  # parked earlier in this fold: settle its own outcome instead
                 self.parked = [q for q in self.parked if q is not p]
-                self._cur_slot = slot
-                self.step(p.message, from_parked=False)
+                self.step(p.message, from_parked=False, slot=slot)
 
     def _size_with(self, state_doc: dict[str, Any] | None) -> int:
         # The stored size, adjusted by the state's growth and what this fold appended.
@@ -320,26 +334,25 @@ class _Folder:
             both = len(bson.encode(state))
         return snap.size_bytes - self._state0_bytes + both + inbox
 
-    def finish(self) -> None:
-        dedup = self.snap.dedup
+    def finish(self) -> bool:
+        """Size the document and add the dedup strategy's part of the write. ``False`` (and
+        nothing added) when the fast pass finds the document over its budget or not storable:
+        only the strict pass can say which message is to blame."""
         if not self.strict and self.applied:
             try:
                 size = self._fast_size()
             except Exception:  # not BSON-encodable: the strict pass finds the message
-                raise _NeedStrict() from None
+                return False
             if size > self.max_bytes:
-                raise _NeedStrict()
+                return False
             self.snap.size_bytes = size
         else:
             self.snap.size_bytes = self._size_with(self.snap.state if self.applied else None)
         # The strategy's part of the write; entries leaving the document with it (never
         # one this write adds: docs/design.md "Dedup") are archived by the writer first.
-        self.changes.dedup = self.atype.dedup.changes(dedup)
+        self.changes.dedup = self.atype.dedup.changes(self.snap.dedup)
         # Messages that were parked before and still wait keep their parked entry as is.
-
-
-class _NeedStrict(Exception):
-    """The fast pass found a problem only a per-message pass can attribute."""
+        return True
 
 
 _INBOX_ENTRY_BYTES = 64

@@ -6,7 +6,7 @@ docs/design.md "Outbox ids"."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -16,18 +16,25 @@ from aggregates.core.errors import AggboxError, HandlerError, InvalidFieldName
 from aggregates.core.fastbuild import storable_text
 from aggregates.core.fieldnames import check_field_names
 from aggregates.core.ids import emitted_message_id
-from aggregates.core.tracecontext import emit_trace, trace_headers
+from aggregates.core.tracecontext import trace_headers
 from aggregates.domain.aggregate import AggregateRef, AggregateType, Emit, dump_payload_checked
 from aggregates.fold.document import Snapshot
 from aggregates.message.envelope import MAX_SCHEMA_VERSION, Message
 
-__all__ = ["EmitError", "entries_size", "normalise_result", "outbox_entries"]
+__all__ = ["EmitError", "EmitHeaders", "entries_size", "normalise_result", "outbox_entries"]
+
+#: The writer's tracing hook (:meth:`aggregates.store.tracing.ChunkTrace.emit_headers`): the
+#: trace headers of the entries a message emits; ``None`` without per-message tracing.
+EmitHeaders = Callable[[Message], Mapping[str, str]] | None
 
 
 def outbox_entries(atype: AggregateType[Any], snap: Snapshot, msg: Message,
-                   emits: Sequence[Emit], now: datetime) -> list[dict[str, Any]]:
+                   emits: Sequence[Emit], now: datetime, emit_headers: EmitHeaders = None,
+                   ) -> list[dict[str, Any]]:
     """The outbox entries for what a handler emitted while applying ``msg`` to ``snap``
-    (ids: docs/design.md "Outbox ids"); raises :class:`EmitError` naming the bad one."""
+    (ids: docs/design.md "Outbox ids"); raises :class:`EmitError` naming the bad one.
+    The entries carry ``emit_headers(msg)`` as trace headers, or without that hook the
+    input's own trace context (:func:`aggregates.core.tracecontext.trace_headers`)."""
     if not emits:
         return []
     out: list[dict[str, Any]] = []
@@ -37,8 +44,7 @@ def outbox_entries(atype: AggregateType[Any], snap: Snapshot, msg: Message,
     seq0 = snap.seq + 1
     # The input's W3C trace context goes on with what it causes (aggregates/core/tracecontext.py).
     # With a tracer provider, the writer's handling span replaces it (aggregates/store/tracing.py).
-    hook = emit_trace.get()
-    trace = (hook(msg) if hook is not None
+    trace = (emit_headers(msg) if emit_headers is not None
              else trace_headers(msg.headers) if msg.headers else None)
     for i, e in enumerate(emits):
         if type(e) is not Emit and not isinstance(e, Emit):

@@ -23,7 +23,12 @@ from aggregates.core.errors import (
 from aggregates.core.reasons import Reason
 from aggregates.domain.aggregate import AggregateType, InvalidPayload, TypedHandler
 from aggregates.fold.document import Snapshot
-from aggregates.fold.handler_result import EmitError, normalise_result, outbox_entries
+from aggregates.fold.handler_result import (
+    EmitError,
+    EmitHeaders,
+    normalise_result,
+    outbox_entries,
+)
 from aggregates.message.envelope import Message
 
 __all__ = ["DUPLICATE", "Refusal", "check_result", "dead", "park", "run_handler",
@@ -94,7 +99,8 @@ def run_handler(atype: AggregateType[Any], state: Any, msg: Message, *, upcastin
 
 
 def check_result(atype: AggregateType[Any], snap: Snapshot, msg: Message, result: Any,
-                 now: datetime) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
+                 now: datetime, emit_headers: EmitHeaders = None,
+                 ) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
     """Validate what the handler returned, per message (so outcomes do not depend on where
     slices or batches are cut): the new state, its document, the outbox entries. Only BSON
     encoding and the size budget are left to the strict pass (see
@@ -109,7 +115,7 @@ def check_result(atype: AggregateType[Any], snap: Snapshot, msg: Message, result
     except Exception as exc:  # e.g. a state the codec cannot convert
         raise dead(Reason.INVALID_STATE, f"{type(exc).__name__}: {exc}") from None
     try:
-        entries = outbox_entries(atype, snap, msg, emits, now)
+        entries = outbox_entries(atype, snap, msg, emits, now, emit_headers)
     except EmitError as exc:
         raise dead(Reason.INVALID_EMIT, str(exc)) from None
     limit = atype.max_outbox
