@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -281,5 +282,9 @@ def _stop_all() -> None:
     with _live_lock:
         items = list(reversed(_live))
     for item in items:
-        with contextlib.suppress(Exception):
+        try:
             item.stop()
+        except (OSError, subprocess.SubprocessError, ServerError) as exc:
+            # at interpreter exit: the next server must still be stopped; say what failed
+            logging.getLogger("aggbox.servers").warning("could not stop %r at exit: %s",
+                                                        item, exc)
