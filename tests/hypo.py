@@ -1,5 +1,5 @@
 """How many examples a property test runs: a quick depth by default (``make test`` on a
-slow, busy laptop) and the deep one in CI (``.ci/run`` sets ``AGGBOX_TEST_DEPTH=deep``).
+slow, busy laptop) and the deep one in CI (``.ci/run`` sets ``HYPOTHESIS_PROFILE=deep``).
 
 Tests write ``@settings(max_examples=examples(300), ...)``: 300 in the deep profile, a
 quarter of it (at least 10, or all of a smaller number) in the quick one.
@@ -11,8 +11,8 @@ import os
 
 __all__ = ["DEEP", "examples"]
 
-#: True when the deep profile is asked for (``AGGBOX_TEST_DEPTH=deep``)
-DEEP = os.environ.get("AGGBOX_TEST_DEPTH", "").strip().lower() == "deep"
+#: True when the deep profile is asked for (``HYPOTHESIS_PROFILE=deep``)
+DEEP = os.environ.get("HYPOTHESIS_PROFILE", "").strip().lower() == "deep"
 
 
 def examples(deep: int) -> int:
