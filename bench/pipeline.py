@@ -9,6 +9,9 @@ Scenarios per input size (messages):
 (d) connector — the MongoDB Spark Connector writing one document per message (replace with
                upsert by aggregate id: a peer with no idempotency and no ordering).
 
+The pipeline runs as ``aggbox run`` runs it: ``Pipeline(..., keep_outcomes=False)``, the
+counts only (no outcome DataFrame kept, no audit log).
+
 Messages are ``CustomerRegistered`` for ``aggbox.examples.orders`` (no emits, so the outbox stays
 empty). Peak RSS of the Python workers is sampled from /proc while the pipeline runs.
 
@@ -318,7 +321,9 @@ def run_pipeline(spark: Any, uri: str, inputs: Path, group: str | None = None
 
     db = f"bench_{uuid.uuid4().hex[:8]}"
     settings = AggboxSettings.load(mongodb_uri=uri, database=db)
-    pipeline = Pipeline(spark, aggregates=AGGREGATES, settings=settings, mongodb_uri=uri)
+    # As `aggbox run` runs it: no outcome DataFrame kept (the counts only).
+    pipeline = Pipeline(spark, aggregates=AGGREGATES, settings=settings, mongodb_uri=uri,
+                        keep_outcomes=False)
     pipeline.ensure_indexes()
     with RssSampler() as rss, Measured(spark) as measured, job_group(spark, group):
         t0 = time.perf_counter()

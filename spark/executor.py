@@ -34,6 +34,7 @@ The dead letter keeps the record value as it came.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,7 +56,8 @@ from spark.schema import OUTCOME_COLUMNS, outcome_columns
 from spark.sources import CE_HEADER_COLUMN
 from spark.validate import LONE_SURROGATE_DETAIL
 
-__all__ = ["WriterTask", "get_client", "get_registry", "write_partition"]
+__all__ = ["STATS_COLUMN", "STATS_KEYS", "WriterTask", "get_client", "get_registry",
+           "with_stats", "write_partition"]
 
 _lock = threading.Lock()
 _clients: dict[str, Any] = {}
@@ -73,6 +75,8 @@ class WriterTask:
     aggregates: str
     settings: dict[str, Any]
     carry_over_max: int = 5_000
+    #: Add :data:`STATS_COLUMN` to the outcome batches (:func:`with_stats`).
+    stats: bool = False
 
 
 def get_client(uri: str) -> Any:
@@ -316,7 +320,13 @@ def _arrow_types() -> list[Any]:
 
 def write_partition(task: WriterTask, batches: Iterator[Any]) -> Iterator[Any]:
     """The ``mapInArrow`` function (bind ``task`` with ``functools.partial``): Arrow batches
-    of validated rows in, Arrow batches of :data:`spark.schema.OUTCOME_SCHEMA` out."""
+    of validated rows in, Arrow batches of :data:`spark.schema.OUTCOME_SCHEMA` out (plus
+    :data:`STATS_COLUMN` when ``task.stats``: :func:`with_stats`)."""
+    out = _write(task, batches)
+    return with_stats(out) if task.stats else out
+
+
+def _write(task: WriterTask, batches: Iterator[Any]) -> Iterator[Any]:
     part: _Partition | None = None
     for batch in batches:
         if batch.num_rows == 0:
@@ -329,3 +339,44 @@ def write_partition(task: WriterTask, batches: Iterator[Any]) -> Iterator[Any]:
             yield part.to_arrow(outcomes, types)
     if part is not None and part.carry:
         yield part.to_arrow(*part.write(part.take([], final=True), []))
+
+#: The column :func:`with_stats` adds to the outcome batches: NULL but on the last row a
+#: partition returns, which holds the partition's outcome counts as JSON
+#: (:func:`spark.results.counts_from_stats` reads them).
+STATS_COLUMN = "_stats"
+#: The outcome columns the counts are grouped by (:attr:`spark.results.RunResult.by_type`).
+STATS_KEYS = ("outcome", "from_parked", "reason", "aggregate_type", "message_type")
+
+
+def with_stats(outcomes: Iterator[Any]) -> Iterator[Any]:
+    """Outcome batches with :data:`STATS_COLUMN` added: the rows counted by
+    :data:`STATS_KEYS` as they pass (Arrow's group-by), the counts returned as JSON on the
+    partition's last row (its batch is held back until the next one comes), so that the
+    pipeline has its counts from the job that writes, without a second job over the
+    outcomes."""
+    import pyarrow as pa
+
+    counts: dict[tuple[Any, ...], int] = {}
+    pending: Any = None
+    for batch in outcomes:
+        if batch.num_rows == 0:
+            continue
+        grouped = pa.Table.from_batches([batch]).group_by(
+            list(STATS_KEYS), use_threads=False).aggregate([([], "count_all")])
+        for row in grouped.to_pylist():
+            key = tuple(row[k] for k in STATS_KEYS)
+            counts[key] = counts.get(key, 0) + row["count_all"]
+        if pending is not None:
+            yield _with_stats_column(pending, pa.nulls(pending.num_rows, pa.string()))
+        pending = batch
+    if pending is not None:
+        stats = json.dumps([[*k, n] for k, n in counts.items()])
+        column = pa.array([None] * (pending.num_rows - 1) + [stats], type=pa.string())
+        yield _with_stats_column(pending, column)
+
+
+def _with_stats_column(batch: Any, column: Any) -> Any:
+    import pyarrow as pa
+
+    return pa.RecordBatch.from_arrays([*batch.columns, column],
+                                      names=[*batch.schema.names, STATS_COLUMN])

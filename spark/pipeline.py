@@ -41,6 +41,7 @@ comes back to this process through a one-row temporary view of the shared sessio
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -54,13 +55,14 @@ from aggregates.core.errors import AggboxError, ConfigurationError
 from aggregates.core.settings import AggboxSettings
 from aggregates.domain.aggregate import Registry
 from aggregates.store.writer import StoreWriter
-from spark.executor import WriterTask, write_partition
+from spark.executor import STATS_COLUMN, WriterTask, write_partition
 from spark.order import order_within_aggregates
 from spark.results import (
     AccountingError,
     RunResult,
     StreamResult,
     count_outcomes,
+    counts_from_stats,
     new_run_id,
 )
 from spark.schema import OUTCOME_SCHEMA
@@ -95,7 +97,10 @@ class Pipeline:
     """The aggbox pipeline for one aggregates module against one MongoDB database.
 
     ``aggregates`` is a module name (it is imported again in every executor);
-    ``mongodb_uri`` defaults to ``settings.mongodb_uri``; one of them is required."""
+    ``mongodb_uri`` defaults to ``settings.mongodb_uri``; one of them is required.
+    ``keep_outcomes=False``: :meth:`run_batch` keeps no outcome DataFrame
+    (``RunResult.outcomes`` is None unless an outcomes path is given; the counts are there
+    all the same), so the outcomes are not checkpointed."""
 
     def __init__(
         self,
@@ -105,8 +110,10 @@ class Pipeline:
         settings: AggboxSettings | None = None,
         spark_settings: SparkSettings | None = None,
         mongodb_uri: str | None = None,
+        keep_outcomes: bool = True,
     ) -> None:
         check_session(spark)
+        self.keep_outcomes = keep_outcomes
         self.spark = spark
         self.spark_settings = spark_settings or SparkSettings.load()
         module = aggregates or self.spark_settings.aggregates
@@ -169,12 +176,27 @@ class Pipeline:
     def plan(self, raw: Any) -> Any:
         """The lazy outcomes DataFrame for ``raw`` (``_raw, _src, _o1, _o2``). Every action
         on it runs the writer again; :meth:`process` runs it exactly once."""
+        return self._plan(raw, None)
+
+    def _plan(self, raw: Any, seen: Any) -> Any:
+        """:meth:`plan`; with an ``Observation`` ``seen``: the rows that reach the writer
+        are counted into it (``rows``) and the outcomes carry the executors' counts
+        (:data:`spark.executor.STATS_COLUMN`)."""
         checked = validate(raw, self.info, max_payload_bytes=self.settings.max_payload_bytes)
         ordered = order_within_aggregates(checked, self.spark_settings.shuffle_partitions)
         rows = ordered.select("_raw", "_reason", "_detail", "_mid", "_atype", "_aid", "_mtype",
                               *[c for c in (*TRACE_HEADER_COLUMNS, CE_HEADER_COLUMN)
                                 if c in ordered.columns])
-        return rows.mapInArrow(functools.partial(write_partition, self.task()), OUTCOME_SCHEMA)
+        if seen is None:
+            return rows.mapInArrow(functools.partial(write_partition, self.task()),
+                                   OUTCOME_SCHEMA)
+        from pyspark.sql import functions as F
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        rows = rows.observe(seen, F.count(F.lit(1)).alias("rows"))
+        task = dataclasses.replace(self.task(), stats=True)
+        schema = StructType([*OUTCOME_SCHEMA.fields, StructField(STATS_COLUMN, StringType())])
+        return rows.mapInArrow(functools.partial(write_partition, task), schema)
 
     def process(
         self,
@@ -184,22 +206,59 @@ class Pipeline:
         batch_id: int | None = None,
         outcomes_path: str | None = None,
         input_count: int | None = None,
+        keep_outcomes: bool = True,
     ) -> RunResult:
-        """Run the writer over ``raw`` once, materialise the outcomes and count them."""
+        """Run the writer over ``raw`` once (one Spark job), materialise the outcomes — as
+        Parquet under ``outcomes_path``, else a local checkpoint, or not at all when
+        ``keep_outcomes`` is false (``RunResult.outcomes`` is then None) — and count them.
+
+        The input is counted as it reaches the writer and the outcomes by the executors,
+        both returned with the job (``Observation``), so no second pass over the input or
+        the outcomes runs. Should a session not return the observed values (the fallback,
+        never seen on Spark 4.0), the input and the kept outcomes are counted by jobs of
+        their own (a session that returns none always keeps the outcomes)."""
+        from pyspark.sql import Observation
+        from pyspark.sql import functions as F
+
         self.ensure_indexes()
         started = time.monotonic()
-        if input_count is None:
-            input_count = int(raw.count())
-        outcomes = self.plan(raw)
+        seen_in, seen_out = Observation(), Observation()
+        outcomes = self._plan(raw, seen_in).observe(
+            seen_out, F.count(F.lit(1)).alias("rows"),
+            F.array_join(F.collect_list(STATS_COLUMN), "\n").alias("stats"),
+        ).drop(STATS_COLUMN)
         target = None
         if outcomes_path:
             part = f"batch_id={batch_id}" if batch_id is not None else f"run_id={run_id}"
             target = outcomes_path.rstrip("/") + "/" + part
             outcomes.write.mode("overwrite").parquet(target)
             outcomes = raw.sparkSession.read.schema(OUTCOME_SCHEMA).parquet(target)
-        else:
+        elif keep_outcomes or is_connect(raw.sparkSession):
             outcomes = outcomes.localCheckpoint(eager=True)
-        counts, reasons, by_type = count_outcomes(outcomes)
+        else:
+            outcomes.write.format("noop").mode("overwrite").save()
+            outcomes = None
+        observed_in, observed_out = seen_in.get, seen_out.get
+        if observed_in and observed_out:
+            if input_count is None:
+                input_count = int(observed_in["rows"])
+            stats = [t for t in str(observed_out["stats"] or "").split("\n") if t]
+            counts, reasons, by_type = counts_from_stats(stats)
+            if counts["total"] + sum(v for k, v in counts.items() if k.startswith("released_")
+                                     ) != int(observed_out["rows"]):
+                raise AccountingError(
+                    f"the executors counted {counts} but returned {observed_out['rows']} "
+                    "outcome rows; this is a bug, please report it with the outcome log")
+        else:  # no observed values: count with jobs of their own
+            log.warning("the session returned no observed counts; counting with extra jobs")
+            if outcomes is None:
+                raise AccountingError("the session returned no observed counts and the "
+                                      "outcomes were not kept: the run cannot be accounted")
+            if input_count is None:
+                input_count = int(raw.count())
+            counts, reasons, by_type = count_outcomes(outcomes)
+        if not keep_outcomes and not outcomes_path:
+            outcomes = None
         return RunResult(run_id=run_id, input_count=input_count, counts=counts,
                          reasons=reasons, by_type=by_type, outcomes=outcomes, outcomes_path=target,
                          batch_id=batch_id, seconds=time.monotonic() - started)
@@ -212,13 +271,17 @@ class Pipeline:
         input_format: InputFormat | None = None,
         outcomes_path: str | None = None,
         run_id: str | None = None,
+        keep_outcomes: bool | None = None,
     ) -> RunResult:
-        """Process files (JSON Lines / Parquet paths, directories, globs) once."""
+        """Process files (JSON Lines / Parquet paths, directories, globs) once.
+        ``keep_outcomes`` (default: the pipeline's): see :class:`Pipeline`."""
         raw = read_batch(self.spark, inputs,
                          input_format=input_format or self.spark_settings.input_format)
         run_id = run_id or new_run_id()
         result = self.process(raw, run_id=run_id,
-                              outcomes_path=outcomes_path or self.spark_settings.outcomes_path)
+                              outcomes_path=outcomes_path or self.spark_settings.outcomes_path,
+                              keep_outcomes=(self.keep_outcomes if keep_outcomes is None
+                                             else keep_outcomes))
         log.info("run %s: %s", run_id, result.summary())
         result.raise_for_accounting()
         return result
@@ -346,7 +409,8 @@ class MicroBatch:
         df.persist()
         try:
             result = self.pipeline.process(add_line_order(df), run_id=self.run_id,
-                                           batch_id=batch_id, outcomes_path=self.outcomes_path)
+                                           batch_id=batch_id, outcomes_path=self.outcomes_path,
+                                           keep_outcomes=False)
         finally:
             df.unpersist()
         result.outcomes = None

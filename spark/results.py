@@ -4,15 +4,18 @@ input records and outcome rows do not add up (docs/design.md, invariant 6)."""
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from aggregates.core.errors import AggboxError
 from aggregates.message.outcomes import OUTCOME_KINDS
 
-__all__ = ["AccountingError", "RunResult", "StreamResult", "count_outcomes", "new_run_id"]
+__all__ = ["AccountingError", "RunResult", "StreamResult", "count_outcomes", "counts_from_stats",
+           "new_run_id"]
 
 
 class AccountingError(AggboxError):
@@ -113,24 +116,38 @@ class StreamResult:
 
 
 
-def count_outcomes(outcomes: Any) -> tuple[
-        dict[str, int], dict[tuple[str, str], int], dict[tuple[str, str, str, str], int]]:
+Counts = tuple[dict[str, int], dict[tuple[str, str], int], dict[tuple[str, str, str, str], int]]
+
+
+def count_outcomes(outcomes: Any) -> Counts:
     """``counts`` (per outcome kind, ``released_<kind>``, ``total``), ``reasons`` (per
     outcome and reason, input records only) and ``by_type`` (see :attr:`RunResult.by_type`),
     from one Spark job: a single groupBy over every column they need."""
+    rows = outcomes.groupBy("outcome", "from_parked", "reason", "aggregate_type",
+                            "message_type").count().collect()
+    return _fold((r["outcome"], r["from_parked"], r["reason"], r["aggregate_type"],
+                  r["message_type"], r["count"]) for r in rows)
+
+
+def counts_from_stats(stats: Iterable[str]) -> Counts:
+    """What :func:`count_outcomes` returns, from the executors' own counts: one JSON text
+    per partition (:func:`spark.executor.with_stats`), each a list of
+    ``[outcome, from_parked, reason, aggregate_type, message_type, n]``."""
+    return _fold(tuple(row) for text in stats for row in json.loads(text))
+
+
+def _fold(rows: Iterable[tuple[Any, ...]]) -> Counts:
     counts: dict[str, int] = {k: 0 for k in OUTCOME_KINDS}
     reasons: dict[tuple[str, str], int] = {}
     by_type: dict[tuple[str, str, str, str], int] = {}
-    rows = outcomes.groupBy("outcome", "from_parked", "reason", "aggregate_type",
-                            "message_type").count().collect()
-    for r in rows:
-        n = int(r["count"])
-        key = f"released_{r['outcome']}" if r["from_parked"] else str(r["outcome"])
+    for outcome, from_parked, reason, atype, mtype, count in rows:
+        n = int(count)
+        key = f"released_{outcome}" if from_parked else str(outcome)
         counts[key] = counts.get(key, 0) + n
-        if r["reason"] is not None and not r["from_parked"]:
-            rk = (str(r["outcome"]), str(r["reason"]))
+        if reason is not None and not from_parked:
+            rk = (str(outcome), str(reason))
             reasons[rk] = reasons.get(rk, 0) + n
-        tk = (r["aggregate_type"] or "", r["message_type"] or "", key, r["reason"] or "")
+        tk = (atype or "", mtype or "", key, reason or "")
         by_type[tk] = by_type.get(tk, 0) + n
     counts["total"] = sum(counts[k] for k in OUTCOME_KINDS)
     return counts, reasons, by_type

@@ -211,9 +211,11 @@ class _Context:
 
         # The one place where "no URI given" becomes the embedded local server.
         uri = self.settings.mongodb_uri or mongodb_uri()
+        # The command reads only the counts (the audit log is --outcomes): no outcome
+        # DataFrame is kept, so no checkpoint of the outcomes.
         return Pipeline(self.spark, aggregates=self.spark_settings.aggregates,
                         settings=self.settings, spark_settings=self.spark_settings,
-                        mongodb_uri=uri)
+                        mongodb_uri=uri, keep_outcomes=False)
 
     @property
     def show_progress(self) -> bool:

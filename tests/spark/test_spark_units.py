@@ -100,3 +100,35 @@ def test_input_format_detection(tmp_path: Path) -> None:
     json_dir.mkdir()
     (json_dir / "a.jsonl").write_text("{}\n")
     assert detect_format(str(json_dir)) == "json"
+
+
+def test_executor_counts_equal_the_group_by_of_the_outcome_rows() -> None:
+    """with_stats (the executors' counts, issue 25) gives what the group-by over the outcome
+    rows gave: the partition's counts on its last row only, the batches otherwise as they
+    were."""
+    import pyarrow as pa
+
+    from spark.executor import STATS_COLUMN, with_stats
+    from spark.results import _fold, counts_from_stats
+
+    rows = [("applied", False, None, "A", "X"), ("applied", False, None, "A", "X"),
+            ("dead_lettered", False, "invalid_json", None, None),
+            ("parked", False, "busy", "A", "Y"), ("applied", True, None, "A", None)]
+    batches = [pa.RecordBatch.from_arrays(
+        [pa.array([str(i) for i in range(len(part))]),
+         *[pa.array(list(c)) for c in zip(*part, strict=True)]],
+        names=["message_id", "outcome", "from_parked", "reason", "aggregate_type",
+               "message_type"]) for part in (rows[:3], rows[3:])]
+    out = list(with_stats(iter(batches)))
+    assert [b.num_rows for b in out] == [3, 2]
+    stats = [v for b in out for v in b.column(STATS_COLUMN).to_pylist()]
+    assert stats[:-1] == [None] * 4 and stats[-1] is not None
+    for before, after in zip(batches, out, strict=True):
+        assert after.drop_columns([STATS_COLUMN]).equals(before)
+    expected = _fold((*r, 1) for r in rows)
+    assert counts_from_stats([stats[-1]]) == expected
+    counts, reasons, by_type = expected
+    assert by_type[("A", "X", "applied", "")] == 2
+    assert counts["applied"] == 2 and counts["released_applied"] == 1 and counts["total"] == 4
+    assert reasons == {("dead_lettered", "invalid_json"): 1, ("parked", "busy"): 1}
+    assert list(with_stats(iter([]))) == []
