@@ -42,8 +42,11 @@ def test_run_prints_a_summary_of_a_bad_input(spark_session: Any, db: Any, mongo_
     rc = main(["run", *cli(db, mongo_uri, "--input", str(tmp_path / "*.jsonl"), "--json",
                            "--metrics-file", str(metrics))])
 
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out, err = captured.out, captured.err
     assert rc == 0
+    # --json: stdout is the JSON line alone (for | jq); the tables go to stderr.
+    assert len(out.strip().splitlines()) == 1, out
     summary = last_json(out)
     bad = len(BAD) + len(RAW_BAD)
     assert summary["input"] == len(good) + bad and summary["ok"] is True
@@ -56,7 +59,7 @@ def test_run_prints_a_summary_of_a_bad_input(spark_session: Any, db: Any, mongo_
         assert sum(r["count"] for r in by_type if r["outcome"] == kind) == summary[kind], kind
     assert all(r["message_type"] for r in by_type if r["outcome"] == "applied")
     assert any(r["message_type"] == "" for r in by_type if r["reason"] == "invalid_json")
-    assert "by aggregate and message type" in out
+    assert "by aggregate and message type" in err
     # --metrics-file: the Prometheus text format with the same counts.
     from prometheus_client.parser import text_string_to_metric_families
 
@@ -67,7 +70,7 @@ def test_run_prints_a_summary_of_a_bad_input(spark_session: Any, db: Any, mongo_
     assert list(metrics.parent.iterdir()) == [metrics]  # no temporary file left
     for text in ("dead_lettered", "invalid_envelope", "payload_too_large", "unknown_aggregate_type",
                  "handler_error", "total"):
-        assert text in out, text
+        assert text in err, text
 
 
 def test_fail_on_dead_letters_exit_status(spark_session: Any, db: Any, mongo_uri: str,
