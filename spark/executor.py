@@ -107,10 +107,10 @@ def _task_attempt() -> int:
 
 
 def _envelope_reason(exc: EnvelopeError) -> str:
-    # Message.from_dict reports an oversized payload as field 'payload', "larger than …".
-    if exc.field == "payload" and exc.reason.startswith("larger than"):
+    """By the error's code, never its text: a depth code counts for the payload only."""
+    if exc.code == Reason.PAYLOAD_TOO_LARGE:
         return Reason.PAYLOAD_TOO_LARGE
-    if exc.field.startswith("payload") and exc.reason.startswith("nested deeper"):
+    if exc.code == Reason.PAYLOAD_TOO_DEEP and exc.field.startswith("payload"):
         return Reason.PAYLOAD_TOO_DEEP
     return Reason.INVALID_ENVELOPE
 

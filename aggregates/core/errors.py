@@ -13,11 +13,15 @@ class AggboxError(Exception):
 
 
 class EnvelopeError(AggboxError, ValueError):
-    """A message envelope is invalid. ``field`` names the offending field."""
+    """A message envelope is invalid. ``field`` names the offending field; ``code`` is the
+    reason code (:class:`~aggregates.core.reasons.Reason` value) when the problem has one
+    of its own (``payload_too_large``, ``payload_too_deep``), else ``None``
+    (``invalid_envelope``) — callers decide by it, never by the text."""
 
-    def __init__(self, field: str, reason: str) -> None:
+    def __init__(self, field: str, reason: str, *, code: str | None = None) -> None:
         self.field = field
         self.reason = reason
+        self.code = code
         super().__init__(f"invalid message envelope: field {field!r}: {reason}")
 
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from aggregates.core.errors import EnvelopeError, InvalidFieldName
+from aggregates.core.reasons import Reason
 
 MAX_DEPTH = 64
 
@@ -17,7 +18,8 @@ def check_field_names(value: Any, path: str, *, envelope: bool = False, depth: i
     ``envelope=True`` raises :class:`EnvelopeError` (input validation), otherwise
     :class:`InvalidFieldName` (handler output)."""
     if depth > MAX_DEPTH:
-        _fail(path, envelope, f"nested deeper than {MAX_DEPTH} levels")
+        _fail(path, envelope, f"nested deeper than {MAX_DEPTH} levels",
+              code=Reason.PAYLOAD_TOO_DEEP)
     if isinstance(value, dict | Mapping):  # dict first: the ABC check is slow
         for key, item in value.items():
             if type(key) is not str:
@@ -43,9 +45,9 @@ def check_field_names(value: Any, path: str, *, envelope: bool = False, depth: i
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
-def _fail(path: str, envelope: bool, reason: str) -> None:
+def _fail(path: str, envelope: bool, reason: str, *, code: str | None = None) -> None:
     if envelope:
-        raise EnvelopeError(path, reason)
+        raise EnvelopeError(path, reason, code=code)
     raise InvalidFieldName(path)
 
 

@@ -14,6 +14,7 @@ from typing import Any, Final
 
 from aggregates.core.errors import EnvelopeError
 from aggregates.core.fieldnames import MAX_DEPTH, check_field_names
+from aggregates.core.reasons import Reason
 
 MAX_ID_LENGTH: Final = 512
 MAX_SEQ: Final = 2**63 - 1
@@ -107,6 +108,7 @@ class Message:
                 "payload",
                 f"larger than the limit of {max_payload_bytes} bytes (BSON); split the "
                 "message or raise max_payload_bytes",
+                code=Reason.PAYLOAD_TOO_LARGE,
             )
         headers = raw.get("headers") or {}
         if not isinstance(headers, Mapping) or not all(

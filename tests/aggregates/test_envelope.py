@@ -121,3 +121,24 @@ def test_json_depth_counts_brackets_outside_strings_without_recursion() -> None:
     assert json_depth("[" * 100_000) == 100_000
     assert json_depth('{"s": "' + "[{" * 500 + '", "t": "\\\\", "u": "\\"[["}') == 1
     assert json_depth('{"a": ' * 70 + "1" + "}" * 70) == 70
+
+
+def test_errors_with_a_reason_of_their_own_carry_its_code() -> None:
+    """The pipeline tells payload_too_large / payload_too_deep by the error's code, never by
+    its text (spark/executor.py _envelope_reason)."""
+    base: dict[str, Any] = {"message_id": "m", "type": "T", "aggregate_type": "A",
+                            "aggregate_id": "a"}
+    with pytest.raises(EnvelopeError) as big:
+        Message.from_dict({**base, "payload": {"x": "y" * 500}}, max_payload_bytes=100)
+    assert (big.value.field, big.value.code) == ("payload", "payload_too_large")
+    deep: dict[str, Any] = {}
+    node = deep
+    for _ in range(80):
+        node["n"] = {}
+        node = node["n"]
+    with pytest.raises(EnvelopeError) as nested:
+        Message.from_dict({**base, "payload": deep})
+    assert nested.value.field.startswith("payload") and nested.value.code == "payload_too_deep"
+    with pytest.raises(EnvelopeError) as plain:
+        Message.from_dict({**base, "payload": {"$set": 1}})
+    assert plain.value.code is None
