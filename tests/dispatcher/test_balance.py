@@ -264,8 +264,11 @@ class Cluster:
     owner and an epoch, live while the owner's heartbeat is; claims are compare-and-sets on
     (owner, epoch) as read, possibly sent long after the read (``begin`` / ``finish``)."""
 
-    def __init__(self, partitions: int) -> None:
+    def __init__(self, partitions: int, *, renew_margin: float = MARGIN) -> None:
         self.partitions = partitions
+        #: the margin the heartbeat's renewal condition keeps (dispatcher/partlease.py);
+        #: 0 only in the test that shows the model catches its absence
+        self.renew_margin = renew_margin
         self.t = 0  # ticks of true time
         self.leases: dict[int, Lease] = {p: Lease(None, 0) for p in range(partitions)}
         self.members: dict[str, datetime] = {}
@@ -350,7 +353,7 @@ class Cluster:
         mono, now = self.mono, self.wall(inst)
         if inst.registered:
             exp = self.members.get(inst.owner)
-            if exp is not None and exp > now + timedelta(seconds=MARGIN * TTL):
+            if exp is not None and exp > now + timedelta(seconds=self.renew_margin * TTL):
                 self.members[inst.owner] = now + TTL_D
                 inst.sent = mono
                 return
@@ -637,6 +640,24 @@ def test_model_a_paused_holder_cannot_extend_a_heartbeat_a_claimer_saw_expired()
     assert list(claimer.held) == [0] and cluster.leases[0].owner == "d1"
     cluster.check()
     cluster.settle(40)
+
+
+def test_without_the_renewal_margin_the_model_finds_two_holders() -> None:
+    """The same race with a renewal that only asks for an unexpired heartbeat: the holder
+    extends it after the claimer read it expired, and both hold the partition — the model
+    would catch the margin's removal."""
+    cluster = Cluster(2, renew_margin=0.0)
+    cluster.join(-MAX_SKEW)
+    cluster.join(+MAX_SKEW)
+    holder, claimer = cluster.live["k0"], cluster.live["d1"]
+    cluster.round(holder)
+    cluster.advance(int(TTL * (1 - MARGIN) * TICKS_PER_S))
+    cluster.begin(claimer)
+    cluster.round(holder)  # renewed (no lapse without the margin); keeps its half
+    assert holder.owner == "k0" and len(holder.held) == 1
+    cluster.finish(claimer)
+    with pytest.raises(ModelError, match=r"\(a\)"):
+        cluster.check()
 
 
 def test_model_join_leave_crash_scenario() -> None:
