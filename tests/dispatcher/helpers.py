@@ -7,9 +7,12 @@ import asyncio
 import itertools
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
@@ -213,3 +216,30 @@ class FakeTime:
     def release(self) -> None:
         self.hold_after = None
         self._go.set()
+
+
+# -- processes and ports ---------------------------------------------------------------------
+def dead_port() -> int:
+    """A loopback port where nothing listens (bound, then closed)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def healthz(port: int | None) -> tuple[int, dict[str, Any]]:
+    """``/healthz`` of a dispatcher: (status, body)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def run_once(*args: str, env: dict[str, str], timeout: float
+             ) -> tuple[subprocess.CompletedProcess[bytes], float]:
+    """``aggbox dispatch --once ARGS`` as a process: (the finished process, seconds)."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "aggbox.commands.dispatch", "--once", *args],
+                          cwd=ROOT, env=env, capture_output=True, timeout=timeout, check=False)
+    return done, time.monotonic() - started

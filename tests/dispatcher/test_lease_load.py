@@ -34,13 +34,15 @@ from dispatcher.status import format_status, read_status
 from tests.dispatcher.helpers import (
     ListPublisher,
     check_delivery,
+    dead_port,
     emit,
+    healthz,
     pending_entries,
     run_while,
     wait_for,
 )
 from tests.dispatcher.slowproxy import SlowProxy
-from tests.dispatcher.test_liveness import dead_port, healthz, settings
+from tests.dispatcher.test_liveness import settings
 
 pytestmark = [pytest.mark.mongo]
 

@@ -7,15 +7,9 @@ writer (removed at start-up)."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -28,12 +22,14 @@ from dispatcher.daemon import Dispatcher
 from dispatcher.faults import Faults
 from dispatcher.settings import DispatcherSettings
 from tests.dispatcher.helpers import (
-    ROOT,
     ListPublisher,
     check_delivery,
+    dead_port,
     emit,
+    healthz,
     jsonl_envelopes,
     pending_entries,
+    run_once,
     run_while,
     wait_for,
 )
@@ -51,28 +47,7 @@ def settings(**over: Any) -> DispatcherSettings:
     return DispatcherSettings.load(**base)
 
 
-def dead_port() -> int:
-    """A loopback port where nothing listens (bound, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
-
-def healthz(port: int | None) -> tuple[int, dict[str, Any]]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
-
-
-def run_once(*args: str, env: dict[str, str], timeout: float
-             ) -> tuple[subprocess.CompletedProcess[bytes], float]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "aggbox.commands.dispatch", "--once", *args],
-                          cwd=ROOT, env=env, capture_output=True, timeout=timeout, check=False)
-    return done, time.monotonic() - started
 
 
 def error_lines(stderr: bytes) -> list[str]:

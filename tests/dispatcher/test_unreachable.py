@@ -13,7 +13,6 @@ import asyncio
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,26 +36,19 @@ from dispatcher.errors import (
 )
 from dispatcher.publishers import PublishResult
 from dispatcher.settings import DispatcherSettings
-from tests.dispatcher.helpers import ROOT, ListPublisher, emit, pending_entries
+from tests.dispatcher.helpers import (
+    ROOT,
+    ListPublisher,
+    dead_port,
+    emit,
+    pending_entries,
+    run_once,
+)
 
 #: the default: what --once waited before giving up on a server it never reached
 ONCE_TIMEOUT_S = DispatcherSettings.model_fields["once_timeout_s"].default
 
 
-def dead_port() -> int:
-    """A loopback port where nothing listens (bound, then closed)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def run_once(*args: str, env: dict[str, str], timeout: float
-             ) -> tuple[subprocess.CompletedProcess[bytes], float]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", **env}
-    started = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "aggbox.commands.dispatch", "--once", *args],
-                          cwd=ROOT, env=env, capture_output=True, timeout=timeout, check=False)
-    return done, time.monotonic() - started
 
 
 def lines(stderr: bytes) -> list[str]:
