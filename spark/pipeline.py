@@ -12,12 +12,8 @@ executor-side writer (``mapInArrow``) → outcomes. Batch and streaming share on
     result.counts        # {"applied": …, "duplicate": …, "dead_lettered": …, "parked": …}
     result.outcomes      # DataFrame, one row per message (spark.schema.OUTCOME_SCHEMA)
 
-Order within an aggregate: each source (``source.type`` + ``source.id``) keeps its
-``source.seq`` order, and sources and unsourced messages are interleaved by ``occurred_at``
-(for a sourced message the newest of its source up to its seq), ties settled by source, then
-input position (file path and line, or Kafka partition and offset). The definition is
-:func:`aggregates.fold.ordering.delivery_order`; :func:`spark.order.order_within_aggregates`
-computes it.
+Order within an aggregate: :func:`spark.order.order_within_aggregates` (the definition is
+:func:`aggregates.fold.ordering.delivery_order`).
 
 The MongoDB URI is required (``mongodb_uri=`` or ``settings.mongodb_uri``): a library never
 starts a server by itself. The ``aggbox`` command resolves "no URI given" to its embedded
@@ -31,23 +27,16 @@ Re-running the same input, or Spark re-running a task, is harmless: what was alr
 applied comes back as ``duplicate``.
 
 ``spark`` may be a Spark Connect session (``SparkSession.builder.remote(...)``, a
-Databricks notebook's): the pipeline uses DataFrames only — no ``sparkContext``, RDDs or
-accumulators. A stream's ``foreachBatch`` function then runs in a Python process of the
-Connect server: it is a picklable object (:class:`MicroBatch`; the pipeline pickles
-without its session and registry, both found again there), and each micro-batch's result
-comes back to this process through a one-row temporary view of the shared session, which
-:meth:`Pipeline.run_stream` reads (``on_batch`` is called here, in the client).
+Databricks notebook's): DataFrames only — no ``sparkContext``, RDDs or accumulators;
+streaming on Connect: :mod:`spark.microbatch`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
-import threading
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -56,13 +45,14 @@ from aggregates.core.settings import AggboxSettings
 from aggregates.domain.aggregate import Registry
 from aggregates.store.writer import StoreWriter
 from spark.executor import STATS_COLUMN, WriterTask, write_partition
+from spark.microbatch import BatchViews, MicroBatch, with_trigger
 from spark.order import order_within_aggregates
 from spark.results import (
     AccountingError,
     RunResult,
     StreamResult,
     count_outcomes,
-    counts_from_stats,
+    counts_from_observed,
     new_run_id,
 )
 from spark.schema import OUTCOME_SCHEMA
@@ -72,7 +62,6 @@ from spark.sources import (
     CE_HEADER_COLUMN,
     TRACE_HEADER_COLUMNS,
     StreamSource,
-    add_line_order,
     read_batch,
     read_stream,
 )
@@ -86,8 +75,6 @@ __all__ = [
     "StreamResult",
     "new_run_id",
     "order_within_aggregates",
-    "run_batch",
-    "run_stream",
 ]
 
 log = logging.getLogger("aggbox.spark")
@@ -134,7 +121,7 @@ class Pipeline:
             )
         self.mongodb_uri: str = uri
         self._indexes_done = False
-        self._pollers: dict[str, _BatchViews] = {}
+        self._pollers: dict[str, BatchViews] = {}
 
     # -- pickling (Spark Connect runs foreachBatch functions in the server's Python) ------
     def __getstate__(self) -> dict[str, Any]:
@@ -242,13 +229,7 @@ class Pipeline:
         if observed_in and observed_out:
             if input_count is None:
                 input_count = int(observed_in["rows"])
-            stats = [t for t in str(observed_out["stats"] or "").split("\n") if t]
-            counts, reasons, by_type = counts_from_stats(stats)
-            if counts["total"] + sum(v for k, v in counts.items() if k.startswith("released_")
-                                     ) != int(observed_out["rows"]):
-                raise AccountingError(
-                    f"the executors counted {counts} but returned {observed_out['rows']} "
-                    "outcome rows; this is a bug, please report it with the outcome log")
+            counts, reasons, by_type = counts_from_observed(observed_out)
         else:  # no observed values: count with jobs of their own
             log.warning("the session returned no observed counts; counting with extra jobs")
             if outcomes is None:
@@ -311,7 +292,7 @@ class Pipeline:
         self.ensure_indexes()
 
         connect = is_connect(self.spark)
-        views = _BatchViews(self.spark, stream_result, on_batch) if connect else None
+        views = BatchViews(self.spark, stream_result, on_batch) if connect else None
 
         def sink(result: RunResult) -> None:
             stream_result.batches.append(result)
@@ -325,7 +306,7 @@ class Pipeline:
         writer = writer.option("checkpointLocation", checkpoint)
         if query_name:
             writer = writer.queryName(query_name)
-        writer = _with_trigger(writer, trigger or self.spark_settings.trigger)
+        writer = with_trigger(writer, trigger or self.spark_settings.trigger)
         query = writer.start()
         stream_result.query_id = str(query.id)
         if views is not None:
@@ -386,157 +367,3 @@ class Pipeline:
 
 class StreamFailed(AggboxError):
     """The streaming query stopped with an error (see the message and the Spark log)."""
-
-
-class MicroBatch:
-    """The ``foreachBatch`` function: :meth:`Pipeline.process` on one micro-batch, its
-    accounting checked (an error fails the query, the checkpoint keeps the batch).
-
-    With a Spark Connect session it runs in a Python process of the server, so it must
-    pickle: no session, no client-side callbacks (``sink`` is None), and the result is
-    published as the temporary view ``<view_prefix><batch_id>`` of the shared session."""
-
-    def __init__(self, pipeline: Pipeline, *, run_id: str, outcomes_path: str | None,
-                 sink: Callable[[RunResult], None] | None,
-                 view_prefix: str | None) -> None:
-        self.pipeline = pipeline
-        self.run_id = run_id
-        self.outcomes_path = outcomes_path
-        self.sink = sink
-        self.view_prefix = view_prefix
-
-    def __call__(self, df: Any, batch_id: int) -> None:
-        df.persist()
-        try:
-            result = self.pipeline.process(add_line_order(df), run_id=self.run_id,
-                                           batch_id=batch_id, outcomes_path=self.outcomes_path,
-                                           keep_outcomes=False)
-        finally:
-            df.unpersist()
-        result.outcomes = None
-        log.info("micro-batch %d: %s", batch_id, result.summary())
-        if self.sink is not None:
-            self.sink(result)
-        if self.view_prefix is not None:
-            df.sparkSession.createDataFrame(
-                [(batch_id, _result_json(result))], "batch_id long, result string",
-            ).createOrReplaceTempView(f"{self.view_prefix}{batch_id}")
-        result.raise_for_accounting()
-
-
-def _result_json(r: RunResult) -> str:
-    return json.dumps({
-        "run_id": r.run_id, "input_count": r.input_count, "counts": r.counts,
-        "reasons": [[*k, n] for k, n in r.reasons.items()],
-        "by_type": [[*k, n] for k, n in r.by_type.items()],
-        "outcomes_path": r.outcomes_path, "batch_id": r.batch_id, "seconds": r.seconds,
-    })
-
-
-def _result_from_json(text: str) -> RunResult:
-    d = json.loads(text)
-    return RunResult(
-        run_id=d["run_id"], input_count=d["input_count"], counts=d["counts"],
-        reasons={(o, r): n for o, r, n in d["reasons"]},
-        by_type={(a, m, o, r): n for a, m, o, r, n in d["by_type"]},
-        outcomes_path=d["outcomes_path"], batch_id=d["batch_id"], seconds=d["seconds"])
-
-
-class _BatchViews:
-    """Spark Connect: the client side of :class:`MicroBatch`'s result views. Reads each
-    new view once (in batch order), drops it, appends the result to the
-    :class:`StreamResult` and calls ``on_batch``."""
-
-    def __init__(self, spark: Any, stream_result: StreamResult,
-                 on_batch: Callable[[RunResult], None] | None,
-                 interval: float = 0.5) -> None:
-        self.spark = spark
-        self.stream_result = stream_result
-        self.on_batch = on_batch
-        self.interval = interval
-        self.prefix = f"aggbox_batch_{uuid.uuid4().hex[:12]}_"
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def poll(self) -> None:
-        with self._lock:
-            names = [t.name for t in self.spark.catalog.listTables(pattern=f"{self.prefix}*")
-                     if t.isTemporary]
-            found = sorted((int(n[len(self.prefix):]), n) for n in names
-                           if n.startswith(self.prefix) and n[len(self.prefix):].isdigit())
-            for _batch_id, name in found:
-                (row,) = self.spark.table(name).collect()
-                self.spark.catalog.dropTempView(name)
-                result = _result_from_json(row["result"])
-                self.stream_result.batches.append(result)
-                if self.on_batch is not None:
-                    self.on_batch(result)
-
-    def start(self, query: Any) -> None:
-        def loop() -> None:
-            while not self._stop.wait(self.interval):
-                try:
-                    self.poll()
-                    if not query.isActive:  # the last results were read just now
-                        return
-                except Exception as exc:  # the session may be closing; finish() reads again
-                    log.debug("reading micro-batch results: %s", exc)
-                    return
-
-        self._thread = threading.Thread(target=loop, name="aggbox-batch-results", daemon=True)
-        self._thread.start()
-
-    def finish(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=30)
-        self.poll()
-
-
-def _with_trigger(writer: Any, trigger: str) -> Any:
-    t = trigger.strip()
-    if t.replace("_", "").lower() in ("availablenow", "once"):
-        return writer.trigger(availableNow=True)
-    if not t:
-        raise ConfigurationError("empty trigger; use availableNow or an interval like '10 seconds'")
-    return writer.trigger(processingTime=t)
-
-
-def run_batch(
-    spark: Any,
-    inputs: Sequence[str],
-    *,
-    aggregates: str,
-    settings: AggboxSettings | None = None,
-    spark_settings: SparkSettings | None = None,
-    mongodb_uri: str | None = None,
-    input_format: InputFormat | None = None,
-    outcomes_path: str | None = None,
-) -> RunResult:
-    """Convenience: ``Pipeline(...).run_batch(inputs)``."""
-    return Pipeline(spark, aggregates=aggregates, settings=settings,
-                    spark_settings=spark_settings, mongodb_uri=mongodb_uri).run_batch(
-        inputs, input_format=input_format, outcomes_path=outcomes_path)
-
-
-def run_stream(
-    spark: Any,
-    source: StreamSource,
-    *,
-    aggregates: str,
-    checkpoint_location: str,
-    trigger: str = "availableNow",
-    settings: AggboxSettings | None = None,
-    spark_settings: SparkSettings | None = None,
-    mongodb_uri: str | None = None,
-    outcomes_path: str | None = None,
-    on_batch: Callable[[RunResult], None] | None = None,
-    timeout: float | None = None,
-) -> StreamResult:
-    """Convenience: ``Pipeline(...).run_stream(source, ...)``."""
-    return Pipeline(spark, aggregates=aggregates, settings=settings,
-                    spark_settings=spark_settings, mongodb_uri=mongodb_uri).run_stream(
-        source, checkpoint_location=checkpoint_location, trigger=trigger,
-        outcomes_path=outcomes_path, on_batch=on_batch, timeout=timeout)
-

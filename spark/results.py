@@ -14,8 +14,8 @@ from typing import Any
 from aggregates.core.errors import AggboxError
 from aggregates.message.outcomes import OUTCOME_KINDS
 
-__all__ = ["AccountingError", "RunResult", "StreamResult", "count_outcomes", "counts_from_stats",
-           "new_run_id"]
+__all__ = ["AccountingError", "RunResult", "StreamResult", "count_outcomes",
+           "counts_from_observed", "counts_from_stats", "new_run_id"]
 
 
 class AccountingError(AggboxError):
@@ -134,6 +134,20 @@ def counts_from_stats(stats: Iterable[str]) -> Counts:
     per partition (:func:`spark.executor.with_stats`), each a list of
     ``[outcome, from_parked, reason, aggregate_type, message_type, n]``."""
     return _fold(tuple(row) for text in stats for row in json.loads(text))
+
+
+def counts_from_observed(observed_out: Any) -> Counts:
+    """:func:`counts_from_stats` of the executors' counts returned with the job (the
+    ``stats`` and ``rows`` of the outcomes' ``Observation``), checked against the number of
+    outcome rows: they differ only by a bug, which fails the run."""
+    stats = [t for t in str(observed_out["stats"] or "").split("\n") if t]
+    counts, reasons, by_type = counts_from_stats(stats)
+    released = sum(v for k, v in counts.items() if k.startswith("released_"))
+    if counts["total"] + released != int(observed_out["rows"]):
+        raise AccountingError(
+            f"the executors counted {counts} but returned {observed_out['rows']} "
+            "outcome rows; this is a bug, please report it with the outcome log")
+    return counts, reasons, by_type
 
 
 def _fold(rows: Iterable[tuple[Any, ...]]) -> Counts:

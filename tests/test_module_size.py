@@ -10,7 +10,6 @@ PACKAGES = ("aggregates", "spark", "dispatcher", "aggbox")
 MAX_LINES = 400
 #: Known exceptions, each with the issue that removes it.
 KNOWN = {
-    "spark/pipeline.py",  # issue 25 in progress
 }
 
 
