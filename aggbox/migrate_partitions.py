@@ -186,7 +186,7 @@ def _cmd_partitions(args: argparse.Namespace) -> int:
         results = migrate_partitions(db, collections, dry_run=args.dry_run, wait=args.wait)
     rc = EXIT_UNSETTLED if any(r.pending for r in results) else 0
     if args.json:
-        _print_json({"dry_run": args.dry_run, "collections": [r.as_dict() for r in results]})
+        _print_json({"dry_run": args.dry_run, "items": [r.as_dict() for r in results]})
         return rc
     for line in report_lines(results):
         print(line)

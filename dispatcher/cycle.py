@@ -232,7 +232,10 @@ class Cycle:
         except BaseException:
             self._release(pulls)
             raise
-        self._pulling = asyncio.create_task(self._complete(pulls, result.published))
+        # Executed effects have their own metrics (dispatcher.effects): the published
+        # counter counts only what a broker acknowledged.
+        self._pulling = asyncio.create_task(
+            self._complete(pulls, result.published - result.executed))
         return result
 
     async def _publish(self, docs: list[_Doc], records: list[OutboundRecord]

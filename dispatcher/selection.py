@@ -3,9 +3,9 @@
 One object per worker, updated at each activation and read by the sweep, the change
 stream, the retries and the backlog gauges, so every read of the worker selects exactly
 its partitions (docs/design.md "Scale-out: partitions and leases"). Holding every
-partition selects everything — no filter at all, which also covers documents written
-before the partition field existed. Otherwise a document without ``_p`` (not migrated yet,
-``aggbox migrate partitions``) belongs to partition 0.
+partition selects everything — no filter at all, which also covers documents without the
+partition field. Otherwise a document without ``_p`` (inserted by something other than the
+writer, until ``aggbox migrate partitions`` gives it its own) belongs to partition 0.
 """
 
 from __future__ import annotations

@@ -1,12 +1,10 @@
 """The executor side: the ``mapInArrow`` function that runs the store writer per partition.
 
 Rows arrive repartitioned by aggregate key and sorted within each aggregate (see
-:mod:`spark.pipeline`). Per Arrow batch the rows become :class:`Message` objects (the final
-envelope check happens here: :func:`spark.messages.fast_message` builds the common valid
-envelope with cheap checks, anything else goes to :meth:`Message.from_dict`, which builds
-the same message or names the failure) or dead letters; the messages go to
-:meth:`StoreWriter.process` and one outcome row per message comes back, as Arrow columns
-built column by column.
+:mod:`spark.pipeline`). Per Arrow batch the rows become :class:`Message` objects or dead
+letters (:mod:`spark.records` decides, whatever a record's bytes; a dead letter keeps the
+record value as it came); the messages go to :meth:`StoreWriter.process` and one outcome row
+per message comes back, as Arrow columns built column by column.
 
 An aggregate's messages may span two Arrow batches: the trailing run of the last aggregate
 in a batch is carried into the next one, so it is read and written once — unless the run is
@@ -18,18 +16,7 @@ Per Python worker process (workers are reused across tasks) there is one cached
 ``MongoClient`` per URI and one cached :class:`Registry` per module name. Exceptions
 from the writer (e.g. :class:`aggregates.core.errors.RetryableError` from a handler, a MongoDB
 outage) fail the task; Spark retries it, and everything the failed attempt wrote is then
-recognised as duplicate. A single record never fails the task, whatever its bytes: invalid
-UTF-8 (Arrow's strings are not checked) becomes an ``invalid_encoding`` dead letter with the
-byte offset, records nested deeper than :data:`~aggregates.message.envelope.MAX_RECORD_DEPTH` are
-rejected before ``json.loads``, and any other error while reading one row is that row's dead
-letter.
-
-CloudEvents (docs/design.md "CloudEvents"): a row with binary-mode headers (column
-:data:`spark.sources.CE_HEADER_COLUMN`) or a JSON object with ``specversion`` is decoded by
-:mod:`aggregates.wire.cloudevents` into an envelope, which ``Message.from_dict`` checks; a
-record that is no usable CloudEvent is an ``invalid_cloudevent`` dead letter naming the
-attribute, an envelope rule broken keeps its own reason code and names the attribute too.
-The dead letter keeps the record value as it came.
+recognised as duplicate.
 """
 
 from __future__ import annotations
@@ -40,21 +27,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from aggregates.core.errors import EnvelopeError
 from aggregates.core.ids import raw_message_id
 from aggregates.core.reasons import Reason
 from aggregates.core.settings import AggboxSettings
 from aggregates.domain.aggregate import Registry
 from aggregates.fold import DeadLetter
-from aggregates.message.envelope import MAX_RECORD_DEPTH, Message, json_depth
+from aggregates.message.envelope import Message
 from aggregates.message.outcomes import Outcome
 from aggregates.store.deadletters import DeadLetterStore
 from aggregates.store.writer import StoreWriter, utc_now
-from aggregates.wire import cloudevents
-from spark.messages import fast_message, json_loads, with_record_trace
+from spark.records import Rows, check_row
 from spark.schema import OUTCOME_COLUMNS, outcome_columns
-from spark.sources import CE_HEADER_COLUMN
-from spark.validate import LONE_SURROGATE_DETAIL
 
 __all__ = ["STATS_COLUMN", "STATS_KEYS", "WriterTask", "get_client", "get_registry",
            "with_stats", "write_partition"]
@@ -106,68 +89,6 @@ def _task_attempt() -> int:
     return int(ctx.attemptNumber()) if ctx is not None else 0
 
 
-def _envelope_reason(exc: EnvelopeError) -> str:
-    """By the error's code, never its text: a depth code counts for the payload only."""
-    if exc.code == Reason.PAYLOAD_TOO_LARGE:
-        return Reason.PAYLOAD_TOO_LARGE
-    if exc.code == Reason.PAYLOAD_TOO_DEEP and exc.field.startswith("payload"):
-        return Reason.PAYLOAD_TOO_DEEP
-    return Reason.INVALID_ENVELOPE
-
-
-def _cloudevent(decoded: Any, raw: str, ce_headers: Any, traceparent: str | None,
-                tracestate: str | None, max_payload: int) -> Message:
-    """The message of a CloudEvent row: binary mode when ``ce_headers`` (the record's
-    headers, dicts of key and value) is given, else structured mode (``decoded``, a dict
-    with ``specversion``). Raises :class:`~aggregates.wire.cloudevents.CloudEventError` or
-    :class:`EnvelopeError` (its reason naming the attribute too)."""
-    if ce_headers is not None:
-        envelope = cloudevents.from_binary(
-            [(h["key"], h["value"]) for h in ce_headers], raw)
-    else:
-        envelope = with_record_trace(cloudevents.from_structured(decoded), traceparent,
-                                     tracestate)
-    try:
-        return Message.from_dict(envelope, max_payload_bytes=max_payload)
-    except EnvelopeError as exc:
-        attribute = cloudevents.attribute_of(exc.field)
-        raise EnvelopeError(exc.field, f"{exc.reason} (CloudEvent attribute "
-                            f"{attribute!r})") from None
-
-
-def _columns(batch: Any) -> tuple[dict[str, list[Any]], dict[int, str]]:
-    """The batch as Python lists, and the rows whose ``_raw`` is not valid UTF-8 (row →
-    detail). Such text is kept with ``\\xNN`` escapes (distinct bytes stay distinct)."""
-    try:
-        return batch.to_pydict(), {}
-    except UnicodeDecodeError:
-        pass  # Spark's strings are bytes; some are not UTF-8: decode column by column
-    import pyarrow as pa
-
-    cols: dict[str, list[Any]] = {}
-    bad: dict[int, str] = {}
-    for name, arr in zip(batch.schema.names, batch.columns, strict=True):
-        if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
-            cols[name] = arr.to_pylist()
-            continue
-        binary = pa.large_binary() if pa.types.is_large_string(arr.type) else pa.binary()
-        values: list[Any] = []
-        for i, b in enumerate(arr.cast(binary).to_pylist()):
-            if b is None:
-                values.append(None)
-                continue
-            try:
-                values.append(b.decode("utf-8"))
-            except UnicodeDecodeError as exc:
-                values.append(b.decode("utf-8", "backslashreplace"))
-                if name == "_raw":
-                    bad[i] = (f"the record is not valid UTF-8: byte 0x{b[exc.start]:02x} at "
-                              f"byte offset {exc.start} ({exc.reason}); fix the producer's "
-                              "encoding")
-        cols[name] = values
-    return cols, bad
-
-
 class _Partition:
     """State of one partition's run through the writer."""
 
@@ -187,84 +108,35 @@ class _Partition:
 
     # -- one Arrow batch → messages and dead letters --------------------------------------
     def parse(self, batch: Any) -> tuple[list[Message], list[tuple[DeadLetter, Outcome]]]:
-        cols, bad_encoding = _columns(batch)
+        """Each row becomes a message or a dead letter (:func:`spark.records.check_row`)."""
+        rows = Rows(batch)
+        max_payload = self.settings.max_payload_bytes
         messages: list[Message] = []
         dead: list[tuple[DeadLetter, Outcome]] = []
-        max_payload = self.settings.max_payload_bytes
-        # Kafka record headers (spark.sources.TRACE_HEADER_COLUMNS), when the source has them.
-        traceparents, tracestates = cols.get("_h_traceparent"), cols.get("_h_tracestate")
-        ce_headers = cols.get(CE_HEADER_COLUMN)  # binary-mode CloudEvents (Kafka)
-        mtypes = cols.get("_mtype")  # absent when the caller selected no such column
         self.dead_types = {}
-        for row, (raw, reason, detail, mid, atype, aid) in enumerate(zip(
-            cols["_raw"], cols["_reason"], cols["_detail"], cols["_mid"], cols["_atype"],
-            cols["_aid"], strict=True,
-        )):
-            msg: Message | None = None
-            if row in bad_encoding:
-                reason, detail = Reason.INVALID_ENCODING, bad_encoding[row]
-            elif (reason is None or reason in _ROUTING_REASONS
-                  or detail == LONE_SURROGATE_DETAIL):  # the field is named here
-                # An invalid record is reported as such even when Spark found its routing
-                # wrong too (Spark's view of a string may differ: a lone surrogate is '?').
-                decoded = None
-                binary = ce_headers[row] if ce_headers is not None else None
-                try:
-                    depth = 0 if binary is not None else json_depth(raw)
-                    if depth > MAX_RECORD_DEPTH:  # Spark checks this too: never recurse
-                        reason, detail = Reason.PAYLOAD_TOO_DEEP, (
-                            f"the record nests arrays/objects {depth} levels deep; at most "
-                            f"{MAX_RECORD_DEPTH} are accepted: flatten the payload")
-                    elif binary is None:
-                        decoded = json_loads(raw)
-                        if (traceparents is not None and traceparents[row] is not None
-                                and not (type(decoded) is dict and "specversion" in decoded)):
-                            decoded = with_record_trace(
-                                decoded, traceparents[row],
-                                tracestates[row] if tracestates is not None else None)
-                except (ValueError, RecursionError) as exc:  # JSON the JVM accepted but
-                    decoded = None                          # Python does not
-                    reason, detail = Reason.INVALID_JSON, f"not valid JSON: {exc}"
-                if binary is not None or (type(decoded) is dict and "specversion" in decoded):
-                    try:
-                        msg = _cloudevent(
-                            decoded, raw, binary,
-                            traceparents[row] if traceparents is not None else None,
-                            tracestates[row] if tracestates is not None else None, max_payload)
-                    except cloudevents.CloudEventError as exc:
-                        reason, detail = Reason.INVALID_CLOUDEVENT, str(exc)
-                    except EnvelopeError as exc:
-                        reason, detail = _envelope_reason(exc), str(exc)
-                    except Exception as exc:  # never let one row fail the whole task
-                        reason = Reason.INVALID_CLOUDEVENT
-                        detail = f"invalid CloudEvent: {type(exc).__name__}: {exc}"
-                elif decoded is not None:
-                    try:
-                        msg = fast_message(decoded, raw, max_payload)
-                        if msg is None:  # anything uncommon: the complete check decides
-                            msg = Message.from_dict(decoded, max_payload_bytes=max_payload)
-                    except EnvelopeError as exc:
-                        reason, detail = _envelope_reason(exc), str(exc)
-                    except Exception as exc:  # never let one row fail the whole task
-                        reason = Reason.INVALID_ENVELOPE
-                        detail = f"invalid message envelope: {type(exc).__name__}: {exc}"
-                if reason is None and msg is not None:
-                    messages.append(msg)
-                    continue
-            # The outcome's id (Spark's message id: valid UTF-8 even when the line spells a
-            # lone surrogate), stored with the letter too.
-            ident = mid or raw_message_id(raw if raw is not None else "")
-            headers = ce_headers[row] if ce_headers is not None else None
-            letter = DeadLetter(msg, None if msg else raw, str(reason), detail, None,
-                                atype, aid, message_id=None if msg else ident,
-                                record_headers=None if msg or headers is None else tuple(
-                                    (str(h["key"]), h["value"]) for h in headers))
-            dead.append((letter, Outcome(ident, atype or "", aid or "", "dead_lettered",
-                                         reason, detail)))
-            mtype = msg.type if msg is not None else (mtypes[row] if mtypes else None)
-            if mtype:
-                self.dead_types[ident] = mtype
+        for row in range(rows.count):
+            msg, reason, detail = check_row(rows, row, max_payload)
+            if reason is None and msg is not None:
+                messages.append(msg)
+            else:
+                dead.append(self._dead_letter(rows, row, msg, reason, detail))
         return messages, dead
+
+    def _dead_letter(self, rows: Rows, row: int, msg: Message | None, reason: str | None,
+                     detail: str | None) -> tuple[DeadLetter, Outcome]:
+        """The dead letter and outcome of a row. The outcome's id is Spark's message id
+        (valid UTF-8 even when the line spells a lone surrogate), stored with the letter."""
+        raw, atype, aid = rows.raw[row], rows.atype[row], rows.aid[row]
+        ident = rows.mid[row] or raw_message_id(raw if raw is not None else "")
+        headers = rows.binary(row)
+        letter = DeadLetter(msg, None if msg else raw, str(reason), detail, None,
+                            atype, aid, message_id=None if msg else ident,
+                            record_headers=None if msg or headers is None else tuple(
+                                (str(h["key"]), h["value"]) for h in headers))
+        mtype = msg.type if msg is not None else rows.mtype(row)
+        if mtype:
+            self.dead_types[ident] = mtype
+        return letter, Outcome(ident, atype or "", aid or "", "dead_lettered", reason, detail)
 
     # -- carry-over of the last aggregate's run ------------------------------------------
     def take(self, messages: list[Message], *, final: bool) -> list[Message]:

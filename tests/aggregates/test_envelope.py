@@ -125,7 +125,7 @@ def test_json_depth_counts_brackets_outside_strings_without_recursion() -> None:
 
 def test_errors_with_a_reason_of_their_own_carry_its_code() -> None:
     """The pipeline tells payload_too_large / payload_too_deep by the error's code, never by
-    its text (spark/executor.py _envelope_reason)."""
+    its text (spark/records.py _envelope_reason)."""
     base: dict[str, Any] = {"message_id": "m", "type": "T", "aggregate_type": "A",
                             "aggregate_id": "a"}
     with pytest.raises(EnvelopeError) as big:

@@ -174,7 +174,7 @@ def test_aggbox_migrate_partitions_command(db: Any, cli: Run) -> None:
 
     db.counters.update_many({"_id": {"$in": busy}}, {"$set": {"outbox": []}})
     rc, out, _ = cli("migrate", "partitions", "--collection", "counters", "--json")
-    [counts] = json.loads(out)["collections"]
+    [counts] = json.loads(out)["items"]
     assert rc == 0 and (counts["migrated"], counts["pending"]) == (2, 0)
     rc, out, _ = cli("migrate", "partitions", "--collection", "counters")
     assert rc == 0 and f"scanned {n}, migrated 0, already {n}, pending 0" in out

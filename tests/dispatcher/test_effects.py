@@ -146,6 +146,9 @@ def test_result_applied_once_then_entry_pulled(
     assert entry_ids(ddb, collection) == {aid: [] for aid in ids}
     assert d.metrics.registry.get_sample_value(
         "aggbox_effect_calls_total", {"type": "BookShipment"}) == 2
+    # Executed, not published: the broker counter stays at 0.
+    assert d.metrics.registry.get_sample_value(
+        "aggbox_dispatcher_published_total", {"collection": collection}) == 0
     # Delivering the reply again (a crash after the write, before the pull) is a duplicate.
     eid = ids["o-1"][0]
     again = ewriter.process([Message(reply_message_id(eid), "ShipmentBooked", atype, "o-1",

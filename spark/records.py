@@ -1,0 +1,205 @@
+"""One Arrow batch's records on the executor: each row's message, or the reason it has none.
+
+The final envelope check happens here: :func:`spark.messages.fast_message` builds the
+common valid envelope with cheap checks, anything else goes to :meth:`Message.from_dict`,
+which builds the same message or names the failure. A single record never fails the task,
+whatever its bytes: invalid UTF-8 (Arrow's strings are not checked) becomes an
+``invalid_encoding`` reason with the byte offset, records nested deeper than
+:data:`~aggregates.message.envelope.MAX_RECORD_DEPTH` are rejected before ``json.loads``,
+and any other error while reading one row is that row's reason.
+
+CloudEvents (docs/design.md "CloudEvents"): a row with binary-mode headers (column
+:data:`spark.sources.CE_HEADER_COLUMN`) or a JSON object with ``specversion`` is decoded by
+:mod:`aggregates.wire.cloudevents` into an envelope, which ``Message.from_dict`` checks; a
+record that is no usable CloudEvent is ``invalid_cloudevent`` naming the attribute, an
+envelope rule broken keeps its own reason code and names the attribute too.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aggregates.core.errors import EnvelopeError
+from aggregates.core.reasons import Reason
+from aggregates.message.envelope import MAX_RECORD_DEPTH, Message, json_depth
+from aggregates.wire import cloudevents
+from spark.messages import fast_message, json_loads, with_record_trace
+from spark.sources import CE_HEADER_COLUMN
+from spark.validate import LONE_SURROGATE_DETAIL
+
+__all__ = ["Rows", "check_row"]
+
+#: Reasons given in Spark for rows whose envelope is valid (kept as a parsed message).
+_ROUTING_REASONS = frozenset({Reason.UNKNOWN_AGGREGATE_TYPE, Reason.UNKNOWN_MESSAGE_TYPE})
+
+
+class Rows:
+    """One Arrow batch's columns as Python lists; the optional columns (Kafka record
+    headers, binary-mode CloudEvent headers, Spark's message type) read as None when the
+    source has none."""
+
+    def __init__(self, batch: Any) -> None:
+        cols, self.bad_encoding = _columns(batch)
+        self.raw: list[Any] = cols["_raw"]
+        self.reason: list[Any] = cols["_reason"]
+        self.detail: list[Any] = cols["_detail"]
+        self.mid: list[Any] = cols["_mid"]
+        self.atype: list[Any] = cols["_atype"]
+        self.aid: list[Any] = cols["_aid"]
+        self.count = len(self.raw)
+        # Kafka record headers (spark.sources.TRACE_HEADER_COLUMNS), when the source has them.
+        self._traceparent = cols.get("_h_traceparent")
+        self._tracestate = cols.get("_h_tracestate")
+        self._binary = cols.get(CE_HEADER_COLUMN)  # binary-mode CloudEvents (Kafka)
+        self._mtype = cols.get("_mtype")  # absent when the caller selected no such column
+
+    def traceparent(self, row: int) -> str | None:
+        return self._traceparent[row] if self._traceparent is not None else None
+
+    def tracestate(self, row: int) -> str | None:
+        return self._tracestate[row] if self._tracestate is not None else None
+
+    def binary(self, row: int) -> Any:
+        return self._binary[row] if self._binary is not None else None
+
+    def mtype(self, row: int) -> str | None:
+        return self._mtype[row] if self._mtype else None
+
+
+def _is_cloudevent(decoded: Any) -> bool:
+    return type(decoded) is dict and "specversion" in decoded
+
+
+def _decode(raw: str, binary: Any, traceparent: str | None, tracestate: str | None,
+            ) -> tuple[Any, tuple[str, str] | None]:
+    """The record's JSON value (None for a binary-mode CloudEvent, whose value is the data)
+    with the record's trace headers filled in, or why it has none. The depth is checked
+    before parsing (Spark checks it too): never recurse."""
+    if binary is not None:
+        return None, None
+    try:
+        depth = json_depth(raw)
+        if depth > MAX_RECORD_DEPTH:
+            return None, (Reason.PAYLOAD_TOO_DEEP, (
+                f"the record nests arrays/objects {depth} levels deep; at most "
+                f"{MAX_RECORD_DEPTH} are accepted: flatten the payload"))
+        decoded = json_loads(raw)
+    except (ValueError, RecursionError) as exc:  # JSON the JVM accepted, Python does not
+        return None, (Reason.INVALID_JSON, f"not valid JSON: {exc}")
+    if traceparent is not None and not _is_cloudevent(decoded):
+        decoded = with_record_trace(decoded, traceparent, tracestate)
+    return decoded, None
+
+
+def _envelope_reason(exc: EnvelopeError) -> str:
+    """By the error's code, never its text: a depth code counts for the payload only."""
+    if exc.code == Reason.PAYLOAD_TOO_LARGE:
+        return Reason.PAYLOAD_TOO_LARGE
+    if exc.code == Reason.PAYLOAD_TOO_DEEP and exc.field.startswith("payload"):
+        return Reason.PAYLOAD_TOO_DEEP
+    return Reason.INVALID_ENVELOPE
+
+
+def _cloudevent(decoded: Any, raw: str, ce_headers: Any, traceparent: str | None,
+                tracestate: str | None, max_payload: int) -> Message:
+    """The message of a CloudEvent row: binary mode when ``ce_headers`` (the record's
+    headers, dicts of key and value) is given, else structured mode (``decoded``, a dict
+    with ``specversion``). Raises :class:`~aggregates.wire.cloudevents.CloudEventError` or
+    :class:`EnvelopeError` (its reason naming the attribute too)."""
+    if ce_headers is not None:
+        envelope = cloudevents.from_binary(
+            [(h["key"], h["value"]) for h in ce_headers], raw)
+    else:
+        envelope = with_record_trace(cloudevents.from_structured(decoded), traceparent,
+                                     tracestate)
+    try:
+        return Message.from_dict(envelope, max_payload_bytes=max_payload)
+    except EnvelopeError as exc:
+        attribute = cloudevents.attribute_of(exc.field)
+        raise EnvelopeError(exc.field, f"{exc.reason} (CloudEvent attribute "
+                            f"{attribute!r})") from None
+
+
+def _columns(batch: Any) -> tuple[dict[str, list[Any]], dict[int, str]]:
+    """The batch as Python lists, and the rows whose ``_raw`` is not valid UTF-8 (row →
+    detail). Such text is kept with ``\\xNN`` escapes (distinct bytes stay distinct)."""
+    try:
+        return batch.to_pydict(), {}
+    except UnicodeDecodeError:
+        pass  # Spark's strings are bytes; some are not UTF-8: decode column by column
+    import pyarrow as pa
+
+    cols: dict[str, list[Any]] = {}
+    bad: dict[int, str] = {}
+    for name, arr in zip(batch.schema.names, batch.columns, strict=True):
+        if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+            cols[name] = arr.to_pylist()
+            continue
+        binary = pa.large_binary() if pa.types.is_large_string(arr.type) else pa.binary()
+        values: list[Any] = []
+        for i, b in enumerate(arr.cast(binary).to_pylist()):
+            if b is None:
+                values.append(None)
+                continue
+            try:
+                values.append(b.decode("utf-8"))
+            except UnicodeDecodeError as exc:
+                values.append(b.decode("utf-8", "backslashreplace"))
+                if name == "_raw":
+                    bad[i] = (f"the record is not valid UTF-8: byte 0x{b[exc.start]:02x} at "
+                              f"byte offset {exc.start} ({exc.reason}); fix the producer's "
+                              "encoding")
+        cols[name] = values
+    return cols, bad
+
+
+def check_row(rows: Rows, row: int, max_payload: int,
+              ) -> tuple[Message | None, str | None, str | None]:
+    """The row's message (if it has one) and the reason against it (None: none).
+
+    Spark's reasons stand, except that rows Spark found valid or only misrouted are
+    checked here in full — an invalid record is reported as such even when Spark found
+    its routing wrong too (Spark's view of a string may differ: a lone surrogate is
+    '?'); a misrouted valid row keeps its message and Spark's reason."""
+    if row in rows.bad_encoding:
+        return None, Reason.INVALID_ENCODING, rows.bad_encoding[row]
+    reason, detail = rows.reason[row], rows.detail[row]
+    if not (reason is None or reason in _ROUTING_REASONS
+            or detail == LONE_SURROGATE_DETAIL):
+        return None, reason, detail
+    binary = rows.binary(row)
+    decoded, failure = _decode(rows.raw[row], binary, rows.traceparent(row),
+                               rows.tracestate(row))
+    if failure is None:
+        msg, failure = _message(rows, row, decoded, binary, max_payload)
+        if failure is None:
+            return msg, reason, detail
+    return None, *failure
+
+def _message(rows: Rows, row: int, decoded: Any, binary: Any, max_payload: int,
+         ) -> tuple[Message | None, tuple[str, str] | None]:
+    """The message of a decoded row, or why there is none. Any error is this row's
+    dead letter: one record never fails the whole task."""
+    if binary is not None or _is_cloudevent(decoded):
+        try:
+            return _cloudevent(decoded, rows.raw[row], binary, rows.traceparent(row),
+                               rows.tracestate(row), max_payload), None
+        except cloudevents.CloudEventError as exc:
+            return None, (Reason.INVALID_CLOUDEVENT, str(exc))
+        except EnvelopeError as exc:
+            return None, (_envelope_reason(exc), str(exc))
+        except Exception as exc:
+            return None, (Reason.INVALID_CLOUDEVENT,
+                          f"invalid CloudEvent: {type(exc).__name__}: {exc}")
+    if decoded is None:
+        return None, None
+    try:
+        msg = fast_message(decoded, rows.raw[row], max_payload)
+        if msg is None:  # anything uncommon: the complete check decides
+            msg = Message.from_dict(decoded, max_payload_bytes=max_payload)
+        return msg, None
+    except EnvelopeError as exc:
+        return None, (_envelope_reason(exc), str(exc))
+    except Exception as exc:
+        return None, (Reason.INVALID_ENVELOPE,
+                      f"invalid message envelope: {type(exc).__name__}: {exc}")
