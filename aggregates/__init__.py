@@ -1,7 +1,8 @@
 """aggbox's library for domain teams — the domain API: aggregate types and handlers, ``Emit``
 and refs, the message envelope, dedup strategies, state codecs, the store writer, settings,
 errors, outcomes and reason codes, the side effects executed after a write
-(``Effects``: docs/side-effects.md), and ``parse_fence`` for the ``fence`` header of the
+(``Effects``: docs/side-effects.md), timers (``Schedule``, ``Cancel``: docs/concepts.md
+"Timers"), and ``parse_fence`` for the ``fence`` header of the
 records the dispatcher publishes.
 
 Elsewhere, by what they do:
@@ -51,16 +52,19 @@ from aggregates.domain.effects import (
     PermanentEffectError,
     RetryableEffectError,
 )
+from aggregates.domain.timers import TIMER_HEADER, Cancel, Schedule, timer_message_id
 from aggregates.message.envelope import Message, Source
 from aggregates.message.outcomes import Outcome, OutcomeCounts
 from aggregates.store.writer import StoreWriter
 from aggregates.wire.fence import Fence, InvalidFence, parse_fence
 
 __all__ = [
+    "TIMER_HEADER",
     "AggboxError",
     "AggboxSettings",
     "AggregateRef",
     "AggregateType",
+    "Cancel",
     "ConfigurationError",
     "Effect",
     "EffectCall",
@@ -87,6 +91,7 @@ __all__ = [
     "Registry",
     "RetryableEffectError",
     "RetryableError",
+    "Schedule",
     "Source",
     "StateCodec",
     "StateCodecError",
@@ -99,4 +104,5 @@ __all__ = [
     "UpcastFailed",
     "emitted_message_id",
     "parse_fence",
+    "timer_message_id",
 ]

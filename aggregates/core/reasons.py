@@ -22,6 +22,7 @@ class Reason(StrEnum):
     HANDLER_ERROR = "handler_error"
     INVALID_STATE = "invalid_state"
     INVALID_EMIT = "invalid_emit"
+    INVALID_TIMER = "invalid_timer"
     INVALID_PAYLOAD = "invalid_payload"
     INVALID_HANDLER_RESULT = "invalid_handler_result"
     UNKNOWN_SCHEMA_VERSION = "unknown_schema_version"
@@ -103,6 +104,11 @@ REASON_DOCS: Final[Mapping[Reason, ReasonDoc]] = {
     Reason.INVALID_EMIT: ReasonDoc(
         _DEAD, "an emitted message is invalid (bad `Emit`, payload keys with `$` or `.`)",
         "Fix the handler; replay."),
+    Reason.INVALID_TIMER: ReasonDoc(
+        _DEAD, "a `Schedule` or `Cancel` is invalid (a bad key, neither or both of `at=` and "
+        "`after=`, a naive or out-of-range time, an invalid `Emit`), or the aggregate would "
+        "hold more than 100 pending timers",
+        "Fix the handler (cancel timers that are no longer needed, or reuse keys); replay."),
     Reason.INVALID_PAYLOAD: ReasonDoc(
         _DEAD, "a typed handler's payload does not validate into its payload class; the detail "
         "names the field paths",

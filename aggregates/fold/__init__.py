@@ -46,6 +46,7 @@ from aggregates.fold.steps import (
     run_handler,
     too_large,
 )
+from aggregates.fold.timers import TimerStep, maybe_fired
 from aggregates.message import outcomes as oc
 from aggregates.message.envelope import KIND_EVENT, KIND_HEADER, Message
 from aggregates.message.outcomes import Outcome, new_outcome
@@ -115,8 +116,12 @@ class _Folder:
             size_bytes=snap.size_bytes,
             state_version=snap.state_version,
             layout_version=snap.layout_version,
+            timers=list(snap.timers),
         )
         self._state0_bytes = len(bson.encode(snap.state)) if snap.state else 0
+        # The pending timers as stored: their size, and which ids may already be firing.
+        self._timers0_bytes = entries_size(snap.timers) if snap.timers else 0
+        self._stored_timer_ids = frozenset(str(t.get("id")) for t in snap.timers)
         #: Set when the stored state cannot be loaded (it does not fit the state type, was
         #: written by a newer state version, or a state migration failed): every message of
         #: this aggregate is then dead-lettered, the batch goes on.
@@ -191,13 +196,14 @@ class _Folder:
             return
         try:
             result = run_handler(self.atype, self.state_obj, msg, upcasting=self._upcasting)
-            new_state, state_doc, entries = check_result(self.atype, self.snap, msg, result,
-                                                         self.now, self.emit_headers)
-            added = self._budget(msg, state_doc, entries) if self.strict else 0
+            new_state, state_doc, entries, timers = check_result(
+                self.atype, self.snap, msg, result, self.now, self.emit_headers)
+            added = self._budget(msg, state_doc, entries, timers) if self.strict else 0
         except Refusal as refusal:
             self._refuse(msg, from_parked, slot, refusal)
             return
-        self._commit(msg, from_parked, slot, admitted, new_state, state_doc, entries, added)
+        self._commit(msg, from_parked, slot, admitted, new_state, state_doc, entries, added,
+                     timers)
 
     def _admit(self, msg: Message) -> Refusal | str:
         """Whether the handler may see ``msg``: its payload hash if so (``""`` when the
@@ -240,11 +246,14 @@ class _Folder:
         return phash
 
     def _budget(self, msg: Message, state_doc: dict[str, Any],
-                entries: list[dict[str, Any]]) -> int:
-        """Strict pass: the bytes this message adds, if the document stays within its size
+                entries: list[dict[str, Any]], timers: TimerStep | None) -> int:
+        """Strict pass: the bytes this message adds (its outbox entries, inbox entry and new
+        timers; a removed timer is not subtracted), if the document stays within its size
         budget."""
         try:
             added = entries_size(entries) + _INBOX_ENTRY_BYTES + len(msg.message_id)
+            if timers is not None:
+                added += entries_size(timers.added)
         except Exception as exc:  # a payload value BSON cannot store
             raise dead(Reason.INVALID_EMIT,
                         f"emitted payload cannot be stored in MongoDB: {exc}") from None
@@ -258,8 +267,8 @@ class _Folder:
 
     def _commit(self, msg: Message, from_parked: bool, slot: int | None, phash: str,
                 new_state: Any, state_doc: dict[str, Any], entries: list[dict[str, Any]],
-                added: int) -> None:
-        """Apply the step in memory: state, dedup record, outbox, outcome."""
+                added: int, timers: TimerStep | None) -> None:
+        """Apply the step in memory: state, dedup record, outbox, timers, outcome."""
         snap, changes, atype = self.snap, self.changes, self.atype
         if added:
             self.added_bytes += added
@@ -276,6 +285,8 @@ class _Folder:
             changes.outbox.extend(entries)
         else:
             ids = ()
+        if timers is not None:
+            self._commit_timers(timers)
         changes.seq = snap.seq
         if slot is None and not from_parked:  # _out(), inlined: the hot path
             self.outcomes.append(new_outcome(msg.message_id, msg.aggregate_type,
@@ -287,6 +298,16 @@ class _Folder:
             key = source_key(msg)
             if key is not None:
                 self.retry_parked([], first=False, source=key)
+
+    def _commit_timers(self, step: TimerStep) -> None:
+        """The step's timers become the pending ones; removed timers that may be firing
+        right now are recorded as handled (:func:`~aggregates.fold.timers.maybe_fired`)."""
+        snap, strategy = self.snap, self.atype.dedup
+        snap.timers = self.changes.timers = step.timers
+        snap.seq += len(step.added)
+        for fired in maybe_fired(self.atype, snap.aggregate_id, step, self._stored_timer_ids):
+            strategy.record(snap.dedup, fired, payload_hash(fired.payload)
+                            if strategy.uses_payload_hash else "")
 
     # -- parked messages and the end of the fold -------------------------------------------
     def retry_parked(self, candidates: list[Parked], *, first: bool,
@@ -326,13 +347,15 @@ class _Folder:
         ``entries_size + |state|`` is that encoding's length minus 3."""
         snap, outbox = self.snap, self.changes.outbox
         state, inbox = snap.state, snap.dedup.pending * _INBOX_ENTRY_BYTES
+        timers = self.changes.timers
+        grown = 0 if timers is None else entries_size(timers) - self._timers0_bytes
         if state is None:  # as _size_with(None)
-            return snap.size_bytes + entries_size(outbox) + inbox
+            return snap.size_bytes + entries_size(outbox) + inbox + grown
         if outbox:
             both = len(bson.encode({"e": outbox, "s": state})) - 3
         else:
             both = len(bson.encode(state))
-        return snap.size_bytes - self._state0_bytes + both + inbox
+        return snap.size_bytes - self._state0_bytes + both + inbox + grown
 
     def finish(self) -> bool:
         """Size the document and add the dedup strategy's part of the write. ``False`` (and

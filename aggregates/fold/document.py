@@ -28,6 +28,9 @@ F_STATE_VERSION: Final = "_sv"
 # write them, in aggregates.dedup, and re-exported here.
 F_SEQ: Final = "_seq"
 F_OUTBOX: Final = "outbox"
+#: Pending timers (docs/design.md "Timers"): stored entries like the outbox's, plus ``timer``
+#: (the key), ``due`` and ``scheduled_at``; the dispatcher finds due ones by ``timers.due``.
+F_TIMERS: Final = "timers"
 F_BLOCKED: Final = "_blocked"
 F_TYPE: Final = "_type"
 #: The layout version of the whole document (absent: 1), written once, at insert; see
@@ -52,6 +55,8 @@ class Snapshot:
     outbox_ids: list[str] = field(default_factory=list)
     blocked: dict[str, Any] | None = None
     size_bytes: int = 0
+    #: The pending timers as stored (``timers``), in the order they were scheduled.
+    timers: list[dict[str, Any]] = field(default_factory=list)
     #: ``_sv``: the version of the ``state`` shape as stored (1 when the field is absent).
     state_version: int = 1
     #: ``_lv``: the document layout as stored (1 when the field is absent); see
@@ -107,6 +112,7 @@ def snapshot_from_document(doc: Mapping[str, Any] | None, aggregate_id: str) -> 
         outbox_ids=[str(e.get("id")) for e in outbox],
         blocked=doc.get(F_BLOCKED),
         size_bytes=len(bson.encode(dict(doc))),
+        timers=[dict(t) for t in doc.get(F_TIMERS) or []],
         # Kept as stored (checked when the fold loads the state: a bad value is an
         # invalid_state, not a crash here).
         state_version=doc.get(F_STATE_VERSION, 1),
@@ -117,5 +123,5 @@ def snapshot_from_document(doc: Mapping[str, Any] | None, aggregate_id: str) -> 
 
 __all__ = ["F_ARCHIVE_FLOOR", "F_ARCHIVE_UNDATED", "F_BLOCKED", "F_HW", "F_ID", "F_INBOX",
            "F_LAYOUT_VERSION", "F_OUTBOX", "F_PARTITION", "F_SEQ", "F_STATE", "F_STATE_VERSION",
-           "F_TYPE", "F_VERSION", "LAYOUT_VERSION", "Snapshot", "layout_error",
+           "F_TIMERS", "F_TYPE", "F_VERSION", "LAYOUT_VERSION", "Snapshot", "layout_error",
            "snapshot_from_document"]

@@ -55,6 +55,10 @@ class Changes:
     outbox: list[dict[str, Any]] = field(default_factory=list)
     seq: int | None = None
     blocked: dict[str, Any] | None = None
+    #: The pending timers after the fold, when it changed them (``$set`` as a whole: the
+    #: write is conditional on ``_v``, and the dispatcher's removal of fired timers
+    #: increments ``_v``, so the two never undo each other; docs/design.md "Timers").
+    timers: list[dict[str, Any]] | None = None
 
     @property
     def empty(self) -> bool:
@@ -63,6 +67,7 @@ class Changes:
             and not self.dedup
             and not self.outbox
             and self.blocked is None
+            and self.timers is None
         )
 
 

@@ -29,6 +29,7 @@ from aggregates.fold.handler_result import (
     normalise_result,
     outbox_entries,
 )
+from aggregates.fold.timers import TimerError, TimerStep, split_timer_ops, timer_step
 from aggregates.message.envelope import Message
 
 __all__ = ["DUPLICATE", "Refusal", "check_result", "dead", "park", "run_handler",
@@ -100,13 +101,14 @@ def run_handler(atype: AggregateType[Any], state: Any, msg: Message, *, upcastin
 
 def check_result(atype: AggregateType[Any], snap: Snapshot, msg: Message, result: Any,
                  now: datetime, emit_headers: EmitHeaders = None,
-                 ) -> tuple[Any, dict[str, Any], list[dict[str, Any]]]:
+                 ) -> tuple[Any, dict[str, Any], list[dict[str, Any]], TimerStep | None]:
     """Validate what the handler returned, per message (so outcomes do not depend on where
-    slices or batches are cut): the new state, its document, the outbox entries. Only BSON
-    encoding and the size budget are left to the strict pass (see
-    :func:`aggregates.fold.fold`)."""
+    slices or batches are cut): the new state, its document, the outbox entries and what
+    it does to the pending timers (None: nothing). Only BSON encoding and the size budget
+    are left to the strict pass (see :func:`aggregates.fold.fold`)."""
     try:
-        new_state, emits = normalise_result(result, msg)
+        new_state, returned = normalise_result(result, msg)
+        emits, timer_ops = split_timer_ops(returned)
         state_doc = atype.codec.dump_checked(new_state)
     except InvalidFieldName as exc:
         raise dead(Reason.INVALID_STATE, str(exc)) from None
@@ -129,7 +131,15 @@ def check_result(atype: AggregateType[Any], snap: Snapshot, msg: Message, result
         raise park(Reason.OUTBOX_FULL, f"handling would put "
                     f"{len(snap.outbox_ids) + len(entries)} entries in the outbox "
                     f"(limit {limit})")
-    return new_state, state_doc, entries
+    timers = None
+    if timer_ops:
+        try:
+            timers = timer_step(atype, snap, msg, timer_ops,
+                                first_seq=snap.seq + len(entries) + 1, now=now,
+                                emit_headers=emit_headers)
+        except TimerError as exc:
+            raise dead(Reason.INVALID_TIMER, str(exc)) from None
+    return new_state, state_doc, entries, timers
 
 
 def too_large(snap: Snapshot, state_doc: dict[str, Any], added: int, budget: int) -> Refusal:

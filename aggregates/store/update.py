@@ -16,6 +16,7 @@ from aggregates.fold.document import (
     F_SEQ,
     F_STATE,
     F_STATE_VERSION,
+    F_TIMERS,
     F_TYPE,
     F_VERSION,
     LAYOUT_VERSION,
@@ -40,6 +41,8 @@ def build_update(atype: AggregateType[Any], snap: Snapshot, ch: Changes) -> Upda
         set_[F_SEQ] = ch.seq
     if ch.blocked is not None:
         set_[F_BLOCKED] = ch.blocked
+    if ch.timers is not None:
+        set_[F_TIMERS] = ch.timers
     set_.update(ch.dedup.set)
     update: dict[str, Any] = {"$inc": {F_VERSION: 1}}
     if not snap.exists:

@@ -20,6 +20,7 @@ from aggregates.fold import DeadLetter, Parked, fold
 from aggregates.fold.document import Snapshot
 from aggregates.message.envelope import Message
 from aggregates.message.outcomes import Outcome
+from aggregates.wire.outbound import entry_message
 
 S = TypeVar("S")
 
@@ -150,7 +151,8 @@ class AggregateHarness(Generic[S]):
             self._check_no_mutation(msg)
             again = fold(self.atype, self.snapshot, [msg], now=self.now, parked=self.parked)
             if (again.changes.state != res.changes.state
-                    or again.changes.outbox != res.changes.outbox):
+                    or again.changes.outbox != res.changes.outbox
+                    or again.changes.timers != res.changes.timers):
                 raise HandlerError(f"handler for {msg.type!r} is not deterministic: two runs "
                                    "on the same input gave different results")
         for state, doc in dumped:
@@ -227,6 +229,36 @@ class AggregateHarness(Generic[S]):
         with contextlib.suppress(ValueError):
             self.snapshot.outbox_ids.remove(str(entry.get("id")))
         return self.when(msg)
+
+    @property
+    def timers(self) -> list[dict[str, Any]]:
+        """The pending timers as stored (``timer`` key, ``due``, ``type``, ``payload``, …)."""
+        return list(self.snapshot.timers)
+
+    def advance(self, by: timedelta) -> list[Step]:
+        """Move the harness clock ``by`` forward and fire what is due then, in due order, as
+        the dispatcher would (docs/concepts.md "Timers"): a timer addressed to this
+        aggregate is handled (its :class:`Step` is returned), one addressed elsewhere goes
+        to :attr:`outbox` (published). Timers a handled one schedules fire too when they are
+        due by the new time."""
+        self.now = self.now + by
+        steps: list[Step] = []
+        while True:
+            due = sorted((t for t in self.snapshot.timers if t["due"] <= self.now),
+                         key=lambda t: (t["due"], str(t["id"])))
+            if not due:
+                return steps
+            timer = due[0]
+            # Removed once "published" (the dispatcher's $pull), then delivered.
+            self.snapshot.timers = [t for t in self.snapshot.timers if t is not timer]
+            self.snapshot.version += 1
+            fired = entry_message(timer, document_id=self.snapshot.aggregate_id,
+                                  source_type=self.atype.name)
+            if (fired.aggregate_type, fired.aggregate_id) == (
+                    self.atype.name, self.snapshot.aggregate_id):
+                steps.append(self.when(fired))
+            else:
+                self.outbox.append(timer)
 
     def dispatch(self) -> list[dict[str, Any]]:
         """Take (and clear) the pending outbox, as the dispatcher would."""

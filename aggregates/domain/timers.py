@@ -1,0 +1,104 @@
+"""Timers: messages a handler schedules for later, in the same write as its state (pure).
+
+A handler returns :class:`Schedule` and :class:`Cancel` beside its emits::
+
+    @orders.handles(OrderPlaced)
+    def placed(state: Order, p: OrderPlaced, msg: Message) -> Handled[Order]:
+        return Order(status="awaiting_credit", ...), [
+            Emit(ReserveCredit(...), to=customers.ref(p.customer_id)),
+            Schedule(Emit(CreditDeadline(order_id=p.order_id)), key="credit",
+                     after=timedelta(minutes=30)),
+        ]
+
+    @orders.handles(CreditReserved)
+    def reserved(state: Order, p: CreditReserved, msg: Message) -> Handled[Order]:
+        return replace(state, status="confirmed"), [Cancel("credit")]
+
+The timer is stored in the aggregate's document (``timers``, beside the outbox: neither
+waits for the other) by the one conditional write that stores the new state; the
+dispatcher publishes it when it is due, as an ordinary input message — addressed to the
+scheduling aggregate itself unless the ``Emit`` names another (``to=``). A key names one
+pending timer per aggregate: scheduling a key again replaces the pending one, ``Cancel``
+removes it. docs/design.md "Timers" gives the layout and the guarantee; docs/concepts.md
+"Timers" the use.
+
+Everything here is pure: no clock (the fold's ``now`` is the writer's), no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Final
+
+from aggregates.core.ids import AGGBOX_NAMESPACE, uuid5
+from aggregates.core.keys import join_parts
+from aggregates.message.emit import Emit
+
+__all__ = [
+    "MAX_TIMERS",
+    "MAX_TIMER_KEY_LENGTH",
+    "TIMER_HEADER",
+    "TIMER_SOURCE_TYPE",
+    "Cancel",
+    "Schedule",
+    "timer_message_id",
+    "timer_source_id",
+]
+
+#: At most this many pending timers per aggregate (a step that would hold more is
+#: dead-lettered ``invalid_timer``): the document stays small and the dispatcher's read of
+#: a due document bounded.
+MAX_TIMERS: Final = 100
+#: A timer key is a non-empty string of at most this many characters.
+MAX_TIMER_KEY_LENGTH: Final = 200
+#: Header of a fired timer's message: its key (so a receiver can tell a timer from other
+#: input, and which one).
+TIMER_HEADER: Final = "aggbox-timer"
+#: ``source.type`` of a fired timer's message; ``source.id`` is :func:`timer_source_id`
+#: (one source per aggregate and key) and ``seq`` grows with every schedule of the
+#: aggregate, so a high-water receiver (``monotonic``) sees a replaced timer's message as
+#: newer and a fired one again as a duplicate.
+TIMER_SOURCE_TYPE: Final = "aggbox.timer"
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """Publish ``emit`` at ``at`` (an aware datetime) or ``after`` a delay from the handling
+    time — exactly one of the two. ``key`` names the timer within the aggregate: a pending
+    timer with the same key is replaced. ``emit.to`` addresses another aggregate; without
+    it the timer's message is input for the scheduling aggregate itself. Invalid values are
+    not raised here: the fold dead-letters the message ``invalid_timer`` naming them."""
+
+    emit: Emit
+    key: str
+    at: datetime | None = None
+    after: timedelta | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Remove the pending timer ``key`` of this aggregate (nothing if there is none). A
+    timer cancelled before the dispatcher read it never fires; for the limits see
+    docs/design.md "Timers"."""
+
+    key: str
+
+
+def timer_message_id(aggregate_type: str, aggregate_id: str, key: str, due: datetime,
+                     cause: str) -> str:
+    """The id of a timer's message: from the scheduling aggregate, the key, the due time
+    (UTC milliseconds) and the message whose handling scheduled it. Same inputs → same id,
+    so a timer published twice (a crash between the publish and its removal) is a duplicate
+    for its receiver."""
+    ms = round(due.timestamp() * 1000)  # aware (the fold makes every due time UTC)
+    # Length-prefixed parts: an unambiguous encoding.
+    name = (f"timer:{len(aggregate_type)}:{aggregate_type}{len(aggregate_id)}:{aggregate_id}"
+            f"{len(key)}:{key}{ms}:{len(cause)}:{cause}")
+    return uuid5(AGGBOX_NAMESPACE, name)
+
+
+def timer_source_id(aggregate_type: str, aggregate_id: str, key: str) -> str:
+    """``source.id`` of a timer's message: type, id and key, each percent-encoded
+    (:func:`aggregates.core.keys.join_parts`), so no two (aggregate, key) pairs share it."""
+    return join_parts(aggregate_type, aggregate_id, key)
