@@ -276,7 +276,7 @@ class Dispatcher:
                 if task.done() or now - w.progress_at <= limit:
                     continue
                 self._gave_up = (f"{w.name}: no progress for {limit:g}s in --once mode "
-                                 f"({w.failure_summary()}); giving up with entries still "
+                                 f"({w.outcomes.failure_summary()}); giving up with entries still "
                                  "pending (once_timeout_s)")
                 stop.set()
                 for t in self._tasks:

@@ -21,6 +21,11 @@ Points of the effect runner (:mod:`dispatcher.effects.runner`), per effect entry
 - ``effect_after_call`` — the call returned, its result not recorded yet;
 - ``effect_after_result`` — the result is recorded, the reply message not written yet.
 
+Points of the timer firer (:mod:`dispatcher.timers`), per round that publishes:
+
+- ``timer_before_publish`` — due timers are about to go to the publisher;
+- ``timer_after_publish`` — the broker acknowledged them, nothing removed yet.
+
 Actions:
 
 - ``kill`` — SIGKILL this process (as ``kill -9`` would);
@@ -66,7 +71,7 @@ log = logging.getLogger("aggbox.dispatcher.faults")
 
 POINTS: Final = ("stream_open", "stream_read", "before_publish", "after_publish", "after_pull",
                  "after_checkpoint", "effect_before_call", "effect_after_call",
-                 "effect_after_result")
+                 "effect_after_result", "timer_before_publish", "timer_after_publish")
 Action = Literal["kill", "exit", "history_lost", "invalid_token", "no_change_streams",
                  "invalidate", "pause"]
 ACTIONS: Final = ("kill", "exit", "history_lost", "invalid_token", "no_change_streams",

@@ -116,6 +116,15 @@ class Metrics:
             p + "stream_invalidations", "Change streams ended by an invalidate event "
             "(collection dropped or renamed); each is followed by a new stream and a sweep.",
             ["collection"], registry=r)
+        # Timers (dispatcher.timers).
+        self.timers_fired = Counter(p + "timers_fired", "Due timers published (acknowledged "
+                                    "by the broker) and removed.", ["collection"], registry=r)
+        self.timer_lag = Histogram(p + "timer_lag_seconds", "Time from a timer's due time to "
+                                   "the broker's acknowledgement.", ["collection"],
+                                   buckets=_LATENCY_BUCKETS, registry=r)
+        self.timers_overdue = Gauge(p + "timers_overdue", "Timers more than 60 s past due in "
+                                    "the last page the firer read (alert when it stays > 0).",
+                                    ["collection"], registry=r)
         # The effect runner (dispatcher.effects), by effect (message) type.
         e = "aggbox_effect_"
         self.effect_calls = Counter(e + "calls", "Effect calls made (attempts begun).",

@@ -52,6 +52,12 @@ class Outcomes:
         #: retried failures: one line each, at most one per minute per cause
         self.warn = RateLimitedLog(log, every_s=60.0, collection=name, clock=timing.monotonic)
 
+    def failure_summary(self) -> str:
+        """The last error, shortened to one line (for ``--once`` giving up)."""
+        if not self.last_error or not self.last_error.strip():
+            return "no error reported"
+        return "last error: " + one_line(self.last_error, limit=200)
+
     def progress(self) -> None:
         self.progress_at = self.timing.monotonic()
 

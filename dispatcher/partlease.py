@@ -47,7 +47,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError
 
 from aggregates.core.keys import join_parts
-from aggregates.core.partitions import PARTITIONS
+from aggregates.core.partitions import F_PARTITION, PARTITIONS
 from dispatcher.balance import LeaseView, valid_until
 
 __all__ = ["Claimed", "HeartbeatLapsed", "PartitionLeases", "default_instance_id"]
@@ -160,6 +160,17 @@ class PartitionLeases:
         now = self._monotonic()
         held = self.held
         return all(held.get(p, 0.0) > now for p in partitions)
+
+    def fence(self, doc: Mapping[str, Any], scope: str) -> str | None:
+        """The ``fence`` header of a document's records (:mod:`aggregates.wire.fence`):
+        ``scope`` (``<database>.<collection>``), the document's partition (0 without ``_p``)
+        and the epoch of our lease on it — ``None`` unless that lease counts as held right
+        now (the cycle compares it again before the ``$pull``)."""
+        p = doc.get(F_PARTITION, 0)
+        if not isinstance(p, int) or not self.holds((p,)):
+            return None
+        epoch = self.epochs.get(p)
+        return None if epoch is None else f"{scope}/{p}:{epoch}"
 
     def next_grace_end(self) -> float | None:
         now = self._monotonic()

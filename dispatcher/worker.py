@@ -9,9 +9,9 @@ The worker only decides *what* to do next; each part is its own object, testable
 - :class:`~dispatcher.streammode.StreamMode` — the change stream, its restarts and the
   resume-token checkpoints (docs/design.md "The dispatcher", steps 1, 3, 4);
 - :class:`~dispatcher.sweep.Sweeps` — start-up, recovery, periodic and ``--once`` sweeps;
-- :class:`~dispatcher.retries.Retries` — backoff (:mod:`aggregates.core.backoff`) and the
-  documents kept for a retry;
+- :class:`~dispatcher.retries.Retries` — backoff and the documents kept for a retry;
 - :class:`~dispatcher.cycle.Cycle` — publishing, dead letters, ``$pull``;
+- :class:`~dispatcher.timers.TimerFirer` — due timers, beside the outbox;
 - :class:`~dispatcher.outcomes.Outcomes` — counts, backoff and one line per failure;
 - :func:`~dispatcher.backlog.measure_backlog` — the backlog gauges.
 
@@ -31,6 +31,7 @@ watches.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -47,7 +48,6 @@ from dispatcher.effects.guard import FleetEffects
 from dispatcher.errors import (
     FatalStoreError,
     check_fatal,
-    one_line,
 )
 from dispatcher.faults import Faults
 from dispatcher.inflight import InFlight
@@ -61,6 +61,7 @@ from dispatcher.settings import DispatcherSettings
 from dispatcher.stream import CHANGE_STREAMS_UNSUPPORTED, Checkpoints, StreamFollower
 from dispatcher.streammode import StreamMode
 from dispatcher.sweep import PENDING, Sweeps, sweep
+from dispatcher.timers import TimerFirer
 from dispatcher.timing import REAL_TIME, Timing, pause
 
 __all__ = ["CollectionWorker", "WorkerStats"]
@@ -109,6 +110,13 @@ class CollectionWorker:
             source_type=source_type, fence=self._fence,
             backoff_initial_s=s.backoff_initial_ms / 1000,
             backoff_max_s=s.backoff_max_ms / 1000, timing=timing)
+        self.timers = TimerFirer(
+            self.coll, publisher=publisher, dead_letters=db[dead_letter_collection],
+            metrics=metrics, timing=timing, where=self.selection.query, fence=self._fence,
+            lease_held=lambda: self.balancer.holds(self.selection.partitions),
+            source_type=source_type, topic_template=s.topic_template,
+            page_size=s.batch_size, faults=faults, on_error=lambda exc: self.outcomes.failed(
+                "store" if isinstance(exc, PyMongoError) else "error", exc))
         self.sweeps = Sweeps(self.coll, self.cycle, name=collection, page_size=s.batch_size,
                              interval_s=s.sweep_interval_s, stop=stop, metrics=metrics,
                              timing=timing, where=self.selection.query)
@@ -226,15 +234,7 @@ class CollectionWorker:
         self.health.beat(self.name, role="stopped")
 
     def _fence(self, doc: Mapping[str, Any]) -> str | None:
-        """The ``fence`` header of a document's records (:mod:`aggregates.wire.fence`): this
-        collection, its partition (0 without ``_p``) and the epoch of our lease on it —
-        ``None`` unless that lease counts as held right now (the cycle compares it again
-        before the ``$pull``)."""
-        p = doc.get(F_PARTITION, 0)
-        if not isinstance(p, int) or not self.leases.holds((p,)):
-            return None
-        epoch = self.leases.epochs.get(p)
-        return None if epoch is None else f"{self._fence_scope}/{p}:{epoch}"
+        return self.leases.fence(doc, self._fence_scope)
 
     def _contact(self) -> None:
         self.health.contact(self.name)
@@ -243,12 +243,6 @@ class CollectionWorker:
 
     def _note_error(self, text: str) -> None:
         self.outcomes.last_error = text
-
-    def failure_summary(self) -> str:
-        """The last error, shortened to one line (for ``--once`` giving up)."""
-        if not self.last_error or not self.last_error.strip():
-            return "no error reported"
-        return "last error: " + one_line(self.last_error, limit=200)
 
     def _keep_going(self) -> bool:
         if self.stop.is_set() or self._drained:
@@ -276,12 +270,21 @@ class CollectionWorker:
         log.info("%s: active (%s mode) on %s", self.name, mode,
                  "every partition" if self.selection.full else f"{n} partition(s)",
                  extra={"collection": self.name, "mode": mode, "partitions": n})
-        if mode == "stream":
-            await self._loop(self.stream.step)
-            await self.stream.final_checkpoint(sweep_pending=self.sweeps.reason is not None)
-        else:
-            self.sweeps.request(None)
-            await self._loop(self._poll_step)
+        # Due timers fire beside the outbox, for the same partitions (dispatcher/timers.py).
+        firing = asyncio.create_task(self.timers.run(
+            self.stop, lambda: self.balancer.active() == self.selection.partitions))
+        try:
+            if mode == "stream":
+                await self._loop(self.stream.step)
+                await self.stream.final_checkpoint(
+                    sweep_pending=self.sweeps.reason is not None)
+            else:
+                self.sweeps.request(None)
+                await self._loop(self._poll_step)
+        finally:
+            firing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await firing
 
     async def _choose_mode(self) -> str:
         """``stream`` when the change stream opens; ``poll`` when the server has none and
@@ -382,6 +385,7 @@ class CollectionWorker:
             if self.sweeps.reason is None:
                 last = self.sweeps.last
                 if last is not None and not (last.published or last.dead_lettered):
+                    await self.timers.fire_all_due()
                     self._drained = True
                     break
                 self.sweeps.request("once")

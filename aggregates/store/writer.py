@@ -32,7 +32,7 @@ from pymongo.database import Database
 
 from aggregates.core.settings import AggboxSettings
 from aggregates.domain.aggregate import Registry
-from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_VERSION
+from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TIMERS, F_VERSION
 from aggregates.fold.result import DeadLetter, Parked
 from aggregates.message.envelope import Message
 from aggregates.message.outcomes import Outcome
@@ -92,7 +92,8 @@ class StoreWriter:
         anyway; mongo-java-server only uses an index whose keys equal the filter's keys and
         would scan the collection otherwise (harmless on MongoDB). ``{"outbox.0": 1}`` and
         ``{_p: 1, "outbox.0": 1}`` (sparse): the dispatcher's sweeps, of all documents and of
-        one partition's."""
+        one partition's; ``{"timers.due": 1}`` and ``{_p: 1, "timers.due": 1}`` (sparse,
+        multikey): the dispatcher's due timers."""
         for atype in self.registry:
             coll = self.db[atype.collection]
             coll.create_index([("_id", ASCENDING), (F_VERSION, ASCENDING)], unique=True,
@@ -103,6 +104,12 @@ class StoreWriter:
             # document is indexed when any key exists, i.e. every document with a _p.
             coll.create_index([(F_PARTITION, ASCENDING), (f"{F_OUTBOX}.0", ASCENDING)],
                               sparse=True, name="aggbox_partition_pending")
+            # The dispatcher's due timers (dispatcher/timers.py), of all documents and of
+            # one partition's: multikey on each pending timer's due time.
+            coll.create_index([(f"{F_TIMERS}.due", ASCENDING)], sparse=True,
+                              name="aggbox_timers_due")
+            coll.create_index([(F_PARTITION, ASCENDING), (f"{F_TIMERS}.due", ASCENDING)],
+                              sparse=True, name="aggbox_partition_timers_due")
         self.dead_letters.ensure_indexes()
         self.parking.ensure_indexes()
         for atype in self.registry:
