@@ -1,4 +1,5 @@
-"""Operator commands: ``aggbox deadletters …``, ``aggbox parked …``, ``aggbox indexes``.
+"""Operator commands: ``aggbox deadletters …``, ``aggbox parked …``, ``aggbox effects …``,
+``aggbox timers …``, ``aggbox indexes``.
 
 They work on the MongoDB named by ``AGGBOX_MONGODB_URI`` (or ``mongodb_uri`` in the
 ``[aggbox]`` section of ``--config FILE``) and never start a throwaway local server: an
@@ -42,6 +43,7 @@ from aggbox.admin.deadletters import (
 )
 from aggbox.admin.effects import STATES, cmd_effects_list
 from aggbox.admin.parked import _cmd_parked_list, _cmd_parked_release
+from aggbox.admin.timers import register as register_timers
 from aggregates.core.uri import redact_uri
 from dispatcher.effects.attempts import DEFAULT_COLLECTION
 
@@ -67,7 +69,8 @@ class _Formatter(argparse.HelpFormatter):
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``deadletters``, ``parked`` and ``indexes`` to the ``aggbox`` command."""
+    """Add ``deadletters``, ``parked``, ``effects``, ``timers`` and ``indexes`` to the
+    ``aggbox`` command."""
     fmt = _Formatter
 
     dl = subparsers.add_parser(
@@ -231,6 +234,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument("--json", action="store_true",
                    help='print a JSON object {"items": [...], "total": N}')
     p.set_defaults(func=cmd_effects_list)
+
+    register_timers(subparsers, store_options=_store_options, aggregates_option=_aggregates_option,
+                    positive=_positive, formatter=fmt, epilog=_EPILOG, group=_group)
 
     p = subparsers.add_parser(
         "indexes", help="create the indexes the writer needs (idempotent)",
