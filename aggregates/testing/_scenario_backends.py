@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from aggregates.core.errors import UnknownAggregateType
 from aggregates.core.reasons import Reason
 from aggregates.domain.aggregate import AggregateType, Registry
-from aggregates.fold.document import F_OUTBOX, F_STATE, F_STATE_VERSION
+from aggregates.fold.document import F_OUTBOX, F_STATE, F_STATE_VERSION, F_TIMERS, F_VERSION
 from aggregates.message.envelope import Message
 from aggregates.message.outcomes import Outcome
 
@@ -41,6 +41,15 @@ class Backend(Protocol):
     def outbox(self, atype: AggregateType[Any], aggregate_id: str) -> list[Entry]: ...
 
     def pull(self, atype: AggregateType[Any], aggregate_id: str, ids: Sequence[str]) -> None: ...
+
+    def timers(self, atype: AggregateType[Any], aggregate_id: str) -> list[Entry]:
+        """The aggregate's pending timers (docs/design.md "Timers")."""
+        ...
+
+    def pull_timers(self, atype: AggregateType[Any], aggregate_id: str,
+                    ids: Sequence[str]) -> None:
+        """Remove fired timers, as the dispatcher does after the broker's ack."""
+        ...
 
     def state(self, atype: AggregateType[Any], aggregate_id: str) -> Any: ...
 
@@ -103,6 +112,15 @@ class MemoryBackend:
         h.outbox = [e for e in h.outbox if e.get("id") not in gone]
         h.snapshot.outbox_ids = [i for i in h.snapshot.outbox_ids if i not in gone]
 
+    def timers(self, atype: AggregateType[Any], aggregate_id: str) -> list[Entry]:
+        return list(self._harness(atype.name, aggregate_id).snapshot.timers)
+
+    def pull_timers(self, atype: AggregateType[Any], aggregate_id: str,
+                    ids: Sequence[str]) -> None:
+        snap = self._harness(atype.name, aggregate_id).snapshot
+        snap.timers = [t for t in snap.timers if t.get("id") not in set(ids)]
+        snap.version += 1
+
     def state(self, atype: AggregateType[Any], aggregate_id: str) -> Any:
         return self._harness(atype.name, aggregate_id).state
 
@@ -157,6 +175,17 @@ class StoreBackend:
         # As the dispatcher: exactly these ids, _v untouched (docs/design.md invariant 2).
         self.db[atype.collection].update_one(
             {"_id": aggregate_id}, {"$pull": {F_OUTBOX: {"id": {"$in": list(ids)}}}})
+
+    def timers(self, atype: AggregateType[Any], aggregate_id: str) -> list[Entry]:
+        doc = self.db[atype.collection].find_one({"_id": aggregate_id}, {F_TIMERS: 1})
+        return list((doc or {}).get(F_TIMERS) or [])
+
+    def pull_timers(self, atype: AggregateType[Any], aggregate_id: str,
+                    ids: Sequence[str]) -> None:
+        # As the dispatcher (dispatcher/timers.py): these ids, and _v moved on.
+        self.db[atype.collection].update_one(
+            {"_id": aggregate_id}, {"$pull": {F_TIMERS: {"id": {"$in": list(ids)}}},
+                                    "$inc": {F_VERSION: 1}})
 
     def state(self, atype: AggregateType[Any], aggregate_id: str) -> Any:
         doc = self.db[atype.collection].find_one({"_id": aggregate_id},

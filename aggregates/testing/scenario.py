@@ -10,13 +10,13 @@
     print(sc.timeline)
 
 Messages go where the dispatcher would send them: an addressed entry (``Emit(..., to=...)``)
-to its target aggregate, an event (no ``to=``) to the listeners registered with
-:meth:`Scenario.on_event` (and into :attr:`Scenario.events`), an effect entry to the effect
-function of ``effects=`` or a fake (:meth:`Scenario.fake_effect`), whose result comes back
-to the emitter as the runner's reply. The shared parts: the fold (through
-:class:`~aggregates.testing.AggregateHarness`, or the real :class:`StoreWriter` with
-``with_store=``), :func:`aggregates.wire.outbound.entry_envelope` (entry → message),
-:mod:`aggregates.domain.effect_rules` and :func:`aggregates.domain.effects.reply_message`.
+to its target aggregate, an event (no ``to=``) to the listeners of :meth:`Scenario.on_event`
+(and :attr:`Scenario.events`), an effect entry to the effect function of ``effects=`` or a
+fake (:meth:`Scenario.fake_effect`), whose result comes back as the runner's reply; timers
+fire when :meth:`Scenario.advance` moves the clock past their due time. The shared parts:
+the fold (:class:`~aggregates.testing.AggregateHarness`, or the real :class:`StoreWriter`
+with ``with_store=``), :func:`aggregates.wire.outbound.entry_envelope`,
+:mod:`aggregates.domain.effect_rules`, :func:`aggregates.domain.effects.reply_message`.
 """
 
 from __future__ import annotations
@@ -58,14 +58,17 @@ Listener = Callable[[Message], "Iterable[Message] | None"]
 _EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 
+def _aware(value: datetime) -> datetime:  # mongomock reads dates naive
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
 class Scenario:
     """Aggregates of ``registry`` exchanging messages until nothing is left (see the module
-    documentation). Options (keyword-only): ``effects`` — the team's :class:`Effects`;
-    ``with_store`` — a pymongo ``Database`` to run on through the real
-    :class:`~aggregates.store.writer.StoreWriter` (``memory_database()`` or a server's) instead of
-    in memory; ``now`` — the clock (fixed; :meth:`advance` moves it); ``max_steps`` — the
-    step limit of one :meth:`when`; ``faults`` — :class:`Fault` s to inject, or a
-    :class:`FaultSource`; ``check_determinism`` — in memory, run every handling twice."""
+    documentation). Options: ``effects`` — the team's :class:`Effects`; ``with_store`` — a
+    pymongo ``Database`` for the real ``StoreWriter`` instead of memory; ``now`` — the clock
+    (fixed; :meth:`advance` moves it); ``max_steps`` — the step limit of one :meth:`when`;
+    ``faults`` — :class:`Fault` s or a :class:`FaultSource`; ``check_determinism`` — in
+    memory, run every handling twice."""
 
     def __init__(self, registry: Registry, *, effects: Effects | None = None,
                  with_store: Database[Any] | None = None, now: datetime | None = None,
@@ -99,14 +102,37 @@ class Scenario:
         #: Messages addressed to aggregate types outside the registry (another service's).
         self.outside: list[Message] = []
 
-    # -- set-up ---------------------------------------------------------------------------
     @property
     def now(self) -> datetime:
         return self._backend.now
 
     def advance(self, delta: timedelta) -> None:
-        """Move the clock (``created_at`` of later entries, the writer's ``now``)."""
+        """Move the clock (``created_at`` of later entries, the writer's ``now``) and fire
+        the timers due by then, earliest first, as the dispatcher would: each is delivered
+        (or published) and the flow it starts runs before the next one fires."""
         self._backend.now = self._backend.now + delta
+        while (due := self._next_due()) is not None:
+            atype, aggregate_id, timer = due
+            self._backend.pull_timers(atype, aggregate_id, [str(timer.get("id"))])
+            env = entry_envelope(timer, document_id=aggregate_id,
+                                 source_type=atype.name).envelope
+            msg, note = Message.from_dict(env, max_payload_bytes=0), "timer fired"
+            sender = f"{atype.name}/{aggregate_id} ({timer.get('timer')!r})"
+            if msg.aggregate_type in self.registry:
+                self._queue.append(Delivery(msg, "message", sender, note))
+            else:
+                self._event(msg, sender, note, outside=True)
+            self._run()
+
+    def _next_due(self) -> tuple[AggregateType[Any], str, dict[str, Any]] | None:
+        found = [(_aware(t["due"]), name, aggregate_id, str(t.get("id")), t)
+                 for name, aggregate_id in self._backend.aggregates()
+                 for t in self._backend.timers(self.registry.get(name), aggregate_id)
+                 if _aware(t["due"]) <= self.now]
+        if not found:
+            return None
+        _due, name, aggregate_id, _id, timer = min(found, key=lambda f: f[:4])
+        return self.registry.get(name), aggregate_id, dict(timer)
 
     def on_event(self, type: str, listener: Listener) -> None:
         """Hand events of message ``type`` — and messages of that type addressed to an

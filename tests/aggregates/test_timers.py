@@ -269,3 +269,35 @@ def test_timers_fire_as_the_key_to_due_time_model_says(
         dues = {k: d for d, k in due}
         assert [dues[k] for k in fired] == sorted(dues[k] for k in fired)
         assert sorted(t["timer"] for t in h.timers) == sorted(model)
+
+
+@pytest.mark.parametrize("backend", ["memory", "store"])
+def test_a_scenario_fires_timers_as_its_clock_advances(backend: str) -> None:
+    from aggregates.testing import Scenario, memory_database
+    from tests.dispatcher.timerdomain import orders
+    from tests.dispatcher.timerdomain import registry as timer_registry
+
+    sc = Scenario(timer_registry,
+                  with_store=memory_database() if backend == "store" else None)
+
+    def send_to(mtype: str, aid: str, n: int, **payload: Any) -> None:
+        sc.when(message(mtype, payload, to="Order", id=aid, source=("Client", aid, n)))
+
+    send_to("Place", "o-1", 1, ms=60_000)
+    send_to("Place", "o-2", 1, ms=60_000)
+    send_to("Confirm", "o-2", 2)
+    send_to("Remind", "o-3", 1, customer="c/1", ms=30_000)
+    sc.advance(timedelta(seconds=29))
+    assert sc.state(orders, "o-1").status == "waiting" and sc.outside == []
+    sc.advance(timedelta(seconds=1))
+    (reminder,) = sc.outside
+    assert (reminder.aggregate_type, reminder.aggregate_id, reminder.type) == (
+        "Customer", "c/1", "Reminded")
+    sc.advance(timedelta(seconds=30))
+    assert sc.state(orders, "o-1") == replace(sc.state(orders, "o-1"), status="expired",
+                                              deadlines=1)
+    assert sc.state(orders, "o-2").status == "confirmed"
+    assert sc.state(orders, "o-2").deadlines == 0
+    sc.advance(timedelta(days=1))
+    assert sc.state(orders, "o-1").deadlines == 1
+    assert "timer fired" in str(sc.timeline)
