@@ -30,6 +30,7 @@ from aggregates.fold.document import (
     F_SEQ,
     F_STATE,
     F_STATE_VERSION,
+    F_TIMERS,
     F_VERSION,
     LAYOUT_VERSION,
     Snapshot,
@@ -136,6 +137,13 @@ class AggregateView:
         return [dict(e) for e in self._doc.get(F_OUTBOX) or []]
 
     @property
+    def timers(self) -> list[dict[str, Any]]:
+        """Pending timers (``Schedule``), earliest due first: the dispatcher publishes each
+        when it is due (docs/concepts.md "Timers")."""
+        return sorted((dict(t) for t in self._doc.get(F_TIMERS) or []),
+                      key=lambda t: (str(_aware(t.get("due"))), str(t.get("id"))))
+
+    @property
     def blocked(self) -> dict[str, Any] | None:
         """``_blocked``: set when a handler failed and the type parks on handler errors;
         release it with ``aggbox parked release``."""
@@ -193,6 +201,10 @@ class AggregateView:
              [[e.get("id"), e.get("type"), _target(e), e.get("topic"),
                (e.get("source") or {}).get("seq"), e.get("created_at"), e.get("payload")]
               for e in outbox]),
+            (f"timers: {len(self.timers)} pending, earliest due first",
+             ["key", "due", "type", "target", "id", "scheduled_at"],
+             [[t.get("timer"), t.get("due"), t.get("type"), _target(t), t.get("id"),
+               t.get("scheduled_at")] for t in self.timers]),
             (f"parked: {len(self.parked)} messages", ["message_id", "type", "reason", "detail",
                                                       "parked_at", "attempts"],
              [[p.get("message_id"), (p.get("message") or {}).get("type"), p.get("reason"),

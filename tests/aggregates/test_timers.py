@@ -301,3 +301,21 @@ def test_a_scenario_fires_timers_as_its_clock_advances(backend: str) -> None:
     sc.advance(timedelta(days=1))
     assert sc.state(orders, "o-1").deadlines == 1
     assert "timer fired" in str(sc.timeline)
+
+
+def test_the_notebook_view_shows_an_aggregates_pending_timers() -> None:
+    from aggregates import AggboxSettings, Source, StoreWriter
+    from aggregates.debug import load_aggregate
+    from aggregates.testing import memory_database
+    from tests.dispatcher.timerdomain import registry as timer_registry
+
+    db = memory_database()
+    w = StoreWriter(db, timer_registry, settings=AggboxSettings(database=db.name))
+    w.process([Message("p-1", "Place", "Order", "o-1", {"ms": 60_000},
+                       source=Source("Client", "o-1", 1)),
+               Message("r-1", "Remind", "Order", "o-1", {"ms": 1_000, "customer": "c-9"},
+                       source=Source("Client", "o-1", 2))])
+    view = load_aggregate(db, timer_registry, "Order", "o-1", settings=AggboxSettings())
+    assert [t["timer"] for t in view.timers] == ["remind", "deadline"]  # earliest due first
+    text = str(view)
+    assert "timers: 2 pending" in text and "Customer/c-9" in text and "Deadline" in text
