@@ -38,7 +38,7 @@ from dispatcher.faults import Faults
 from dispatcher.metrics import Metrics
 from dispatcher.publishers.base import Publisher, PublishResult
 from dispatcher.record import H_FENCE, OutboundRecord, build_record
-from dispatcher.timing import Timing, pause
+from dispatcher.timing import REAL_TIME, pause
 
 __all__ = ["FireResult", "TimerFirer"]
 
@@ -56,7 +56,7 @@ class TimerFirer:
     """Fires one collection's due timers; :meth:`run` until ``keep_going`` says stop."""
 
     def __init__(self, coll: AsyncCollection[Any], *, publisher: Publisher,
-                 dead_letters: AsyncCollection[Any], metrics: Metrics, timing: Timing,
+                 dead_letters: AsyncCollection[Any], metrics: Metrics,
                  where: Callable[[], dict[str, Any]], fence: Callable[[Mapping[str, Any]],
                                                                    str | None],
                  lease_held: Callable[[], bool], source_type: str | None,
@@ -66,7 +66,7 @@ class TimerFirer:
                  clock: Callable[[], datetime] = lambda: datetime.now(UTC)) -> None:
         self.coll, self.publisher, self.dead_letters = coll, publisher, dead_letters
         self.name = coll.name
-        self.metrics, self.timing, self.where, self.fence = metrics, timing, where, fence
+        self.metrics, self.where, self.fence = metrics, where, fence
         self.lease_held, self.source_type = lease_held, source_type
         self.topic_template, self.page_size, self.idle_s = topic_template, page_size, idle_s
         self.clock, self.on_error, self.faults = clock, on_error, faults or Faults()
@@ -86,7 +86,9 @@ class TimerFirer:
             except Exception as exc:
                 self.on_error(exc)
                 wait = self.idle_s
-            await pause(self.timing, wait, stop)
+            # Due times are wall-clock times: real pauses, whatever the worker's injected
+            # timing (its fake clocks drive backoff and pacing, not this).
+            await pause(REAL_TIME, wait, stop)
 
     async def fire_all_due(self) -> None:
         """``--once``: fire rounds while full pages of due timers are found."""

@@ -112,7 +112,7 @@ class CollectionWorker:
             backoff_max_s=s.backoff_max_ms / 1000, timing=timing)
         self.timers = TimerFirer(
             self.coll, publisher=publisher, dead_letters=db[dead_letter_collection],
-            metrics=metrics, timing=timing, where=self.selection.query, fence=self._fence,
+            metrics=metrics, where=self.selection.query, fence=self._fence,
             lease_held=lambda: self.balancer.holds(self.selection.partitions),
             source_type=source_type, topic_template=s.topic_template,
             page_size=s.batch_size, faults=faults, on_error=lambda exc: self.outcomes.failed(
