@@ -118,7 +118,7 @@ class Metrics:
             ["collection"], registry=r)
         # Timers (dispatcher.timers).
         self.timers_fired = Counter(p + "timers_fired", "Due timers published (acknowledged "
-                                    "by the broker) and removed.", ["collection"], registry=r)
+                                    "by the broker; removed next).", ["collection"], registry=r)
         self.timer_lag = Histogram(p + "timer_lag_seconds", "Time from a timer's due time to "
                                    "the broker's acknowledgement.", ["collection"],
                                    buckets=_LATENCY_BUCKETS, registry=r)

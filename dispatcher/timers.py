@@ -160,6 +160,8 @@ class TimerFirer:
                     f"good (topic {rec.topic!r}): {res.error}")))
             else:
                 result.retryable += 1
+        if result.fired:  # counted once acknowledged (a crash before the removal re-fires)
+            self._m_fired.inc(result.fired)
         if letters:
             await self.dead_letters.bulk_write(
                 [UpdateOne(*dead_letter_update(dl, now=now), upsert=True)
@@ -176,8 +178,6 @@ class TimerFirer:
                 UpdateOne({"_id": key}, {"$pull": {F_TIMERS: {"id": {"$in": ids}}},
                                          "$inc": {F_VERSION: 1}})
                 for key, ids in done.items()], ordered=False)
-        if result.fired:
-            self._m_fired.inc(result.fired)
         return result
 
     async def _publish(self, records: list[OutboundRecord]) -> list[PublishResult]:
