@@ -27,13 +27,12 @@ Everything here is pure: no clock (the fold's ``now`` is the writer's), no I/O.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Final
 
 from aggregates.core.ids import AGGBOX_NAMESPACE, uuid5
 from aggregates.core.keys import join_parts
-from aggregates.message.emit import Emit
+from aggregates.message.emit import Cancel, Schedule
 
 __all__ = [
     "MAX_TIMERS",
@@ -60,29 +59,6 @@ TIMER_HEADER: Final = "aggbox-timer"
 #: aggregate, so a high-water receiver (``monotonic``) sees a replaced timer's message as
 #: newer and a fired one again as a duplicate.
 TIMER_SOURCE_TYPE: Final = "aggbox.timer"
-
-
-@dataclass(frozen=True, slots=True)
-class Schedule:
-    """Publish ``emit`` at ``at`` (an aware datetime) or ``after`` a delay from the handling
-    time — exactly one of the two. ``key`` names the timer within the aggregate: a pending
-    timer with the same key is replaced. ``emit.to`` addresses another aggregate; without
-    it the timer's message is input for the scheduling aggregate itself. Invalid values are
-    not raised here: the fold dead-letters the message ``invalid_timer`` naming them."""
-
-    emit: Emit
-    key: str
-    at: datetime | None = None
-    after: timedelta | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Cancel:
-    """Remove the pending timer ``key`` of this aggregate (nothing if there is none). A
-    timer cancelled before the dispatcher read it never fires; for the limits see
-    docs/design.md "Timers"."""
-
-    key: str
 
 
 def timer_message_id(aggregate_type: str, aggregate_id: str, key: str, due: datetime,

@@ -1,11 +1,13 @@
-"""What a handler emits: :class:`Emit`, addressed with an :class:`AggregateRef`, and what it
-returns (:data:`Handled`)."""
+"""What a handler emits: :class:`Emit`, addressed with an :class:`AggregateRef`; the timers it
+schedules and cancels (:class:`Schedule`, :class:`Cancel`; docs/design.md "Timers"); and what
+it returns (:data:`Handled`)."""
 
 from __future__ import annotations
 
 import builtins
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias, TypeVar, Union, overload
 
 from pydantic import BaseModel
@@ -13,7 +15,7 @@ from pydantic import BaseModel
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-__all__ = ["AggregateRef", "Emit", "Handled", "P", "PayloadObject", "S"]
+__all__ = ["AggregateRef", "Cancel", "Emit", "Handled", "P", "PayloadObject", "S", "Schedule"]
 
 S = TypeVar("S")
 #: A message payload class: a pydantic model or a dataclass.
@@ -113,5 +115,29 @@ _set_type, _set_payload, _set_to, _set_topic, _set_key, _set_headers, _set_schem
     for name in ("type", "payload", "to", "topic", "key", "headers", "schema_version"))
 
 
-#: What a handler returns: the new state, or the new state and the messages it emits.
-Handled: TypeAlias = Union[S, tuple[S, Sequence[Emit]]]  # noqa: UP007
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """Publish ``emit`` at ``at`` (an aware datetime) or ``after`` a delay from the handling
+    time — exactly one of the two. ``key`` names the timer within the aggregate: a pending
+    timer with the same key is replaced. ``emit.to`` addresses another aggregate; without
+    it the timer's message is input for the scheduling aggregate itself. Invalid values are
+    not raised here: the fold dead-letters the message ``invalid_timer`` naming them."""
+
+    emit: Emit
+    key: str
+    at: datetime | None = None
+    after: timedelta | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Remove the pending timer ``key`` of this aggregate (nothing if there is none). A
+    timer cancelled before the dispatcher read it never fires; for the limits see
+    docs/design.md "Timers"."""
+
+    key: str
+
+
+#: What a handler returns: the new state, or the new state and the messages it emits (and
+#: the timers it schedules or cancels).
+Handled: TypeAlias = Union[S, tuple[S, Sequence[Emit | Schedule | Cancel]]]  # noqa: UP007

@@ -24,6 +24,7 @@ from aggregates import Message, StoreWriter
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.base import PublishResult
 from dispatcher.record import OutboundRecord
+from dispatcher.settings import DispatcherSettings
 from dispatcher.timing import Timing
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,6 +54,15 @@ def merge(*emitted: dict[str, list[str]]) -> dict[str, list[str]]:
         for k, v in e.items():
             out[k].extend(v)
     return dict(out)
+
+
+def quick_settings(domain: str, **over: Any) -> DispatcherSettings:
+    """Dispatcher settings for in-process tests of ``domain`` (an aggregates module): no
+    metrics server, short pauses and backoffs; ``over`` replaces any of them."""
+    base: dict[str, Any] = dict(
+        aggregates=domain, metrics_port=0, pacing_ms=10, poll_interval_ms=50, lease_ttl_s=3,
+        backoff_initial_ms=20, backoff_max_ms=100, sweep_interval_s=30, once_timeout_s=30)
+    return DispatcherSettings.load(**{**base, **over})
 
 
 def pending_entries(db: Database[Any], collection: str = "emitters") -> int:

@@ -34,7 +34,7 @@ from dispatcher.daemon import Dispatcher
 from dispatcher.effects.attempts import attempt_key
 from dispatcher.settings import DispatcherSettings
 from tests.dispatcher.effectdomain import registry
-from tests.dispatcher.helpers import ListPublisher
+from tests.dispatcher.helpers import ListPublisher, quick_settings
 
 pytestmark = [pytest.mark.mongo]
 
@@ -83,11 +83,7 @@ def effects_for(resource: Resource, *, query: bool = False, timeout_s: float = 5
 
 
 def settings(**over: Any) -> DispatcherSettings:
-    base: dict[str, Any] = dict(
-        aggregates=DOMAIN, metrics_port=0, pacing_ms=10, poll_interval_ms=50, lease_ttl_s=3,
-        backoff_initial_ms=20, backoff_max_ms=100, sweep_interval_s=30, once_timeout_s=30)
-    base.update(over)
-    return DispatcherSettings.load(**base)
+    return quick_settings(DOMAIN, **over)
 
 
 @pytest.fixture

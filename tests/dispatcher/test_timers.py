@@ -24,7 +24,14 @@ from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.base import PublishResult
 from dispatcher.record import H_KIND, KIND_INPUT, OutboundRecord
 from dispatcher.settings import DispatcherSettings
-from tests.dispatcher.helpers import ListPublisher, jsonl_envelopes, run_while, spawn, wait_for
+from tests.dispatcher.helpers import (
+    ListPublisher,
+    jsonl_envelopes,
+    quick_settings,
+    run_while,
+    spawn,
+    wait_for,
+)
 from tests.dispatcher.timerdomain import registry
 
 pytestmark = [pytest.mark.mongo]
@@ -34,11 +41,7 @@ COLLECTION = {"Order": "torders", "HwOrder": "thworders"}
 
 
 def settings(**over: Any) -> DispatcherSettings:
-    base: dict[str, Any] = dict(
-        aggregates=DOMAIN, metrics_port=0, pacing_ms=10, poll_interval_ms=50, lease_ttl_s=3,
-        backoff_initial_ms=20, backoff_max_ms=100, sweep_interval_s=30, once_timeout_s=60)
-    base.update(over)
-    return DispatcherSettings.load(**base)
+    return quick_settings(DOMAIN, once_timeout_s=60, **over)
 
 
 @pytest.fixture
