@@ -12,16 +12,17 @@ __all__ = ["register", "run"]
 _DESCRIPTION = """\
 The Customers & Orders scenario end to end, with nothing to set up.
 
-Customers have credit limits. A PlaceOrder makes an Order pending and sends OrderCreated
-to its Customer, which reserves credit and answers CreditReserved or CreditLimitExceeded;
-the Order becomes approved or rejected (domain: aggbox/examples/orders/domain.py).
+Customers have credit limits. A PlaceOrder makes an Order pending, sends OrderCreated
+to its Customer and sets a 30-minute credit deadline (a timer); the Customer reserves
+credit and answers CreditReserved or CreditLimitExceeded; the Order becomes approved or
+rejected and cancels its deadline (domain: aggbox/examples/orders/domain.py).
 
 The demo generates JSON Lines input (duplicates, reordering, a few bad rows), runs the
 Spark pipeline, the dispatcher (--once, JSON Lines publisher) and the pipeline again on
-the dispatcher's output (plus redelivered copies) until nothing is pending. Then it checks
-every order status and every customer's reserved credit against an in-memory oracle, and
-the six invariants of docs/design.md "Invariants", and prints a table per round and
-PASS/FAIL per check.
+the dispatcher's output (plus redelivered copies) until no outbox entry is pending. Then
+it checks every order status, every customer's reserved credit and every aggregate's
+pending timers against an in-memory oracle, and the six invariants of docs/design.md
+"Invariants", and prints a table per round and PASS/FAIL per check.
 
 MongoDB: AGGBOX_MONGODB_URI when set, else a local server started for the run (mongod on
 PATH, else mongo-java-server). Each run uses a fresh database, dropped at the end.

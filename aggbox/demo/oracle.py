@@ -20,7 +20,10 @@ Independent of the code it checks: a bug there must not be made twice, here too.
   attributes: ``payload``, ``aggregate_id``, …). A typed handler is registered as the
   library's ``TypedHandler``, called the same way: it validates ``payload`` into the
   domain's payload class and calls the domain's function; its emitted payload objects are
-  turned into dicts by the oracle itself (:func:`_plain_payload`).
+  turned into dicts by the oracle itself (:func:`~aggbox.demo.oracle_envelope.plain_payload`).
+- *Timers*: a handler's ``Schedule`` and ``Cancel`` are not emitted messages; the oracle
+  keeps each aggregate's pending timers itself (:mod:`aggbox.demo.oracle_timers`), and its
+  ``seq`` advances as the writer's does: first the step's emits, then one per ``Schedule``.
 - *State*: the domain's own state dataclass (from the handlers' annotations), created with
   its defaults and turned into the stored form with :func:`dataclasses.asdict` plus what BSON
   changes (:func:`bson_plain`) — not the library's ``StateCodec``.
@@ -42,8 +45,7 @@ import inspect
 import json
 import typing
 import weakref
-from collections import Counter
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
@@ -55,7 +57,9 @@ from aggbox.demo.oracle_envelope import (
     InvalidEnvelope,
     Key,
     parse_envelope,
+    plain_payload,
 )
+from aggbox.demo.oracle_timers import PendingTimer, TimerOp, apply_timer_ops, split_returned
 from aggregates.core.ids import emitted_message_id, raw_message_id
 from aggregates.core.reasons import Reason
 from aggregates.domain.aggregate import Emit, Registry
@@ -68,12 +72,11 @@ __all__ = [
     "Expected",
     "Folded",
     "Key",
-    "RoundCounts",
+    "PendingTimer",
     "bson_plain",
     "classify",
     "domain_of",
     "expect",
-    "expected_round_counts",
     "fold_messages",
     "plain_state",
 ]
@@ -212,39 +215,53 @@ class Folded:
     applied: list[str] = field(default_factory=list)
     emitted: list[Envelope] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)  # message id → error
+    timers: dict[str, PendingTimer] = field(default_factory=dict)  # pending, by key
+    scheduled: int = 0  # the Schedules of this fold (each took a seq)
+    #: given pending timers this fold removed, addressed to this aggregate (in its dedup
+    #: record: :mod:`aggbox.demo.oracle_timers`)
+    withdrawn: list[PendingTimer] = field(default_factory=list)
 
 
 def fold_messages(dtype: DomainType, aggregate_id: str, messages: Iterable[Envelope],
-                  *, state: Any = None, seq: int = 0) -> Folded:
+                  *, state: Any = None, seq: int = 0,
+                  timers: Mapping[str, PendingTimer] | None = None) -> Folded:
     """Apply ``messages`` in the given order with ``dtype``'s handlers, starting from
-    ``state`` (default: the state class with its defaults). A handler that raises (or
-    returns something unusable) leaves the state unchanged: ``failed``."""
-    out = Folded(dtype.state() if state is None else state, seq)
+    ``state`` (default: the state class with its defaults) and the pending ``timers``. A
+    handler that raises (or returns something unusable) leaves the state unchanged:
+    ``failed``."""
+    out = Folded(dtype.state() if state is None else state, seq, timers=dict(timers or {}))
+    owner, stored = (dtype.name, aggregate_id), {t.seq for t in out.timers.values()}
     for msg in messages:
         try:
             result = dtype.handlers[msg.type](out.state, msg)
-            new_state, emits = _normalise(result)
+            new_state, emits, ops = _normalise(result)
             if not isinstance(new_state, dtype.state):  # the store holds only that class
                 raise TypeError(f"handler returned {type(new_state).__name__}, expected "
                                 f"{dtype.state.__name__}")
+            pending = dict(out.timers)
+            last, removed = apply_timer_ops(pending, ops, owner=owner, cause=msg.message_id,
+                                            seq=out.seq + len(emits))
         except Exception as exc:
             out.failed[msg.message_id] = f"{type(exc).__name__}: {exc}"
             continue
-        out.state = new_state
+        out.state, out.timers = new_state, pending
         out.applied.append(msg.message_id)
-        for i, e in enumerate(emits):
-            out.seq += 1
-            out.emitted.append(_emitted(dtype, aggregate_id, msg, i, e, out.seq))
+        for i, e in enumerate(emits):  # the emits take their seqs first, then the timers
+            out.emitted.append(_emitted(dtype, aggregate_id, msg, i, e, out.seq + i + 1))
+        out.scheduled += last - out.seq - len(emits)
+        out.seq = last
+        out.withdrawn += [t for t in removed if t.seq in stored and t.target == owner]
     return out
 
 
-def _normalise(result: Any) -> tuple[Any, Sequence[Emit]]:
+def _normalise(result: Any) -> tuple[Any, list[Emit], list[TimerOp]]:
+    """A handler's result: the new state, its emits and its timer operations."""
     if isinstance(result, tuple):
-        state, emits = result
-        return state, [emits] if isinstance(emits, Emit) else list(emits)
+        state, returned = result
+        return (state, *split_returned([returned] if isinstance(returned, Emit) else returned))
     if result is None:
         raise TypeError("handler returned None")
-    return result, []
+    return result, [], []
 
 
 def _emitted(dtype: DomainType, aggregate_id: str, cause: Envelope, index: int,
@@ -255,25 +272,12 @@ def _emitted(dtype: DomainType, aggregate_id: str, cause: Envelope, index: int,
         type=e.type,
         aggregate_type=to_type,
         aggregate_id=to_id,
-        payload=_plain_payload(e.payload),
+        payload=plain_payload(e.payload),
         source=EnvelopeSource(dtype.name, aggregate_id, seq),
         correlation_id=cause.correlation_id or cause.message_id,
         causation_id=cause.message_id,
         headers=dict(e.headers),
     )
-
-
-def _plain_payload(payload: Any) -> dict[str, Any]:
-    """An emitted payload as the outbox must hold it: a dict as is; a typed payload object
-    (the domain's dataclass or pydantic model) as its fields — the oracle's own conversion,
-    not the library's (aggregates.domain.aggregate.dump_payload)."""
-    if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
-        plain: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(payload)))
-        return plain
-    if hasattr(payload, "model_dump"):
-        dumped: dict[str, Any] = payload.model_dump(mode="json")
-        return dumped
-    return dict(payload)
 
 
 @dataclass(slots=True)
@@ -282,8 +286,14 @@ class Expected:
 
     #: stored ``state`` sub-document per aggregate that applied at least one message
     states: dict[Key, dict[str, Any]] = field(default_factory=dict)
-    #: messages emitted per aggregate (the document's ``_seq``)
+    #: messages emitted plus timers scheduled per aggregate (the document's ``_seq``)
     seq: dict[Key, int] = field(default_factory=dict)
+    #: timers scheduled per aggregate (the part of ``_seq`` that is no emitted message)
+    scheduled: dict[Key, int] = field(default_factory=dict)
+    #: pending timers by key, per aggregate that has any (none fires during the demo)
+    timers: dict[Key, dict[str, PendingTimer]] = field(default_factory=dict)
+    #: timers removed after they were stored, per aggregate: recorded as handled
+    withdrawn: dict[Key, list[PendingTimer]] = field(default_factory=dict)
     #: ids of the messages each aggregate applies
     applied: dict[Key, set[str]] = field(default_factory=dict)
     #: every valid message by id: the input's and every emitted one
@@ -301,8 +311,10 @@ class Expected:
         return self.states.get((aggregate_type, aggregate_id))
 
 
-def expect(lines: Iterable[str], registry: Registry) -> Expected:
-    """Fold ``lines`` (the first round's input) and everything it causes."""
+def expect(lines: Iterable[str], registry: Registry, *, generations: int | None = None
+           ) -> Expected:
+    """Fold ``lines`` (the first round's input) and everything it causes — or only its first
+    ``generations`` (what a run stopped after that many rounds must show)."""
     ex = Expected()
     current: list[Envelope] = []
     for line in lines:
@@ -314,7 +326,7 @@ def expect(lines: Iterable[str], registry: Registry) -> Expected:
     domain = domain_of(registry)
     states: dict[Key, Any] = {}
     seen: set[str] = set()
-    while current:
+    while current and (generations is None or len(ex.generations) < generations):
         if len(ex.generations) >= MAX_GENERATIONS:
             raise DemoError(f"the domain still emits messages after {MAX_GENERATIONS} "
                             "generations; the demo needs a cascade that ends")
@@ -330,8 +342,10 @@ def expect(lines: Iterable[str], registry: Registry) -> Expected:
             msgs = sorted(batch[key], key=lambda m: m.message_id)
             dtype = domain[key[0]]
             start, seq0 = states.get(key), ex.seq.get(key, 0)
-            fwd = fold_messages(dtype, key[1], msgs, state=start, seq=seq0)
-            bwd = fold_messages(dtype, key[1], reversed(msgs), state=start, seq=seq0)
+            timers = ex.timers.get(key)
+            fwd = fold_messages(dtype, key[1], msgs, state=start, seq=seq0, timers=timers)
+            bwd = fold_messages(dtype, key[1], reversed(msgs), state=start, seq=seq0,
+                                timers=timers)
             if _signature(fwd) != _signature(bwd):
                 ex.order_sensitive.append(key)
             for mid in fwd.failed:
@@ -341,10 +355,18 @@ def expect(lines: Iterable[str], registry: Registry) -> Expected:
                 states[key] = fwd.state
                 ex.states[key] = plain_state(fwd.state)
                 ex.seq[key] = fwd.seq
+                ex.scheduled[key] = ex.scheduled.get(key, 0) + fwd.scheduled
+                if fwd.withdrawn:
+                    ex.withdrawn.setdefault(key, []).extend(fwd.withdrawn)
+                if fwd.timers:
+                    ex.timers[key] = fwd.timers
+                else:
+                    ex.timers.pop(key, None)
                 ex.applied.setdefault(key, set()).update(fwd.applied)
                 applied += len(fwd.applied)
             for e in fwd.emitted:
                 ex.emitted.add(e.message_id)
+                ex.messages.setdefault(e.message_id, e)  # also if `generations` stops here
             nxt.extend(fwd.emitted)
         ex.generations.append(applied)
         current = nxt
@@ -357,40 +379,7 @@ def _signature(f: Folded) -> tuple[Any, ...]:
          json.dumps(m.payload, sort_keys=True))
         for m in f.emitted
     )
+    timers = sorted((t.key, t.type, t.target, json.dumps(t.payload, sort_keys=True),
+                     t.causation_id) for t in f.timers.values())
     return (json.dumps(plain_state(f.state), sort_keys=True, default=str), f.seq,
-            sorted(f.applied), sorted(f.failed), emitted)
-
-
-@dataclass(frozen=True, slots=True)
-class RoundCounts:
-    """Outcome counts of one pipeline round."""
-
-    input: int = 0
-    applied: int = 0
-    duplicate: int = 0
-    dead_lettered: int = 0
-    parked: int = 0
-
-    def as_dict(self) -> dict[str, int]:
-        return {"input": self.input, "applied": self.applied, "duplicate": self.duplicate,
-                "dead_lettered": self.dead_lettered, "parked": self.parked}
-
-
-def expected_round_counts(lines: Sequence[str], registry: Registry, expected: Expected, *,
-                          seen: set[str]) -> RoundCounts:
-    """What one round over ``lines`` must report, given the ids applied by earlier rounds
-    (``seen``, updated in place): the first copy of a new message is applied, later copies
-    and earlier rounds' messages are duplicates, bad rows and messages whose handler fails
-    are dead letters, nothing is parked."""
-    n: Counter[str] = Counter()
-    for line in lines:
-        c = classify(line, registry)
-        if c.reason is not None or expected.dead.get(c.key) == Reason.HANDLER_ERROR:
-            n["dead_lettered"] += 1
-        elif c.key in seen:
-            n["duplicate"] += 1
-        else:
-            seen.add(c.key)
-            n["applied"] += 1
-    return RoundCounts(input=len(lines), applied=n["applied"], duplicate=n["duplicate"],
-                       dead_lettered=n["dead_lettered"])
+            sorted(f.applied), sorted(f.failed), emitted, timers)

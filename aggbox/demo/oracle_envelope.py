@@ -1,10 +1,13 @@
 """The oracle's own check of the documented envelope contract (:mod:`aggbox.demo.oracle`):
 an input line's object → :class:`Envelope`, or :class:`InvalidEnvelope`. Independent of
 :meth:`aggregates.message.envelope.Message.from_dict` on purpose; only the field table
-``ENVELOPE_FIELDS`` is shared."""
+``ENVELOPE_FIELDS`` is shared. The other way, :func:`plain_payload`: an emitted payload
+as an envelope carries it."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -13,7 +16,8 @@ from typing import Any, Final
 from aggbox.demo.errors import DemoError
 from aggregates.message.envelope import ENVELOPE_FIELDS
 
-__all__ = ["Envelope", "EnvelopeSource", "InvalidEnvelope", "Key", "parse_envelope"]
+__all__ = ["Envelope", "EnvelopeSource", "InvalidEnvelope", "Key", "parse_envelope",
+           "plain_payload"]
 
 #: An aggregate: (aggregate type, aggregate id).
 Key = tuple[str, str]
@@ -136,3 +140,16 @@ def parse_envelope(raw: Any) -> Envelope:
             continue
         values[name] = check(value)
     return Envelope(**values)
+
+
+def plain_payload(payload: Any) -> dict[str, Any]:
+    """An emitted payload as the outbox must hold it: a dict as is; a typed payload object
+    (the domain's dataclass or pydantic model) as its fields — the oracle's own conversion,
+    not the library's (aggregates.domain.aggregate.dump_payload)."""
+    if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
+        plain: dict[str, Any] = json.loads(json.dumps(dataclasses.asdict(payload)))
+        return plain
+    if hasattr(payload, "model_dump"):
+        dumped: dict[str, Any] = payload.model_dump(mode="json")
+        return dumped
+    return dict(payload)

@@ -1,5 +1,5 @@
 """``aggbox demo`` end to end: generate the input, start (or reuse) MongoDB and Spark, run
-pipeline rounds and dispatcher drains until nothing is pending, check everything against
+pipeline rounds and dispatcher drains until no outbox entry is pending, check everything against
 the oracle, print the tables. Returns the exit code: 0 when every check passes, else 1."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Reading what the run left in MongoDB: aggregate documents, dead letters, parked messages."""
+"""Reading what the run left in MongoDB: aggregate documents (with their outbox and pending
+timers), dead letters, parked messages."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pymongo.database import Database
 from aggbox.demo.oracle import Key
 from aggregates.core.settings import AggboxSettings
 from aggregates.domain.aggregate import Registry
-from aggregates.fold.document import F_OUTBOX
+from aggregates.fold.document import F_OUTBOX, F_TIMERS
 
 __all__ = ["StoreView", "pending_outbox", "read_store"]
 
@@ -30,6 +31,11 @@ class StoreView:
     @property
     def pending_outbox(self) -> int:
         return sum(len(d.get(F_OUTBOX) or []) for d in self.documents.values())
+
+    @property
+    def pending_timers(self) -> int:
+        """Timers not yet due (or not yet fired): never counted as outbox entries."""
+        return sum(len(d.get(F_TIMERS) or []) for d in self.documents.values())
 
 
 def read_store(db: Database[Any], registry: Registry, settings: AggboxSettings) -> StoreView:

@@ -44,9 +44,10 @@ class LocalRun:
 
 
 def run_locally(mongo_client: MongoClient[dict[str, Any]], mongo_uri: str, workdir: Path,
-                spec: ScenarioSpec) -> LocalRun:
+                spec: ScenarioSpec, *, max_rounds: int | None = None) -> LocalRun:
     """Generate ``spec``, run it through the loop in a new database (the caller drops
-    ``run.db``), compute the oracle and read the store."""
+    ``run.db``), compute the oracle and read the store. With ``max_rounds`` the loop stops
+    after that many rounds, and the oracle after as many generations."""
     name = f"t_demo_local_{uuid.uuid4().hex[:8]}"
     settings = AggboxSettings.load(mongodb_uri=mongo_uri, database=name)
     db = mongo_client[name]
@@ -57,10 +58,11 @@ def run_locally(mongo_client: MongoClient[dict[str, Any]], mongo_uri: str, workd
         process=LocalRound(db, orders_registry, settings),
         drain=DispatcherDrain(aggregates="aggbox.examples.orders", settings=settings),
         pending=lambda: pending_outbox(db, orders_registry),
-        redeliver_rate=0.2, rng=random.Random(3),
+        redeliver_rate=0.2, rng=random.Random(3), max_rounds=max_rounds or 6,
     )
-    return LocalRun(scenario, expect(scenario.lines, orders_registry), record,
-                    read_store(db, orders_registry, settings), orders_registry, db, settings)
+    return LocalRun(scenario, expect(scenario.lines, orders_registry, generations=max_rounds),
+                    record, read_store(db, orders_registry, settings), orders_registry, db,
+                    settings)
 
 
 @pytest.fixture(scope="module")

@@ -2,23 +2,27 @@
 
 ``local_run`` (conftest) runs a small scenario through the demo's loop, the real
 dispatcher and the real store writer (no Spark). Most tests corrupt a copy of what the checks
-read; one corrupts the database itself and reads it back."""
+read; one corrupts the database itself and reads it back. ``early_run`` stops after round 1,
+while every order still waits for its credit answer: its timer is pending."""
 
 from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from pymongo import MongoClient
 
 from aggbox.demo import checks as ck
 from aggbox.demo.checks import Check, Evidence, run_checks
+from aggbox.demo.generate import ScenarioSpec
 from aggbox.demo.model import RunRecord
 from aggbox.demo.store import StoreView, read_store
-from aggregates.fold.document import F_HW, F_INBOX, F_OUTBOX, F_SEQ, F_STATE
-from tests.demo.conftest import LocalRun
+from aggregates.fold.document import F_HW, F_INBOX, F_OUTBOX, F_SEQ, F_STATE, F_TIMERS
+from tests.demo.conftest import LocalRun, run_locally
 
 pytestmark = pytest.mark.mongo
 
@@ -39,8 +43,14 @@ def name(fn: Callable[[Evidence], Check], run: LocalRun) -> str:
 def test_a_correct_run_passes_every_check(local_run: LocalRun) -> None:
     results = run_checks(evidence(local_run))
     assert [c.name for c in results if not c.passed] == []
-    assert len(results) == len(ck.CHECKS) == 12
+    assert len(results) == len(ck.CHECKS) == 13
     assert local_run.record.settled and len(local_run.record.rounds) == 3
+    # Every order was answered, so every credit timer was cancelled.
+    orders = len(local_run.scenario.orders)
+    assert local_run.store.pending_timers == 0
+    assert sum(local_run.expected.scheduled.values()) == orders
+    timers = ck.check_timers(evidence(local_run)).detail
+    assert f"{orders} scheduled, {orders} cancelled or replaced, 0 pending" in timers
     # The redelivered copies reached rounds 2 and 3 and were dropped as duplicates.
     assert all(r.redelivered > 0 and r.counts["duplicate"] >= r.redelivered
                for r in local_run.record.rounds[1:])
@@ -85,6 +95,17 @@ def test_a_wrong_high_water_mark_fails_invariant_1(local_run: LocalRun) -> None:
     doc = _doc(store, "Order", lambda d: bool(d.get(F_HW)))
     doc[F_HW] = {k: v + 1 for k, v in doc[F_HW].items()}
     assert not ck.check_invariant_1(evidence(local_run, store=store)).passed
+
+
+def test_a_withdrawn_timer_missing_from_the_high_water_mark_fails_invariant_1(
+        local_run: LocalRun) -> None:
+    """The answer cancelled the stored credit timer, which might have been firing: its
+    message is recorded as handled (hw of the timer's source) — here it is not."""
+    store = _store(local_run)
+    doc = _doc(store, "Order")
+    doc[F_HW] = {k: v for k, v in doc[F_HW].items() if not k.startswith("aggbox")}
+    assert failing(run_checks(evidence(local_run, store=store))) == {
+        name(ck.check_invariant_1, local_run)}
 
 
 def test_a_pending_outbox_entry_fails_invariant_2_and_nothing_pending(local_run: LocalRun
@@ -203,3 +224,81 @@ def test_a_missing_document_fails_the_oracle_and_invariant_1(local_run: LocalRun
     assert {name(ck.check_orders, local_run), name(ck.check_invariant_1, local_run)} <= bad
     check = ck.check_invariant_1(evidence(local_run, store=store))
     assert f"Order/{key[1]}: no document" in check.detail
+
+
+# -- timers ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def early_run(mongo_client: MongoClient[dict[str, Any]], mongo_uri: str,
+              tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRun]:
+    run = run_locally(mongo_client, mongo_uri, tmp_path_factory.mktemp("demo-early"),
+                      ScenarioSpec(customers=3, orders=12, seed=4), max_rounds=1)
+    yield run
+    mongo_client.drop_database(run.db.name)
+
+
+def _timer(store: StoreView) -> dict[str, Any]:
+    doc = _doc(store, "Order", lambda d: bool(d.get(F_TIMERS)))
+    timer: dict[str, Any] = doc[F_TIMERS][0]
+    return timer
+
+
+def test_pending_timers_are_checked_and_are_not_outbox_entries(early_run: LocalRun) -> None:
+    """Stopped after round 1 against the oracle of one generation: only "Nothing pending"
+    fails — because the run did not settle, not because of the timers."""
+    orders = len(early_run.scenario.orders)
+    assert early_run.store.pending_timers == orders
+    assert failing(run_checks(evidence(early_run))) == {
+        name(ck.check_nothing_pending, early_run)}
+    timers = ck.check_timers(evidence(early_run))
+    assert timers.passed and f"{orders} scheduled, 0 cancelled or replaced, {orders} pending" \
+        in timers.detail
+    assert "each due 0:30:00 after scheduling" in timers.detail
+    record = _record(early_run)
+    record.settled = True
+    pending = ck.check_nothing_pending(evidence(early_run, record=record))
+    assert pending.passed and f"{orders} timers not due yet" in pending.detail
+
+
+def test_a_timer_due_at_another_time_fails(early_run: LocalRun) -> None:
+    store = _store(early_run)
+    _timer(store)["due"] += timedelta(seconds=1)
+    check = ck.check_timers(evidence(early_run, store=store))
+    assert not check.passed and "after scheduling, expected 0:30:00" in check.detail
+    assert "recomputed" in check.detail  # the id is derived from the due time
+
+
+def test_a_timer_id_not_derived_from_its_fields_fails(early_run: LocalRun) -> None:
+    store = _store(early_run)
+    _timer(store)["id"] = "not-derived"
+    check = ck.check_timers(evidence(early_run, store=store))
+    assert not check.passed and "id not-derived, recomputed" in check.detail
+
+
+def test_a_timer_with_another_payload_fails(early_run: LocalRun) -> None:
+    store = _store(early_run)
+    _timer(store)["payload"] = {"order_id": "o-other"}
+    check = ck.check_timers(evidence(early_run, store=store))
+    assert not check.passed and "payload {'order_id': 'o-other'}" in check.detail
+
+
+def test_a_lost_timer_fails_the_timers_check_and_invariant_5(early_run: LocalRun) -> None:
+    store = _store(early_run)
+    doc = _doc(store, "Order", lambda d: bool(d.get(F_TIMERS)))
+    doc[F_TIMERS] = []
+    bad = failing(run_checks(evidence(early_run, store=store)))
+    assert bad == {name(ck.check_timers, early_run), name(ck.check_invariant_5, early_run),
+                   name(ck.check_nothing_pending, early_run)}
+    check = ck.check_timers(evidence(early_run, store=store))
+    assert f"Order/{doc['_id']}: timer 'credit' missing" in check.detail
+
+
+def test_a_timer_left_after_the_answer_fails(local_run: LocalRun, early_run: LocalRun) -> None:
+    """An answered order whose credit timer was not cancelled."""
+    store = _store(local_run)
+    doc = _doc(store, "Order", lambda d: d[F_STATE]["status"] == "approved")
+    doc[F_TIMERS] = [copy.deepcopy(_timer(early_run.store))]
+    check = ck.check_timers(evidence(local_run, store=store))
+    assert not check.passed
+    assert f"Order/{doc['_id']}: unexpected timer 'credit' (CreditDeadline)" in check.detail

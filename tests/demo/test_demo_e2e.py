@@ -28,11 +28,12 @@ def test_the_demo_passes(spark_session: Any, mongo_client: MongoClient[dict[str,
     rc = main(["demo", *SMALL, "--database", database])
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "PASS: all 12 checks passed" in out
-    assert len(_rows(out, "PASS")) == 12 and not _rows(out, "FAIL"), out
+    assert "PASS: all 13 checks passed" in out
+    assert len(_rows(out, "PASS")) == 13 and not _rows(out, "FAIL"), out
     for name in ("Every order status = oracle", "Every customer's reserved credit = oracle",
                  "Invariant 1", "Invariant 2", "Invariant 3", "Invariant 4", "Invariant 5",
-                 "Invariant 6", "Dead letters = oracle", "Nothing pending"):
+                 "Invariant 6", "Dead letters = oracle", "Pending timers = oracle",
+                 "Nothing pending"):
         assert name in out
     # 6 registrations + 40 orders, 20% copies, 4 bad rows; then 40 OrderCreated, 40 replies.
     round_1 = r"│\s+1 │ generated, 3 files\s+│\s+59 │\s+46 │\s+9 │\s+4 │\s+0 │\s+40 │"

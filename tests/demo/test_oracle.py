@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,11 @@ from aggbox.demo.checks import (
     run_checks,
 )
 from aggbox.demo.generate import ScenarioSpec, envelope_line, generate
-from aggbox.demo.oracle import Envelope, classify, expect, expected_round_counts
+from aggbox.demo.oracle import Envelope, PendingTimer, classify, expect
+from aggbox.demo.oracle_rounds import expected_round_counts
+from aggbox.demo.oracle_timers import apply_timer_ops
 from aggbox.examples.orders import registry
+from aggregates import Cancel, Emit, Schedule
 from aggregates.core.errors import EnvelopeError
 from aggregates.core.ids import emitted_message_id
 from aggregates.core.reasons import Reason
@@ -50,7 +54,51 @@ def test_oracle_agrees_with_the_generators_plan() -> None:
         classify(b.line, registry).key: b.reason for b in sc.bad_rows}
     # One OrderCreated per order, one reply per OrderCreated.
     assert len(ex.emitted) == 300
-    assert all(ex.seq[("Order", o.order_id)] == 1 for o in sc.orders)
+    # Each order took seq 1 for OrderCreated and 2 for its credit timer, which the answer
+    # cancelled: nothing is pending.
+    assert all(ex.seq[("Order", o.order_id)] == 2 for o in sc.orders)
+    assert all(ex.scheduled[("Order", o.order_id)] == 1 for o in sc.orders)
+    assert ex.timers == {}
+    # Each timer was stored a round before the answer cancelled it: recorded as handled.
+    assert all(len(ex.withdrawn[("Order", o.order_id)]) == 1 for o in sc.orders)
+    assert not any(m.type == "CreditDeadline" for m in ex.messages.values())
+
+
+def test_until_the_answer_comes_every_order_has_its_credit_timer() -> None:
+    sc = generate(ScenarioSpec(customers=3, orders=12, seed=2))
+    ex = expect(sc.lines, registry, generations=1)
+    assert ex.generations == [3 + 12]
+    assert set(ex.timers) == {("Order", o.order_id) for o in sc.orders}
+    for o in sc.orders:
+        assert ex.states[("Order", o.order_id)]["status"] == "pending"
+        assert ex.timers[("Order", o.order_id)] == {"credit": PendingTimer(
+            key="credit", type="CreditDeadline", target=("Order", o.order_id),
+            payload={"order_id": o.order_id}, causation_id=f"{o.order_id}:placed", seq=2,
+            after=timedelta(minutes=30))}
+    # The OrderCreated messages the first generation emitted are known, not yet applied.
+    assert {ex.messages[i].type for i in ex.emitted} == {"OrderCreated"}
+
+
+def test_the_oracles_timers_are_replaced_cancelled_and_take_seqs_after_the_emits() -> None:
+    timers: dict[str, PendingTimer] = {}
+    at = datetime(2030, 1, 1, tzinfo=UTC)
+    last, removed = apply_timer_ops(timers, [
+        Schedule(Emit("Tick", {"n": 1}), key="a", after=timedelta(seconds=5)),
+        Schedule(Emit("Ping", {}, to=("Other", "x")), key="b", at=at),
+    ], owner=("T", "t-1"), cause="m-1", seq=3)
+    assert last == 5 and removed == []
+    assert (timers["a"].seq, timers["a"].target, timers["a"].payload) == (4, ("T", "t-1"),
+                                                                          {"n": 1})
+    assert (timers["b"].seq, timers["b"].target, timers["b"].at) == (5, ("Other", "x"), at)
+    first = dict(timers)
+    last, removed = apply_timer_ops(timers, [
+        Schedule(Emit("Tick", {"n": 2}), key="a", after=timedelta(seconds=9)),
+        Cancel("b"), Cancel("never-scheduled"),
+    ], owner=("T", "t-1"), cause="m-2", seq=last)
+    assert last == 6 and set(timers) == {"a"}  # a Cancel takes no seq
+    assert removed == [first["a"], first["b"]]  # replaced, cancelled
+    assert (timers["a"].seq, timers["a"].payload, timers["a"].causation_id) == (6, {"n": 2},
+                                                                                "m-2")
 
 
 def test_emitted_messages_carry_deterministic_ids_and_sources() -> None:

@@ -1,7 +1,8 @@
 """The demo's verdict: the store, the outcome logs and the published records against the
-oracle (:mod:`.against_oracle`) and against the six invariants of docs/design.md
-"Invariants" (:mod:`.invariants`). Every check returns PASS/FAIL with a detail line; a FAIL
-names the first few offenders."""
+oracle (:mod:`.against_oracle`: order statuses, reserved credit, pending timers, dead
+letters, outcome counts, nothing left in an outbox or parked) and against the six
+invariants of docs/design.md "Invariants" (:mod:`.invariants`). Every check returns
+PASS/FAIL with a detail line; a FAIL names the first few offenders."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from aggbox.demo.checks.against_oracle import (
     check_order_insensitive,
     check_orders,
     check_round_counts,
+    check_timers,
 )
 from aggbox.demo.checks.base import Check, Evidence
 from aggbox.demo.checks.invariants import (
@@ -42,6 +44,7 @@ __all__ = [
     "check_order_insensitive",
     "check_orders",
     "check_round_counts",
+    "check_timers",
     "run_checks",
 ]
 
@@ -49,6 +52,7 @@ CHECKS: Final[tuple[Callable[[Evidence], Check], ...]] = (
     check_order_insensitive,
     check_orders,
     check_customers,
+    check_timers,
     check_dead_letters,
     check_round_counts,
     check_invariant_1,

@@ -7,12 +7,13 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping
 from typing import Any
 
-from aggbox.demo.checks.base import Check, Evidence, fmt, state_of, verdict
+from aggbox.demo.checks.base import Check, Evidence, fmt, plural, state_of, verdict
 from aggbox.demo.oracle import Key, domain_of, fold_messages, plain_state
 from aggregates.core.ids import emitted_message_id
 from aggregates.core.keys import hw_key
 from aggregates.dedup import HighWater, Inbox
-from aggregates.fold.document import F_HW, F_INBOX, F_SEQ
+from aggregates.domain.timers import TIMER_SOURCE_TYPE, timer_source_id
+from aggregates.fold.document import F_HW, F_INBOX, F_SEQ, F_TIMERS
 
 __all__ = [
     "check_invariant_1",
@@ -26,8 +27,10 @@ __all__ = [
 
 def check_invariant_1(ev: Evidence) -> Check:
     """State, dedup record and outbox changed together: every applied message id is in the
-    aggregate's dedup record (and nothing else is), ``_seq`` counts what the applied
-    messages emitted, and the state is the oracle's."""
+    aggregate's dedup record (and nothing else is but the timers the oracle says were
+    withdrawn after they were stored: recorded as handled), ``_seq`` counts what the
+    applied messages emitted plus the timers they scheduled (the oracle's count: a timer is
+    no emitted message), and the state is the oracle's."""
     problems: list[str] = []
     keys = set(ev.store.documents) | set(ev.applied) | set(ev.expected.states)
     for key in sorted(keys):
@@ -43,23 +46,29 @@ def check_invariant_1(ev: Evidence) -> Check:
             continue
         dedup = ev.registry.get(t).dedup
         applied = {o.message_id for o in rows}
+        withdrawn = ev.expected.withdrawn.get(key, [])
         if dedup.name == Inbox.name:
+            # A withdrawn timer's id depends on the writer's clock (its due time): counted.
             inbox = {str(e[0]) for e in doc.get(F_INBOX) or []}
-            if inbox != applied:
+            if not applied <= inbox or len(inbox - applied) != len(withdrawn):
                 problems.append(f"{t}/{aid}: inbox has {len(inbox - applied)} id(s) never "
-                                f"applied and lacks {len(applied - inbox)} applied id(s)")
+                                f"applied ({len(withdrawn)} withdrawn timer(s) expected) and "
+                                f"lacks {len(applied - inbox)} applied id(s)")
         elif dedup.name == HighWater.name:
             problems.extend(_hw_problems(ev, key, doc, applied))
         emitted = sum(len(o.emitted_ids) for o in rows)
-        if int(doc.get(F_SEQ, 0)) != emitted:
+        scheduled = ev.expected.scheduled.get(key, 0)
+        if int(doc.get(F_SEQ, 0)) != emitted + scheduled:
             problems.append(f"{t}/{aid}: _seq {doc.get(F_SEQ, 0)} but applied messages emitted "
-                            f"{emitted}")
+                            f"{emitted} and scheduled {scheduled} timer(s)")
         if state_of(doc) != (ev.expected.state_of(t, aid) or {}):
             problems.append(f"{t}/{aid}: state {state_of(doc)} ≠ oracle "
                             f"{ev.expected.state_of(t, aid)}")
+    gone = sum(len(w) for w in ev.expected.withdrawn.values())
     return verdict("Invariant 1: state + dedup record + outbox in one write", problems,
-                   f"{fmt(len(keys))} aggregates: every applied id recorded, _seq and state "
-                   "consistent")
+                   f"{fmt(len(keys))} aggregates: every applied id recorded"
+                   + (f" (and {plural(gone, 'withdrawn timer')})" if gone else "")
+                   + ", _seq and state consistent")
 
 
 def _hw_problems(ev: Evidence, key: Key, doc: Mapping[str, Any], applied: set[str]
@@ -75,15 +84,19 @@ def _hw_problems(ev: Evidence, key: Key, doc: Mapping[str, Any], applied: set[st
             continue
         k = hw_key(msg.source.type, msg.source.id)
         highest[k] = max(highest.get(k, 0), msg.source.seq)
+    for timer in ev.expected.withdrawn.get(key, []):  # recorded as handled, by its source
+        k = hw_key(TIMER_SOURCE_TYPE, timer_source_id(t, aid, timer.key))
+        highest[k] = max(highest.get(k, 0), timer.seq)
     if hw != highest:
         out.append(f"{t}/{aid}: hw {hw} ≠ highest applied seq per source {highest}")
     return out
 
 
 def check_invariant_2(ev: Evidence) -> Check:
-    """Nothing lost, nothing resurrected: no pending entries after the last drain; the
-    published ids are exactly the emitted ones; no id published by two drains (the demo
-    injects no dispatcher crash, so a repeat means an entry came back)."""
+    """Nothing lost, nothing resurrected: no pending outbox entries after the last drain
+    (pending timers are not outbox entries); the published ids are exactly the emitted
+    ones; no id published by two drains (the demo injects no dispatcher crash, so a repeat
+    means an entry came back)."""
     emitted = {e for rows in ev.applied.values() for o in rows for e in o.emitted_ids}
     published = {str(p["message_id"]) for p in ev.published}
     problems: list[str] = []
@@ -151,7 +164,10 @@ def check_invariant_3(ev: Evidence) -> Check:
 
 
 def check_invariant_4(ev: Evidence) -> Check:
-    """Per emitting aggregate the published ``source.seq`` values are exactly 1.._seq."""
+    """Per emitting aggregate every ``source.seq`` of 1.._seq is taken once: by a published
+    message, by a pending timer (its ``source.seq``) or by a timer cancelled or replaced
+    before it fired — those leave no trace, so their number is the oracle's (scheduled
+    minus pending). Without timers: the published seqs are exactly 1.._seq."""
     seqs: dict[Key, dict[str, int]] = defaultdict(dict)
     problems: list[str] = []
     for p in ev.published:
@@ -167,17 +183,29 @@ def check_invariant_4(ev: Evidence) -> Check:
         doc = ev.store.documents.get(key) or {}
         n = int(doc.get(F_SEQ, 0))
         got = sorted(seqs.get(key, {}).values())
-        if got != list(range(1, n + 1)):
-            short = got if len(got) <= 6 else [*got[:3], "…", *got[-2:]]
-            problems.append(f"{key[0]}/{key[1]}: seqs {short}, _seq {n}")
+        timers = sorted(int((t.get("source") or {}).get("seq", 0))
+                        for t in doc.get(F_TIMERS) or [])
+        gone = ev.expected.scheduled.get(key, 0) - len(timers)
+        taken, every = [*got, *timers], set(range(1, n + 1))
+        if (len(set(taken)) != len(taken) or not set(taken) <= every
+                or len(every - set(taken)) != gone):
+            problems.append(f"{key[0]}/{key[1]}: seqs {_short(got)} published, "
+                            f"{_short(timers)} by pending timers, {gone} by cancelled or "
+                            f"replaced ones; _seq {n}")
+    scheduled = sum(ev.expected.scheduled.values())
     return verdict("Invariant 4: source.seq contiguous 1.._seq per emitter", problems,
-                   f"{fmt(len(emitters))} emitting aggregates, no gap, no repeat",
-                   total=len(emitters))
+                   f"{fmt(len(emitters))} emitting aggregates, no gap, no repeat "
+                   f"({fmt(scheduled)} seqs taken by timers)", total=len(emitters))
+
+
+def _short(seqs: list[int]) -> list[int | str]:
+    return list(seqs) if len(seqs) <= 6 else [*seqs[:3], "…", *seqs[-2:]]
 
 
 def check_invariant_5(ev: Evidence) -> Check:
     """Handlers are deterministic: re-folding each aggregate's applied messages in memory
-    gives the stored state, ``_seq`` and the emitted ids the outcome log reports."""
+    gives the stored state, ``_seq``, the emitted ids the outcome log reports and the keys
+    of the pending timers."""
     problems: list[str] = []
     order = {mid: (r.number, mid) for r in ev.run.rounds for mid in
              (o.message_id for o in r.outcomes)}
@@ -204,9 +232,16 @@ def check_invariant_5(ev: Evidence) -> Check:
             problems.append(f"{t}/{aid}: re-fold emits other ids than the outcome log")
         elif doc is not None and int(doc.get(F_SEQ, 0)) != f.seq:
             problems.append(f"{t}/{aid}: re-fold _seq {f.seq}, stored {doc.get(F_SEQ)}")
+        elif sorted(f.timers) != _timer_keys(doc):
+            problems.append(f"{t}/{aid}: re-fold leaves timers {sorted(f.timers)} pending, "
+                            f"stored {_timer_keys(doc)}")
     return verdict("Invariant 5: re-folding applied messages = stored state", problems,
                    f"{fmt(len(ev.applied))} aggregates re-folded in memory",
                    total=len(ev.applied))
+
+
+def _timer_keys(doc: Mapping[str, Any] | None) -> list[str]:
+    return sorted(str(t.get("timer")) for t in (doc or {}).get(F_TIMERS) or [])
 
 
 def _total(counts: Mapping[str, int]) -> int:

@@ -1,8 +1,21 @@
 """Customers with credit limits; orders that reserve credit.
 
     PlaceOrder ─▶ Order (pending) ──OrderCreated──▶ Customer
-                                                       │ reserves credit
-    Order (approved | rejected) ◀─ CreditReserved | CreditLimitExceeded
+                   │                                   │ reserves credit
+                   │ timer "credit", 30 min            │
+                   │                                   ▼
+                   │   Order (approved | rejected) ◀─ CreditReserved | CreditLimitExceeded
+                   │                                  (the timer is cancelled)
+                   ▼
+    CreditDeadline ─▶ Order (cancelled), if still pending
+
+A placed order waits for the customer's credit answer at most 30 minutes: ``place``
+schedules a ``CreditDeadline`` for the order itself (timer key ``credit``), ``approve`` and
+``reject`` cancel it. If the deadline comes first, the still-pending order is cancelled; a
+deadline that finds the order answered changes nothing. An answer that arrives after the
+cancellation does not revive the order: it stays ``cancelled`` (the credit a late
+``CreditReserved`` stands for stays reserved — releasing it would be a message to the
+customer, which this small domain leaves out).
 
 The handlers are typed (``@orders.handles(PlaceOrder)``: the payload arrives validated as a
 ``PlaceOrder``, and emits carry payload objects addressed with ``orders.ref(...)``), except
@@ -13,8 +26,23 @@ The handlers are typed (``@orders.handles(PlaceOrder)``: the payload arrives val
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Final
 
-from aggregates import AggregateType, Emit, Handled, HighWater, Inbox, Message, Registry
+from aggregates import (
+    AggregateType,
+    Cancel,
+    Emit,
+    Handled,
+    HighWater,
+    Inbox,
+    Message,
+    Registry,
+    Schedule,
+)
+
+#: How long a placed order waits for the customer's credit answer.
+CREDIT_DEADLINE: Final = timedelta(minutes=30)
 
 
 @dataclass(frozen=True)
@@ -28,7 +56,7 @@ class Customer:
 class Order:
     customer_id: str = ""
     amount: int = 0
-    status: str = "new"  # new → pending → approved | rejected
+    status: str = "new"  # new → pending → approved | rejected | cancelled
 
 
 # Message payloads (the message type is the class name).
@@ -60,6 +88,13 @@ class CreditLimitExceeded:
     amount: int
 
 
+@dataclass(frozen=True)
+class CreditDeadline:
+    """The order's timer ``credit``: the credit answer did not come in time."""
+
+    order_id: str
+
+
 customers = AggregateType("Customer", state=Customer, collection="customers",
                           dedup=Inbox(window=1000))
 orders = AggregateType("Order", state=Order, collection="orders",
@@ -86,18 +121,32 @@ def place(state: Order, order: PlaceOrder, msg: Message) -> Handled[Order]:
     if order.amount <= 0:
         raise ValueError(f"order amount must be positive, got {order.amount}")
     created = OrderCreated(order_id=msg.aggregate_id, amount=order.amount)
+    deadline = CreditDeadline(order_id=msg.aggregate_id)  # to the order itself
+    # The ignores: ``Handled`` lists only ``Emit`` so far, not ``Schedule`` and ``Cancel``.
     return (replace(state, customer_id=order.customer_id, amount=order.amount, status="pending"),
-            [Emit(created, to=customers.ref(order.customer_id))])
+            [Emit(created, to=customers.ref(order.customer_id)),
+             Schedule(Emit(deadline), key="credit", after=CREDIT_DEADLINE)])  # type: ignore[list-item]
+
+
+def _answer(state: Order, status: str) -> Order:
+    """The order with the credit answer's ``status`` — unless the deadline cancelled it
+    first: a late answer does not revive it."""
+    return state if state.status == "cancelled" else replace(state, status=status)
 
 
 @orders.handles(CreditReserved)
-def approve(state: Order, reply: CreditReserved, msg: Message) -> Order:
-    return replace(state, status="approved")
+def approve(state: Order, reply: CreditReserved, msg: Message) -> Handled[Order]:
+    return _answer(state, "approved"), [Cancel("credit")]  # type: ignore[list-item]
 
 
 @orders.handles(CreditLimitExceeded)
-def reject(state: Order, reply: CreditLimitExceeded, msg: Message) -> Order:
-    return replace(state, status="rejected")
+def reject(state: Order, reply: CreditLimitExceeded, msg: Message) -> Handled[Order]:
+    return _answer(state, "rejected"), [Cancel("credit")]  # type: ignore[list-item]
+
+
+@orders.handles(CreditDeadline)
+def expire(state: Order, deadline: CreditDeadline, msg: Message) -> Order:
+    return replace(state, status="cancelled") if state.status == "pending" else state
 
 
 registry = Registry([customers, orders])
