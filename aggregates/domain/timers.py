@@ -56,8 +56,9 @@ MAX_TIMER_KEY_LENGTH: Final = 200
 TIMER_HEADER: Final = "aggbox-timer"
 #: ``source.type`` of a fired timer's message; ``source.id`` is :func:`timer_source_id`
 #: (one source per aggregate and key) and ``seq`` grows with every schedule of the
-#: aggregate, so a high-water receiver (``monotonic``) sees a replaced timer's message as
-#: newer and a fired one again as a duplicate.
+#: aggregate (its own counter ``_tseq``, apart from the emits' ``_seq``), so a high-water
+#: receiver (``monotonic``) sees a replaced timer's message as newer and a fired one again
+#: as a duplicate.
 TIMER_SOURCE_TYPE: Final = "aggbox.timer"
 
 

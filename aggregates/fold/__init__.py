@@ -117,6 +117,7 @@ class _Folder:
             state_version=snap.state_version,
             layout_version=snap.layout_version,
             timers=list(snap.timers),
+            timer_seq=snap.timer_seq,
         )
         self._state0_bytes = len(bson.encode(snap.state)) if snap.state else 0
         # The pending timers as stored: their size, and which ids may already be firing.
@@ -304,7 +305,9 @@ class _Folder:
         right now are recorded as handled (:func:`~aggregates.fold.timers.maybe_fired`)."""
         snap, strategy = self.snap, self.atype.dedup
         snap.timers = self.changes.timers = step.timers
-        snap.seq += len(step.added)
+        if step.added:
+            snap.timer_seq += len(step.added)
+            self.changes.timer_seq = snap.timer_seq
         for fired in maybe_fired(self.atype, snap.aggregate_id, step, self._stored_timer_ids):
             strategy.record(snap.dedup, fired, payload_hash(fired.payload)
                             if strategy.uses_payload_hash else "")

@@ -31,6 +31,9 @@ F_OUTBOX: Final = "outbox"
 #: Pending timers (docs/design.md "Timers"): stored entries like the outbox's, plus ``timer``
 #: (the key), ``due`` and ``scheduled_at``; the dispatcher finds due ones by ``timers.due``.
 F_TIMERS: Final = "timers"
+#: How many timers this aggregate has scheduled (absent: 0): the ``seq`` of the timers' own
+#: sources. Apart from ``_seq``, so the aggregate's emits keep gapless ``source.seq``s.
+F_TIMER_SEQ: Final = "_tseq"
 F_BLOCKED: Final = "_blocked"
 F_TYPE: Final = "_type"
 #: The layout version of the whole document (absent: 1), written once, at insert; see
@@ -57,6 +60,8 @@ class Snapshot:
     size_bytes: int = 0
     #: The pending timers as stored (``timers``), in the order they were scheduled.
     timers: list[dict[str, Any]] = field(default_factory=list)
+    #: ``_tseq``: timers scheduled so far.
+    timer_seq: int = 0
     #: ``_sv``: the version of the ``state`` shape as stored (1 when the field is absent).
     state_version: int = 1
     #: ``_lv``: the document layout as stored (1 when the field is absent); see
@@ -113,6 +118,7 @@ def snapshot_from_document(doc: Mapping[str, Any] | None, aggregate_id: str) -> 
         blocked=doc.get(F_BLOCKED),
         size_bytes=len(bson.encode(dict(doc))),
         timers=[dict(t) for t in doc.get(F_TIMERS) or []],
+        timer_seq=int(doc.get(F_TIMER_SEQ, 0)),
         # Kept as stored (checked when the fold loads the state: a bad value is an
         # invalid_state, not a crash here).
         state_version=doc.get(F_STATE_VERSION, 1),
@@ -123,5 +129,5 @@ def snapshot_from_document(doc: Mapping[str, Any] | None, aggregate_id: str) -> 
 
 __all__ = ["F_ARCHIVE_FLOOR", "F_ARCHIVE_UNDATED", "F_BLOCKED", "F_HW", "F_ID", "F_INBOX",
            "F_LAYOUT_VERSION", "F_OUTBOX", "F_PARTITION", "F_SEQ", "F_STATE", "F_STATE_VERSION",
-           "F_TIMERS", "F_TYPE", "F_VERSION", "LAYOUT_VERSION", "Snapshot", "layout_error",
-           "snapshot_from_document"]
+           "F_TIMERS", "F_TIMER_SEQ", "F_TYPE", "F_VERSION", "LAYOUT_VERSION", "Snapshot",
+           "layout_error", "snapshot_from_document"]

@@ -59,6 +59,8 @@ class Changes:
     #: write is conditional on ``_v``, and the dispatcher's removal of fired timers
     #: increments ``_v``, so the two never undo each other; docs/design.md "Timers").
     timers: list[dict[str, Any]] | None = None
+    #: ``_tseq`` after the fold, when timers were scheduled.
+    timer_seq: int | None = None
 
     @property
     def empty(self) -> bool:

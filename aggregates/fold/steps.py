@@ -135,7 +135,7 @@ def check_result(atype: AggregateType[Any], snap: Snapshot, msg: Message, result
     if timer_ops:
         try:
             timers = timer_step(atype, snap, msg, timer_ops,
-                                first_seq=snap.seq + len(entries) + 1, now=now,
+                                first_seq=snap.timer_seq + 1, now=now,
                                 emit_headers=emit_headers)
         except TimerError as exc:
             raise dead(Reason.INVALID_TIMER, str(exc)) from None

@@ -8,8 +8,9 @@ builds and checks its message like any emit) with three more fields — ``timer`
 :func:`~aggregates.domain.timers.timer_message_id`, it is always addressed (``target``: the
 ``Emit``'s ``to``, else the scheduling aggregate), its ``source`` is the timer's own
 (``aggbox.timer``, :func:`~aggregates.domain.timers.timer_source_id`, the aggregate's next
-``seq``), its ``created_at`` (the published ``occurred_at``) is the due time, and its
-headers carry ``aggbox-timer: <key>``.
+``_tseq``: timers never take a number of ``_seq``, so the emits' seqs stay gapless), its
+``created_at`` (the published ``occurred_at``) is the due time, and its headers carry
+``aggbox-timer: <key>``.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from aggregates.fold.document import (
     F_SEQ,
     F_STATE,
     F_STATE_VERSION,
+    F_TIMER_SEQ,
     F_TIMERS,
     F_TYPE,
     F_VERSION,
@@ -43,6 +44,8 @@ def build_update(atype: AggregateType[Any], snap: Snapshot, ch: Changes) -> Upda
         set_[F_BLOCKED] = ch.blocked
     if ch.timers is not None:
         set_[F_TIMERS] = ch.timers
+    if ch.timer_seq is not None:
+        set_[F_TIMER_SEQ] = ch.timer_seq
     set_.update(ch.dedup.set)
     update: dict[str, Any] = {"$inc": {F_VERSION: 1}}
     if not snap.exists:

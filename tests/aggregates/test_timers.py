@@ -319,3 +319,23 @@ def test_the_notebook_view_shows_an_aggregates_pending_timers() -> None:
     assert [t["timer"] for t in view.timers] == ["remind", "deadline"]  # earliest due first
     text = str(view)
     assert "timers: 2 pending" in text and "Customer/c-9" in text and "Deadline" in text
+
+
+def test_timers_take_no_number_of_the_emits_seq() -> None:
+    """A contiguous high-water receiver of the aggregate's emits must see no gap: timers
+    count on their own (``_tseq``)."""
+    orders: AggregateType[Order] = AggregateType("Order", state=Order)
+
+    @orders.handles("Go")
+    def go(state: Order, msg: Message) -> Handled[Order]:
+        return state, [Emit("A", {}, to=("X", "x")),
+                       Schedule(Emit("T", {}), key="k", after=timedelta(1)),
+                       Emit("B", {}, to=("X", "x"))]
+
+    h = AggregateHarness(orders, aggregate_id="o-1")
+    h.when(message("Go", {}, to="Order", id="o-1"))
+    h.when(message("Go", {}, to="Order", id="o-1"))
+    assert [e["source"]["seq"] for e in h.outbox] == [1, 2, 3, 4]
+    assert h.snapshot.seq == 4 and h.snapshot.timer_seq == 2
+    (timer,) = h.timers
+    assert timer["source"]["seq"] == 2
