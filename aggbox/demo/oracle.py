@@ -22,8 +22,9 @@ Independent of the code it checks: a bug there must not be made twice, here too.
   domain's payload class and calls the domain's function; its emitted payload objects are
   turned into dicts by the oracle itself (:func:`~aggbox.demo.oracle_envelope.plain_payload`).
 - *Timers*: a handler's ``Schedule`` and ``Cancel`` are not emitted messages; the oracle
-  keeps each aggregate's pending timers itself (:mod:`aggbox.demo.oracle_timers`), and its
-  ``seq`` advances as the writer's does: first the step's emits, then one per ``Schedule``.
+  keeps each aggregate's pending timers itself (:mod:`aggbox.demo.oracle_timers`). Each
+  ``Schedule`` takes the aggregate's next timer number (the document's ``_tseq``); the
+  emits' ``seq`` (``_seq``) counts emits only.
 - *State*: the domain's own state dataclass (from the handlers' annotations), created with
   its defaults and turned into the stored form with :func:`dataclasses.asdict` plus what BSON
   changes (:func:`bson_plain`) — not the library's ``StateCodec``.
@@ -216,14 +217,14 @@ class Folded:
     emitted: list[Envelope] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)  # message id → error
     timers: dict[str, PendingTimer] = field(default_factory=dict)  # pending, by key
-    scheduled: int = 0  # the Schedules of this fold (each took a seq)
+    scheduled: int = 0  # the Schedules of this fold (each took a timer number)
     #: given pending timers this fold removed, addressed to this aggregate (in its dedup
     #: record: :mod:`aggbox.demo.oracle_timers`)
     withdrawn: list[PendingTimer] = field(default_factory=list)
 
 
 def fold_messages(dtype: DomainType, aggregate_id: str, messages: Iterable[Envelope],
-                  *, state: Any = None, seq: int = 0,
+                  *, state: Any = None, seq: int = 0, tseq: int = 0,
                   timers: Mapping[str, PendingTimer] | None = None) -> Folded:
     """Apply ``messages`` in the given order with ``dtype``'s handlers, starting from
     ``state`` (default: the state class with its defaults) and the pending ``timers``. A
@@ -240,16 +241,16 @@ def fold_messages(dtype: DomainType, aggregate_id: str, messages: Iterable[Envel
                                 f"{dtype.state.__name__}")
             pending = dict(out.timers)
             last, removed = apply_timer_ops(pending, ops, owner=owner, cause=msg.message_id,
-                                            seq=out.seq + len(emits))
+                                            seq=tseq + out.scheduled)
         except Exception as exc:
             out.failed[msg.message_id] = f"{type(exc).__name__}: {exc}"
             continue
         out.state, out.timers = new_state, pending
         out.applied.append(msg.message_id)
-        for i, e in enumerate(emits):  # the emits take their seqs first, then the timers
+        for i, e in enumerate(emits):
             out.emitted.append(_emitted(dtype, aggregate_id, msg, i, e, out.seq + i + 1))
-        out.scheduled += last - out.seq - len(emits)
-        out.seq = last
+        out.seq += len(emits)
+        out.scheduled = last - tseq
         out.withdrawn += [t for t in removed if t.seq in stored and t.target == owner]
     return out
 
@@ -286,9 +287,9 @@ class Expected:
 
     #: stored ``state`` sub-document per aggregate that applied at least one message
     states: dict[Key, dict[str, Any]] = field(default_factory=dict)
-    #: messages emitted plus timers scheduled per aggregate (the document's ``_seq``)
+    #: messages emitted per aggregate (the document's ``_seq``)
     seq: dict[Key, int] = field(default_factory=dict)
-    #: timers scheduled per aggregate (the part of ``_seq`` that is no emitted message)
+    #: timers scheduled per aggregate (the document's ``_tseq``)
     scheduled: dict[Key, int] = field(default_factory=dict)
     #: pending timers by key, per aggregate that has any (none fires during the demo)
     timers: dict[Key, dict[str, PendingTimer]] = field(default_factory=dict)
@@ -341,11 +342,12 @@ def expect(lines: Iterable[str], registry: Registry, *, generations: int | None 
         for key in sorted(batch):
             msgs = sorted(batch[key], key=lambda m: m.message_id)
             dtype = domain[key[0]]
-            start, seq0 = states.get(key), ex.seq.get(key, 0)
+            start, seq0, tseq0 = states.get(key), ex.seq.get(key, 0), ex.scheduled.get(key, 0)
             timers = ex.timers.get(key)
-            fwd = fold_messages(dtype, key[1], msgs, state=start, seq=seq0, timers=timers)
-            bwd = fold_messages(dtype, key[1], reversed(msgs), state=start, seq=seq0,
+            fwd = fold_messages(dtype, key[1], msgs, state=start, seq=seq0, tseq=tseq0,
                                 timers=timers)
+            bwd = fold_messages(dtype, key[1], reversed(msgs), state=start, seq=seq0,
+                                tseq=tseq0, timers=timers)
             if _signature(fwd) != _signature(bwd):
                 ex.order_sensitive.append(key)
             for mid in fwd.failed:

@@ -2,13 +2,13 @@
 ``Cancel`` leave pending on its aggregate — the oracle's own bookkeeping, not the library's
 (:mod:`aggregates.fold.timers`); only the two classes of the domain API are shared.
 
-Neither is an emitted message. A ``Schedule`` takes the aggregate's next ``source.seq``
-after the emits of its step (one per ``Schedule``, in order) and becomes the pending timer
-of its key, replacing a pending one of that key; a ``Cancel`` removes the pending timer of
-its key, if there is one, and takes no seq. The oracle never fires a timer: none becomes
-due while the demo runs (the writer's due time is its clock at the handling plus the
-delay, and the domain waits 30 minutes), so whatever is pending at the end must be in the
-documents' ``timers``.
+Neither is an emitted message. A ``Schedule`` takes the aggregate's next timer number
+(``_tseq``, apart from the emits' ``_seq``; one per ``Schedule``, in order) and becomes the
+pending timer of its key, replacing a pending one of that key; a ``Cancel`` removes the
+pending timer of its key, if there is one, and takes no number. The oracle never fires a
+timer: none becomes due while the demo runs (the writer's due time is its clock at the
+handling plus the delay, and the domain waits 30 minutes), so whatever is pending at the
+end must be in the documents' ``timers``.
 
 A timer removed (cancelled or replaced) after it was stored may have been firing at that
 moment, so the writer records its message as handled in the aggregate's dedup record, if
@@ -65,8 +65,9 @@ def split_returned(returned: Iterable[Any]) -> tuple[list[Any], list[TimerOp]]:
 def apply_timer_ops(timers: dict[str, PendingTimer], ops: Sequence[TimerOp], *, owner: Key,
                     cause: str, seq: int) -> tuple[int, list[PendingTimer]]:
     """Apply ``ops`` in order to ``timers`` (key → timer, changed in place) for a message
-    ``cause`` handled by ``owner``, whose last seq taken is ``seq``. Returns the last seq
-    taken after them (each ``Schedule`` takes the next one) and the timers they removed."""
+    ``cause`` handled by ``owner``, whose last timer number taken is ``seq``. Returns the
+    last number taken after them (each ``Schedule`` takes the next one) and the timers they
+    removed."""
     removed: list[PendingTimer] = []
     for op in ops:
         old = timers.pop(op.key, None)

@@ -54,9 +54,9 @@ def test_oracle_agrees_with_the_generators_plan() -> None:
         classify(b.line, registry).key: b.reason for b in sc.bad_rows}
     # One OrderCreated per order, one reply per OrderCreated.
     assert len(ex.emitted) == 300
-    # Each order took seq 1 for OrderCreated and 2 for its credit timer, which the answer
-    # cancelled: nothing is pending.
-    assert all(ex.seq[("Order", o.order_id)] == 2 for o in sc.orders)
+    # Each order took seq 1 for OrderCreated and timer number 1 (_tseq) for its credit
+    # timer, which the answer cancelled: nothing is pending.
+    assert all(ex.seq[("Order", o.order_id)] == 1 for o in sc.orders)
     assert all(ex.scheduled[("Order", o.order_id)] == 1 for o in sc.orders)
     assert ex.timers == {}
     # Each timer was stored a round before the answer cancelled it: recorded as handled.
@@ -73,13 +73,13 @@ def test_until_the_answer_comes_every_order_has_its_credit_timer() -> None:
         assert ex.states[("Order", o.order_id)]["status"] == "pending"
         assert ex.timers[("Order", o.order_id)] == {"credit": PendingTimer(
             key="credit", type="CreditDeadline", target=("Order", o.order_id),
-            payload={"order_id": o.order_id}, causation_id=f"{o.order_id}:placed", seq=2,
+            payload={"order_id": o.order_id}, causation_id=f"{o.order_id}:placed", seq=1,
             after=timedelta(minutes=30))}
     # The OrderCreated messages the first generation emitted are known, not yet applied.
     assert {ex.messages[i].type for i in ex.emitted} == {"OrderCreated"}
 
 
-def test_the_oracles_timers_are_replaced_cancelled_and_take_seqs_after_the_emits() -> None:
+def test_the_oracles_timers_are_replaced_cancelled_and_numbered_on_their_own() -> None:
     timers: dict[str, PendingTimer] = {}
     at = datetime(2030, 1, 1, tzinfo=UTC)
     last, removed = apply_timer_ops(timers, [
@@ -95,7 +95,7 @@ def test_the_oracles_timers_are_replaced_cancelled_and_take_seqs_after_the_emits
         Schedule(Emit("Tick", {"n": 2}), key="a", after=timedelta(seconds=9)),
         Cancel("b"), Cancel("never-scheduled"),
     ], owner=("T", "t-1"), cause="m-2", seq=last)
-    assert last == 6 and set(timers) == {"a"}  # a Cancel takes no seq
+    assert last == 6 and set(timers) == {"a"}  # a Cancel takes no number
     assert removed == [first["a"], first["b"]]  # replaced, cancelled
     assert (timers["a"].seq, timers["a"].payload, timers["a"].causation_id) == (6, {"n": 2},
                                                                                 "m-2")

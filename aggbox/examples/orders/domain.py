@@ -125,7 +125,7 @@ def place(state: Order, order: PlaceOrder, msg: Message) -> Handled[Order]:
     # The ignores: ``Handled`` lists only ``Emit`` so far, not ``Schedule`` and ``Cancel``.
     return (replace(state, customer_id=order.customer_id, amount=order.amount, status="pending"),
             [Emit(created, to=customers.ref(order.customer_id)),
-             Schedule(Emit(deadline), key="credit", after=CREDIT_DEADLINE)])  # type: ignore[list-item]
+             Schedule(Emit(deadline), key="credit", after=CREDIT_DEADLINE)])
 
 
 def _answer(state: Order, status: str) -> Order:
@@ -136,12 +136,12 @@ def _answer(state: Order, status: str) -> Order:
 
 @orders.handles(CreditReserved)
 def approve(state: Order, reply: CreditReserved, msg: Message) -> Handled[Order]:
-    return _answer(state, "approved"), [Cancel("credit")]  # type: ignore[list-item]
+    return _answer(state, "approved"), [Cancel("credit")]
 
 
 @orders.handles(CreditLimitExceeded)
 def reject(state: Order, reply: CreditLimitExceeded, msg: Message) -> Handled[Order]:
-    return _answer(state, "rejected"), [Cancel("credit")]  # type: ignore[list-item]
+    return _answer(state, "rejected"), [Cancel("credit")]
 
 
 @orders.handles(CreditDeadline)
