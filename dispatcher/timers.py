@@ -20,8 +20,9 @@ until the next due time (read from the same index) or ``idle_s``, whichever is s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -73,10 +74,27 @@ class TimerFirer:
         self._m_fired = metrics.timers_fired.labels(self.name)
         self._m_lag = metrics.timer_lag.labels(self.name)
 
+    @contextlib.asynccontextmanager
+    async def firing(self, keep_going: Callable[[], bool]) -> AsyncIterator[None]:
+        """Fire in the background while the block runs (and ``keep_going()``); at its end
+        the round in progress finishes — its acknowledged timers removed — before this
+        returns (at most a minute; then it is cancelled)."""
+        done = asyncio.Event()
+        task = asyncio.create_task(self.run(done, keep_going))
+        try:
+            yield
+        finally:
+            done.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(task), 60)
+            task.cancel()
+
     async def run(self, stop: asyncio.Event, keep_going: Callable[[], bool]) -> None:
-        """Fire rounds until ``keep_going()`` is false. A failed round is handed to
-        ``on_error`` (the worker logs and counts it; a fatal store error re-raises there)
-        and tried again after ``idle_s``: nothing was removed that was not published."""
+        """Fire rounds until ``stop`` is set or ``keep_going()`` is false; a round in
+        progress is finished first (its acknowledged timers removed), so a graceful stop
+        republishes nothing. A failed round is handed to ``on_error`` (the worker logs and
+        counts it) and tried again after ``idle_s``: nothing was removed that was not
+        published."""
         while keep_going() and not stop.is_set():
             try:
                 res = await self.fire_due()
@@ -115,13 +133,16 @@ class TimerFirer:
         result = FireResult()
         docs = await self.coll.find(
             {**self.where(), f"{F_TIMERS}.due": {"$lte": now}},
-            {F_TIMERS: 1, F_TYPE: 1, F_PARTITION: 1}).limit(self.page_size).to_list()
+            {F_TIMERS: 1, F_TYPE: 1, F_PARTITION: 1}
+        ).sort([(f"{F_TIMERS}.due", 1)]).limit(self.page_size).to_list()  # earliest first
         result.documents = len(docs)
         self.metrics.timers_overdue.labels(self.name).set(
             0 if not docs else sum(1 for d in docs for t in _timers(d)
                                    if _aware(t["due"]) <= now - timedelta(seconds=60)))
-        if not docs or not self.lease_held():
+        if not docs:
             return result
+        if not self.lease_held():  # no publishing; the caller pauses (documents = 0)
+            return FireResult()
         batch: list[tuple[Mapping[str, Any], dict[str, Any], OutboundRecord]] = []
         letters: list[tuple[Mapping[str, Any], dict[str, Any], DeadLetter]] = []
         for doc in docs:

@@ -22,16 +22,14 @@ stop publishing as soon as the lease is lost. A fatal store error (wrong passwor
 privilege: :mod:`aggregates.core.storeerrors`) ends the worker with
 :class:`~dispatcher.errors.FatalStoreError`; every other failure is retried after backoff.
 
-Time is injected (:class:`~dispatcher.timing.Timing`): the clock, the pauses and the
-backoff's random source. Every successful MongoDB round trip is reported to
-:class:`~dispatcher.metrics.Health` (``contact``); ``progress_at`` is what ``--once``
-watches.
+Time is injected (:class:`~dispatcher.timing.Timing`: clock, pauses, backoff jitter). Each
+MongoDB round trip is reported to :class:`~dispatcher.metrics.Health`; ``--once`` watches
+``progress_at``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -271,9 +269,8 @@ class CollectionWorker:
                  "every partition" if self.selection.full else f"{n} partition(s)",
                  extra={"collection": self.name, "mode": mode, "partitions": n})
         # Due timers fire beside the outbox, for the same partitions (dispatcher/timers.py).
-        firing = asyncio.create_task(self.timers.run(
-            self.stop, lambda: self.balancer.active() == self.selection.partitions))
-        try:
+        async with self.timers.firing(lambda: not self.stop.is_set()
+                                      and self.balancer.active() == self.selection.partitions):
             if mode == "stream":
                 await self._loop(self.stream.step)
                 await self.stream.final_checkpoint(
@@ -281,10 +278,6 @@ class CollectionWorker:
             else:
                 self.sweeps.request(None)
                 await self._loop(self._poll_step)
-        finally:
-            firing.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await firing
 
     async def _choose_mode(self) -> str:
         """``stream`` when the change stream opens; ``poll`` when the server has none and

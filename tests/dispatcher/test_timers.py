@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import time
 from collections import Counter
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -219,3 +220,38 @@ def test_two_instances_fire_the_timers_of_every_partition_between_them(
             assert await asyncio.wait_for(task_b, 60) == 0
 
     asyncio.run(run_while(a, body))
+
+
+def test_a_graceful_stop_finishes_the_round_in_progress(
+        twriter: StoreWriter, ddb: Database[Any], store: AggboxSettings) -> None:
+    """Stopped while the broker is slow to acknowledge: the stop waits for the round, so the
+    acknowledged timers are removed (a cancelled round would leave them to be published
+    again by the next instance)."""
+    send(twriter, "Place", [f"g{i}" for i in range(20)], ms=0)
+    pub = ListPublisher(delay=1.5)
+    d = Dispatcher(settings(), store=store, publisher=pub)
+
+    async def body() -> None:
+        await wait_for(lambda: pub.calls >= 1, 30, "a publish in progress")
+
+    asyncio.run(run_while(d, body))
+    acked = {r.message_id for r in pub.records}
+    stored = {t["id"] for ts in timers(ddb).values() for t in ts}
+    assert acked and not acked & stored
+    assert len(acked) + len(stored) == 20
+
+
+def test_due_timers_fire_earliest_first_page_after_page(
+        twriter: StoreWriter, ddb: Database[Any], store: AggboxSettings) -> None:
+    """More due timers than one page: the earliest go first (not the collection's natural
+    order, where an overdue timer could wait behind any number of later ones)."""
+    for k in range(15):  # inserted, and by id, in the opposite order of their due times
+        send(twriter, "Place", [f"z{k:02d}"], ms=200 * (14 - k))
+    due = {i: ts[0]["due"] for i, ts in timers(ddb).items()}
+    assert sorted(due, key=due.__getitem__) == sorted(due, reverse=True)
+    time.sleep(3.0)  # every one is due
+    pub = ListPublisher()
+    assert asyncio.run(Dispatcher(settings(batch_size=5), store=store, publisher=pub).run(
+        once=True)) == 0
+    order = [due[r.document_id] for r in pub.records]
+    assert len(order) == 15 and order == sorted(order)
