@@ -233,8 +233,12 @@ def test_instances_share_partitions_through_kill_join_and_graceful_stop(
         wait_sync(lambda: _evenly_spread(ddb, {"A", "B", "C"}), 60, "A, B, C to share")
         writer_thread = threading.Thread(target=write_continuously)
         writer_thread.start()
+        def more_rounds(k: int) -> None:  # the writer has written k more rounds
+            n = len(rounds)
+            wait_sync(lambda: len(rounds) >= n + k, 60, f"{k} more rounds written")
+
         try:
-            time.sleep(2)
+            more_rounds(10)
             killed = {d["partition"] for d in ddb.aggbox_dispatcher_partitions.find(
                 {"scope": f"{ddb.name}.emitters", "owner": "B"})}
             procs["B"].kill()  # kill -9: no release, its leases must expire
@@ -242,11 +246,11 @@ def test_instances_share_partitions_through_kill_join_and_graceful_stop(
             start("D")
             wait_sync(lambda: _evenly_spread(ddb, {"A", "C", "D"}), 60,
                       "A, C, D to share after B's leases expired")
-            time.sleep(1)
+            more_rounds(5)
             procs["C"].send_signal(signal.SIGTERM)
             assert procs["C"].wait(30) == 0, logs()
             wait_sync(lambda: _evenly_spread(ddb, {"A", "D"}), 60, "A and D to share")
-            time.sleep(1)
+            more_rounds(5)
         finally:
             stop_writing.set()
             writer_thread.join(60)
