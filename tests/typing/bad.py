@@ -83,7 +83,7 @@ def dict_without_type(state: Order, msg: Message) -> Handled[Order]:
 
 @orders.handles("Place4")
 def wrong_emit_list(state: Order, msg: Message) -> Handled[Order]:
-    # error: List item 0 has incompatible type "str"; expected "Emit"
+    # error: List item 0 has incompatible type "str"; expected "Emit | Schedule | Cancel"
     return state, ["X"]
 
 

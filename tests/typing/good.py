@@ -4,11 +4,22 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from datetime import timedelta
 from typing import Any
 
 from pydantic import BaseModel
 
-from aggregates import AggregateRef, AggregateType, Emit, Handled, Handler, Message, MessageHandler
+from aggregates import (
+    AggregateRef,
+    AggregateType,
+    Cancel,
+    Emit,
+    Handled,
+    Handler,
+    Message,
+    MessageHandler,
+    Schedule,
+)
 
 
 @dataclass(frozen=True)
@@ -42,6 +53,14 @@ def place(state: Order, cmd: PlaceOrder, msg: Message) -> Handled[Order]:
     created = OrderCreated(order_id=msg.aggregate_id, amount=cmd.amount)
     to: AggregateRef = customers.ref(cmd.customer_id)
     return replace(state, amount=cmd.amount, status="pending"), [Emit(created, to=to)]
+
+
+@orders.handles(PlaceOrder, type="place-order-timed")
+def place_timed(state: Order, cmd: PlaceOrder, msg: Message) -> Handled[Order]:
+    deadline = Schedule(Emit("CreditDeadline", {"order_id": msg.aggregate_id}), key="credit",
+                        after=timedelta(minutes=30))
+    created = Emit(OrderCreated(order_id=msg.aggregate_id, amount=1))
+    return replace(state, status="pending"), [created, deadline, Cancel("reminder")]
 
 
 @orders.handles(PlaceOrder, type="place-order-v2")
