@@ -71,6 +71,15 @@ class Outcomes:
         self.warn.warning(cause, "%s: %s failure (%s); retrying in %.2fs", self.name, cause,
                           text, delay, exc=exc, extra={"cause": cause})
 
+    def timers_failed(self, exc: Exception) -> None:
+        """A round of the timer firer failed. It tries again by itself a second later, so
+        the outbox side does not back off for it; counted and logged (rate-limited)."""
+        self.metrics.backoffs.labels(self.name, "timers").inc()
+        text = describe_store_error(exc) if isinstance(exc, PyMongoError) else one_line(exc)
+        self.last_error = self.health.workers[self.name].error = text
+        self.warn.warning("timers", "%s: firing due timers failed (%s); trying again in a "
+                          "second", self.name, text, exc=exc, extra={"cause": "timers"})
+
     def pull_failed(self, exc: PyMongoError) -> None:
         """The last ``$pull`` failed as the worker stopped publishing: its entries stay
         pending and are published again (``aggbox_dispatcher_pull_failures_total``)."""

@@ -113,8 +113,8 @@ class CollectionWorker:
             metrics=metrics, where=self.selection.query, fence=self._fence,
             lease_held=lambda: self.balancer.holds(self.selection.partitions),
             source_type=source_type, topic_template=s.topic_template,
-            page_size=s.batch_size, faults=faults, on_error=lambda exc: self.outcomes.failed(
-                "store" if isinstance(exc, PyMongoError) else "error", exc))
+            page_size=s.batch_size, faults=faults,
+            on_error=lambda exc: self.outcomes.timers_failed(exc))
         self.sweeps = Sweeps(self.coll, self.cycle, name=collection, page_size=s.batch_size,
                              interval_s=s.sweep_interval_s, stop=stop, metrics=metrics,
                              timing=timing, where=self.selection.query)

@@ -27,7 +27,7 @@ Everything here is pure: no clock (the fold's ``now`` is the writer's), no I/O.
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Final
 
 from aggregates.core.ids import AGGBOX_NAMESPACE, uuid5
@@ -68,7 +68,9 @@ def timer_message_id(aggregate_type: str, aggregate_id: str, key: str, due: date
     (UTC milliseconds) and the message whose handling scheduled it. Same inputs → same id,
     so a timer published twice (a crash between the publish and its removal) is a duplicate
     for its receiver."""
-    ms = round(due.timestamp() * 1000)  # aware (the fold makes every due time UTC)
+    if due.tzinfo is None:  # as read by a client without tz_aware: BSON dates are UTC
+        due = due.replace(tzinfo=UTC)
+    ms = round(due.timestamp() * 1000)
     # Length-prefixed parts: an unambiguous encoding.
     name = (f"timer:{len(aggregate_type)}:{aggregate_type}{len(aggregate_id)}:{aggregate_id}"
             f"{len(key)}:{key}{ms}:{len(cause)}:{cause}")

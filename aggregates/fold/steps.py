@@ -139,6 +139,8 @@ def check_result(atype: AggregateType[Any], snap: Snapshot, msg: Message, result
                                 emit_headers=emit_headers)
         except TimerError as exc:
             raise dead(Reason.INVALID_TIMER, str(exc)) from None
+        if not (timers.added or timers.removed):  # e.g. a Cancel of no pending timer
+            timers = None
     return new_state, state_doc, entries, timers
 
 

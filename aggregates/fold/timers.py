@@ -100,9 +100,8 @@ def _check_key(op: TimerOp, i: int) -> str:
     return key
 
 
-def _entry(atype: AggregateType[Any], snap: Snapshot, msg: Message, op: Schedule, i: int,
-           seq: int, now: datetime, emit_headers: EmitHeaders) -> dict[str, Any]:
-    key = _check_key(op, i)
+def _entry(atype: AggregateType[Any], snap: Snapshot, msg: Message, op: Schedule, key: str,
+           i: int, seq: int, now: datetime, emit_headers: EmitHeaders) -> dict[str, Any]:
     if not isinstance(op.emit, Emit):
         raise TimerError(f"Schedule #{i} ({key!r}): the message must be an Emit; got "
                          f"{type(op.emit).__name__}")
@@ -140,7 +139,7 @@ def timer_step(atype: AggregateType[Any], snap: Snapshot, msg: Message, ops: lis
                 step.removed.append(timers.pop(j))
                 break
         if isinstance(op, Schedule):
-            entry = _entry(atype, snap, msg, op, i, seq, now, emit_headers)
+            entry = _entry(atype, snap, msg, op, key, i, seq, now, emit_headers)
             seq += 1
             timers.append(entry)
             step.added.append(entry)

@@ -167,6 +167,19 @@ def test_a_transient_store_error_in_a_step_backs_off() -> None:
     asyncio.run(main())
 
 
+def test_a_failed_timer_round_is_logged_and_counted_without_backing_off_the_outbox(
+        ) -> None:
+    async def main() -> None:
+        w = worker(FakeTime(random=0.5))
+        w.timers.on_error(AutoReconnect("connection reset"))
+        assert w.retries.wait_s() == 0  # the outbox side goes on
+        assert w.last_error == "AutoReconnect: connection reset"
+        assert w.metrics.registry.get_sample_value(
+            "aggbox_dispatcher_backoffs_total", {"collection": "orders", "cause": "timers"}) == 1
+
+    asyncio.run(main())
+
+
 def test_a_fatal_store_error_in_a_step_ends_the_worker() -> None:
     async def main() -> None:
         w = worker(FakeTime())
