@@ -98,8 +98,9 @@ class TimerFirer:
         while keep_going() and not stop.is_set():
             try:
                 res = await self.fire_due()
-                if res.documents >= self.page_size and not res.retryable:
-                    continue  # more may be due right now
+                if (res.documents >= self.page_size and (res.fired or res.dead_lettered)
+                        and not res.retryable):
+                    continue  # a full page moved on: more may be due right now
                 wait = self.idle_s if res.retryable else await self._idle_for()
             except Exception as exc:
                 self.on_error(exc)
