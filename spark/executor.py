@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from aggregates.core.ids import raw_message_id
-from aggregates.core.reasons import Reason
 from aggregates.core.settings import AggboxSettings
 from aggregates.domain.aggregate import Registry
 from aggregates.fold import DeadLetter
@@ -36,7 +35,7 @@ from aggregates.message.envelope import Message
 from aggregates.message.outcomes import Outcome
 from aggregates.store.deadletters import DeadLetterStore
 from aggregates.store.writer import StoreWriter, utc_now
-from spark.records import Rows, check_row
+from spark.records import Ids, Rows, check_row
 from spark.schema import OUTCOME_COLUMNS, outcome_columns
 
 __all__ = ["STATS_COLUMN", "STATS_KEYS", "WriterTask", "get_client", "get_registry",
@@ -45,10 +44,6 @@ __all__ = ["STATS_COLUMN", "STATS_KEYS", "WriterTask", "get_client", "get_regist
 _lock = threading.Lock()
 _clients: dict[str, Any] = {}
 _registries: dict[str, Registry] = {}
-
-#: Reasons given in Spark for rows whose envelope is valid (kept as a parsed message).
-_ROUTING_REASONS = frozenset({Reason.UNKNOWN_AGGREGATE_TYPE, Reason.UNKNOWN_MESSAGE_TYPE})
-
 
 @dataclass(frozen=True, slots=True)
 class WriterTask:
@@ -115,25 +110,33 @@ class _Partition:
         dead: list[tuple[DeadLetter, Outcome]] = []
         self.dead_types = {}
         for row in range(rows.count):
-            msg, reason, detail = check_row(rows, row, max_payload)
+            msg, reason, detail, ids = check_row(rows, row, max_payload)
             if reason is None and msg is not None:
                 messages.append(msg)
             else:
-                dead.append(self._dead_letter(rows, row, msg, reason, detail))
+                dead.append(self._dead_letter(rows, row, msg, reason, detail, ids))
         return messages, dead
 
     def _dead_letter(self, rows: Rows, row: int, msg: Message | None, reason: str | None,
-                     detail: str | None) -> tuple[DeadLetter, Outcome]:
-        """The dead letter and outcome of a row. The outcome's id is Spark's message id
-        (valid UTF-8 even when the line spells a lone surrogate), stored with the letter."""
-        raw, atype, aid = rows.raw[row], rows.atype[row], rows.aid[row]
-        ident = rows.mid[row] or raw_message_id(raw if raw is not None else "")
+                     detail: str | None, ids: Ids) -> tuple[DeadLetter, Outcome]:
+        """The dead letter and outcome of a row: the message's ids, else the ids its record
+        names (:func:`spark.records.check_row`), a record without a string message id
+        gets one from its bytes (:func:`aggregates.core.ids.raw_message_id`)."""
+        raw = rows.raw[row]
+        atype: str | None
+        aid: str | None
+        mtype: str | None
+        if msg is not None:
+            ident, atype, aid, mtype = (msg.message_id, msg.aggregate_type, msg.aggregate_id,
+                                        msg.type)
+        else:
+            mid, atype, aid, mtype = ids
+            ident = mid or raw_message_id(raw if raw is not None else "")
         headers = rows.binary(row)
         letter = DeadLetter(msg, None if msg else raw, str(reason), detail, None,
                             atype, aid, message_id=None if msg else ident,
                             record_headers=None if msg or headers is None else tuple(
                                 (str(h["key"]), h["value"]) for h in headers))
-        mtype = msg.type if msg is not None else rows.mtype(row)
         if mtype:
             self.dead_types[ident] = mtype
         return letter, Outcome(ident, atype or "", aid or "", "dead_lettered", reason, detail)

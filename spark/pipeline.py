@@ -171,7 +171,7 @@ class Pipeline:
         (:data:`spark.executor.STATS_COLUMN`)."""
         checked = validate(raw, self.info, max_payload_bytes=self.settings.max_payload_bytes)
         ordered = order_within_aggregates(checked, self.spark_settings.shuffle_partitions)
-        rows = ordered.select("_raw", "_reason", "_detail", "_mid", "_atype", "_aid", "_mtype",
+        rows = ordered.select("_raw", "_reason", "_detail",
                               *[c for c in (*TRACE_HEADER_COLUMNS, CE_HEADER_COLUMN)
                                 if c in ordered.columns])
         if seen is None:

@@ -25,33 +25,24 @@ from aggregates.message.envelope import MAX_RECORD_DEPTH, Message, json_depth
 from aggregates.wire import cloudevents
 from spark.messages import fast_message, json_loads, with_record_trace
 from spark.sources import CE_HEADER_COLUMN
-from spark.validate import LONE_SURROGATE_DETAIL
 
-__all__ = ["Rows", "check_row"]
-
-#: Reasons given in Spark for rows whose envelope is valid (kept as a parsed message).
-_ROUTING_REASONS = frozenset({Reason.UNKNOWN_AGGREGATE_TYPE, Reason.UNKNOWN_MESSAGE_TYPE})
-
+__all__ = ["Ids", "Rows", "check_row"]
 
 class Rows:
     """One Arrow batch's columns as Python lists; the optional columns (Kafka record
-    headers, binary-mode CloudEvent headers, Spark's message type) read as None when the
-    source has none."""
+    headers, binary-mode CloudEvent headers) read as None when the source has none; any
+    other column (Spark's routing text) is not read."""
 
     def __init__(self, batch: Any) -> None:
         cols, self.bad_encoding = _columns(batch)
         self.raw: list[Any] = cols["_raw"]
         self.reason: list[Any] = cols["_reason"]
         self.detail: list[Any] = cols["_detail"]
-        self.mid: list[Any] = cols["_mid"]
-        self.atype: list[Any] = cols["_atype"]
-        self.aid: list[Any] = cols["_aid"]
         self.count = len(self.raw)
         # Kafka record headers (spark.sources.TRACE_HEADER_COLUMNS), when the source has them.
         self._traceparent = cols.get("_h_traceparent")
         self._tracestate = cols.get("_h_tracestate")
         self._binary = cols.get(CE_HEADER_COLUMN)  # binary-mode CloudEvents (Kafka)
-        self._mtype = cols.get("_mtype")  # absent when the caller selected no such column
 
     def traceparent(self, row: int) -> str | None:
         return self._traceparent[row] if self._traceparent is not None else None
@@ -61,9 +52,6 @@ class Rows:
 
     def binary(self, row: int) -> Any:
         return self._binary[row] if self._binary is not None else None
-
-    def mtype(self, row: int) -> str | None:
-        return self._mtype[row] if self._mtype else None
 
 
 def _is_cloudevent(decoded: Any) -> bool:
@@ -153,28 +141,76 @@ def _columns(batch: Any) -> tuple[dict[str, list[Any]], dict[int, str]]:
     return cols, bad
 
 
-def check_row(rows: Rows, row: int, max_payload: int,
-              ) -> tuple[Message | None, str | None, str | None]:
-    """The row's message (if it has one) and the reason against it (None: none).
+#: Ids of an outcome row: (message id, aggregate type, aggregate id, message type).
+Ids = tuple[str | None, str | None, str | None, str | None]
+_NO_IDS: Ids = (None, None, None, None)
+#: Spark's reasons that stand without a parse here (the record is not read again).
+_FINAL_REASONS = frozenset({Reason.INVALID_ENCODING, Reason.PAYLOAD_TOO_LARGE})
+#: Records above this size are never parsed, not even for their ids.
+_MAX_PARSED_CHARS = 16 * 1024 * 1024
 
-    Spark's reasons stand, except that rows Spark found valid or only misrouted are
-    checked here in full — an invalid record is reported as such even when Spark found
-    its routing wrong too (Spark's view of a string may differ: a lone surrogate is
-    '?'); a misrouted valid row keeps its message and Spark's reason."""
+
+def check_row(rows: Rows, row: int, max_payload: int,
+              ) -> tuple[Message | None, str | None, str | None, Ids]:
+    """The row's message (if it has one), the reason against it (None: none) and, when it
+    has no message, the ids its record names (strings only, as JSON types them: the
+    outcome row's; None where the record has none).
+
+    Spark's reasons for the raw record (not UTF-8, too large, empty) stand; every other
+    row is parsed and checked here in full — an invalid record is reported with the exact
+    reason even when Spark flagged it (Spark reads fields as text; a lone surrogate is
+    '?'); a valid row Spark flagged (misrouted) keeps its message and Spark's reason."""
     if row in rows.bad_encoding:
-        return None, Reason.INVALID_ENCODING, rows.bad_encoding[row]
-    reason, detail = rows.reason[row], rows.detail[row]
-    if not (reason is None or reason in _ROUTING_REASONS
-            or detail == LONE_SURROGATE_DETAIL):
-        return None, reason, detail
+        return None, Reason.INVALID_ENCODING, rows.bad_encoding[row], _NO_IDS
+    raw, reason, detail = rows.raw[row], rows.reason[row], rows.detail[row]
     binary = rows.binary(row)
-    decoded, failure = _decode(rows.raw[row], binary, rows.traceparent(row),
-                               rows.tracestate(row))
+    if raw is None:  # a binary-mode CloudEvent's headers may still name it
+        return None, reason, detail, _ids(None, binary) if binary is not None else _NO_IDS
+    if reason in _FINAL_REASONS:
+        if len(raw) > _MAX_PARSED_CHARS:
+            return None, reason, detail, _NO_IDS
+        decoded, failure = _decode(raw, binary, None, None)
+        return None, reason, detail, _ids(decoded, binary)
+    decoded, failure = _decode(raw, binary, rows.traceparent(row), rows.tracestate(row))
     if failure is None:
         msg, failure = _message(rows, row, decoded, binary, max_payload)
         if failure is None:
-            return msg, reason, detail
-    return None, *failure
+            return msg, reason, detail, _NO_IDS
+    return None, *failure, _ids(decoded, binary)
+
+
+def _text(value: Any) -> str | None:
+    """``value`` when it is a string that can be stored (UTF-8: no lone surrogate)."""
+    if type(value) is not str:
+        return None
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return None
+    return value
+
+
+def _ids(decoded: Any, binary: Any) -> Ids:
+    """The ids a record names: an envelope's fields, a CloudEvent's attributes (structured,
+    or binary-mode headers ``ce_<name>``, the first of each)."""
+    names = ("message_id", "aggregate_type", "aggregate_id", "type")
+    if binary is not None:
+        headers: dict[str, Any] = {}
+        for h in binary:
+            key = str(h["key"]).lower()
+            if key not in headers and isinstance(h["value"], bytes):
+                try:
+                    headers[key] = h["value"].decode()
+                except UnicodeDecodeError:
+                    headers[key] = None
+        decoded, names = headers, ("ce_id", "ce_aggregatetype", "ce_subject", "ce_type")
+    elif _is_cloudevent(decoded):
+        names = ("id", "aggregatetype", "subject", "type")
+    elif type(decoded) is not dict:
+        return _NO_IDS
+    mid, atype, aid, mtype = (_text(decoded.get(n)) for n in names)
+    return mid, atype, aid, mtype
+
 
 def _message(rows: Rows, row: int, decoded: Any, binary: Any, max_payload: int,
          ) -> tuple[Message | None, tuple[str, str] | None]:
