@@ -82,3 +82,37 @@ def test_rows_flagged_in_spark_become_dead_letters(db: Any, mongo_uri: str) -> N
     # A valid envelope is kept as a message (replayable), keyed like the writer's own.
     assert letters["unknown_message_type"]["message"]["message_id"] == "u1"
     assert letters["unknown_message_type"]["_id"] == "Account/a/u1"
+
+
+def test_the_executor_decides_what_spark_read_as_text(db: Any, mongo_uri: str) -> None:
+    """Spark reads the routing fields as text (17 and "17" alike); the outcome row's ids and
+    the exact reason come from the executor's own parse, whatever Spark flagged."""
+    def row(envelope: Any, reason: str | None = None) -> dict[str, Any]:
+        return {"_raw": json.dumps(envelope), "_reason": reason,
+                "_detail": "spark's guess" if reason else None}
+
+    base = {"type": "Deposited", "aggregate_type": "Account", "aggregate_id": "a",
+            "payload": {"amount": 1}}
+    numeric_id = row({**base, "message_id": 17})
+    numeric_aggregate = row({**base, "message_id": "n1", "aggregate_id": 17})
+    flagged = row({**base, "message_id": "p1", "payload": [1]}, "invalid_envelope")
+    deep = row({**base, "message_id": "d1", "payload": {"k": [1]}})
+    deep["_raw"] = deep["_raw"].replace("[1]", "[" * 80 + "1" + "]" * 80)
+    names = ["_raw", "_reason", "_detail"]
+    items = [numeric_id, numeric_aggregate, flagged, deep]
+    arrow = pa.RecordBatch.from_arrays(
+        [pa.array([r[k] for r in items], type=pa.string()) for k in names], names=names)
+    out = {o["detail"]: o for o in run(db, mongo_uri, [arrow], 5_000)}
+
+    assert len(out) == 4 and {o["outcome"] for o in out.values()} == {"dead_lettered"}
+    numeric = next(o for d, o in out.items() if "'message_id': must be a string, got int" in d)
+    assert numeric["message_id"].startswith("raw:") and numeric["aggregate_id"] == "a"
+    agg = next(o for d, o in out.items() if "'aggregate_id': must be a string, got int" in d)
+    assert agg["message_id"] == "n1" and not agg["aggregate_id"]  # no string id: none
+    payload = next(o for d, o in out.items() if "'payload': must be a JSON object" in d)
+    assert payload["message_id"] == "p1" and payload["reason"] == "invalid_envelope"
+    too_deep = next(o for d, o in out.items() if "levels deep" in d)
+    # never decoded (the depth is counted first): its id is its bytes' hash
+    assert too_deep["reason"] == "payload_too_deep"
+    assert too_deep["message_id"].startswith("raw:")
+    assert not any("spark's guess" in d for d in out)
