@@ -49,6 +49,7 @@ uniform run at the largest size:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -431,13 +432,15 @@ def drop(uri: str, db: str) -> None:
 # -- main --------------------------------------------------------------------------------------
 
 
-def start_spark(connector: bool, ui: bool = False) -> tuple[Any, str | None, str | None]:
+def start_spark(connector: bool, ui: bool = False, master: str = "local[2]"
+                ) -> tuple[Any, str | None, str | None]:
     """A session with the connector if one of CONNECTOR_VERSIONS resolves; ``ui``: the
-    driver UI on (its REST API gives the stage tables)."""
+    driver UI on (its REST API gives the stage tables); ``master``: ``local[2]`` or a
+    standalone master's URL."""
     from spark.session import build_session
     from spark.settings import SparkSettings
 
-    settings = SparkSettings.load(master="local[2]", shuffle_partitions=4,
+    settings = SparkSettings.load(master=master, shuffle_partitions=4,
                                   conf={"spark.ui.enabled": "true" if ui else "false",
                                         "spark.driver.memory": "4g"})
     problems: list[str] = []
@@ -466,6 +469,10 @@ def main() -> int:
     parser.add_argument("--stages", action="store_true",
                         help="print the jobs and stages of each scenario (first repetition) "
                              "from the driver UI's REST API")
+    parser.add_argument("--cluster", action="store_true",
+                        help="run on a standalone cluster (a master and 2 workers of 1 core "
+                             "on loopback, started from the installed PySpark) instead of "
+                             "local[2]")
     parser.add_argument("--repeat", type=int, default=1,
                         help="run every scenario this many times per size (interleaved); "
                              "figures are medians, ratios medians of the per-repetition ratios")
@@ -486,7 +493,24 @@ def main() -> int:
         f"{TIMER_NS[1] / 1e3:.2f} µs outside the timed interval (subtracted)")
     mongo = start_local_mongodb(java_options=("-Xmx8g",))
     log(f"MongoDB: {mongo.kind} {mongo.uri}")
-    spark, connector, connector_problem = start_spark(not args.no_connector, ui=args.stages)
+    with contextlib.ExitStack() as stack:
+        master = "local[2]"
+        if args.cluster:
+            # The test suite's launcher (tests/spark/servers.py): master + 2 workers.
+            sys.path.insert(0, str(here.parents[1]))
+            from tests.spark.servers import standalone_cluster
+
+            cluster = stack.enter_context(standalone_cluster(
+                Path(tempfile.mkdtemp(prefix="aggbox-bench-cluster-")), workers=2,
+                worker_memory="1500m", pythonpath=[str(here.parents[1]), str(here.parent)]))
+            master = cluster.master
+            log(f"standalone cluster: {master}")
+        return _run(args, sizes, mongo, master)
+
+
+def _run(args: Any, sizes: list[int], mongo: Any, master: str) -> int:
+    spark, connector, connector_problem = start_spark(not args.no_connector, ui=args.stages,
+                                                      master=master)
     spark.sparkContext.setLogLevel("ERROR")
     stages = Stages(spark) if args.stages else None
     work = Path(tempfile.mkdtemp(prefix="aggbox-bench-"))
@@ -597,7 +621,7 @@ def main() -> int:
         # On success: the newer versions that could not be resolved (None if none).
         "connector_problem": connector_problem,
         "mongodb": mongo.kind,
-        "master": "local[2]",
+        "master": master,
     }
     print(json.dumps(result))
     return 0
