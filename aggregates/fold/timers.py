@@ -63,7 +63,10 @@ class TimerStep:
 
 def split_timer_ops(returned: Sequence[Any]) -> tuple[Sequence[Any], list[TimerOp]]:
     """The emits a handler returned, and its timer operations in their order."""
-    if not any(type(x) is Schedule or type(x) is Cancel for x in returned):
+    for x in returned:  # a loop, not any(<generator>): this runs once per message
+        if type(x) is Schedule or type(x) is Cancel:
+            break
+    else:
         return returned, []  # the common case: no timers
     emits = [x for x in returned if not isinstance(x, Schedule | Cancel)]
     return emits, [x for x in returned if isinstance(x, Schedule | Cancel)]
