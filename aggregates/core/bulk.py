@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pymongo import DeleteOne, UpdateOne
+from pymongo import DeleteOne, InsertOne, UpdateOne
 from pymongo.collection import Collection
 from pymongo.errors import BulkWriteError, OperationFailure, PyMongoError
 
@@ -72,7 +72,8 @@ class WriteError:
         return err
 
 
-def bulk_write_unordered(coll: Collection[Any], ops: Sequence[UpdateOne | DeleteOne]
+def bulk_write_unordered(coll: Collection[Any],
+                         ops: Sequence[UpdateOne | DeleteOne | InsertOne[Any]]
                          ) -> list[WriteError]:
     """Run ``ops`` unordered; return the operations that failed.
 

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from pymongo import UpdateOne
 from pymongo.collection import Collection
 
 from aggregates.core.backoff import backoff_delay
@@ -31,7 +30,7 @@ from aggregates.fold.result import DeadLetter, FoldResult, Parked
 from aggregates.message.outcomes import Outcome
 from aggregates.store.chunks import Work
 from aggregates.store.parking import ParkedStore
-from aggregates.store.update import build_update
+from aggregates.store.update import WriteOp, build_update
 
 __all__ = ["CollectionPass", "PassContext", "PassResult", "WriterStats"]
 
@@ -62,7 +61,7 @@ class PassContext:
     sleep: Callable[[float], None]
     #: Uniform in [0, 1): the backoff's jitter.
     random: Callable[[], float]
-    before_write: Callable[[list[UpdateOne]], None] | None = None
+    before_write: Callable[[list[WriteOp]], None] | None = None
     fault: Callable[[str], None] | None = None
 
 

@@ -27,7 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
-from pymongo import ASCENDING, UpdateOne
+from pymongo import ASCENDING
 from pymongo.database import Database
 
 from aggregates.core.settings import AggboxSettings
@@ -40,7 +40,7 @@ from aggregates.store.chunks import Work, chunks
 from aggregates.store.deadletters import DeadLetterStore
 from aggregates.store.parking import ParkedStore
 from aggregates.store.tracing import chunk_trace, tracer
-from aggregates.store.update import build_update
+from aggregates.store.update import WriteOp, build_update
 from aggregates.store.write_pass import CollectionPass, PassContext, WriterStats
 
 __all__ = ["StoreWriter", "WriterStats", "build_update", "utc_now"]
@@ -66,7 +66,7 @@ class StoreWriter:
         settings: AggboxSettings | None = None,
         clock: Callable[[], datetime] = utc_now,
         sleep: Callable[[float], None] = time.sleep,
-        before_write: Callable[[list[UpdateOne]], None] | None = None,
+        before_write: Callable[[list[WriteOp]], None] | None = None,
         fault: Callable[[str], None] | None = None,
     ) -> None:
         self.db = db

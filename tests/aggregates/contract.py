@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from pymongo import DeleteOne, UpdateOne
+from pymongo import DeleteOne, InsertOne, UpdateOne
 from pymongo.errors import OperationFailure
 
 from aggregates import AggboxSettings, StoreError, StoreWriter
@@ -19,6 +19,7 @@ from aggregates.core.bulk import DUPLICATE_KEY, bulk_write_unordered
 from aggregates.core.ids import emitted_message_id
 from aggregates.core.reasons import Reason
 from aggregates.fold.document import F_OUTBOX, F_VERSION
+from aggregates.store.update import inserted_document
 from tests.aggregates.domain import (
     Registry,
     counters,
@@ -358,19 +359,50 @@ class StoreContract:
 
     # -- invariants 1-4 -------------------------------------------------------------------
     def test_one_conditional_write_per_aggregate_and_appends_only(self, store_db: Any) -> None:
-        seen: list[UpdateOne] = []
+        seen: list[Any] = []
         w = writer(store_db)
         w.before_write = seen.extend
         w.process([msg("m1", 3), msg("m2", 6), msg("m3", 1, agg="a2")])
         assert len(seen) == 2  # invariant 1: one write per aggregate
-        for op in seen:
+        # New documents: inserted whole (conditional on the _id being free), as the upsert
+        # would have created them.
+        assert all(isinstance(op, InsertOne) for op in seen)
+        first = seen[0]._doc
+        assert first["_id"] == "a1" and first[F_VERSION] == 1
+        emitted = len(first["outbox"])
+        assert emitted and [e["source"]["seq"] for e in first["outbox"]] == list(
+            range(1, emitted + 1))
+        stored_doc = store_db.counters.find_one({"_id": "a1"})
+        assert stored_doc[F_VERSION] == 1 and len(stored_doc["outbox"]) == emitted
+        seen.clear()
+        w.process([msg("m4", 3), msg("m5", 1, agg="a2")])
+        assert len(seen) == 2
+        for op in seen:  # documents read: updated, filtered on the version read
             doc = op._doc
+            assert isinstance(op, UpdateOne)
             assert set(op._filter) == {"_id", F_VERSION}
             assert op._upsert is True
             assert "outbox" not in doc.get("$set", {}) and "inbox" not in doc.get("$set", {})
-        first = seen[0]._doc
-        assert first["$push"]["outbox"]["$each"][0]["source"]["seq"] == 1
-        assert first["$push"]["inbox"]["$slice"] == -10_000
+        update = seen[0]._doc
+        assert update["$push"]["outbox"]["$each"][0]["source"]["seq"] == emitted + 1
+        assert update["$push"]["inbox"]["$slice"] == -10_000
+
+    def test_an_insert_is_the_document_the_upsert_would_create(self, store_db: Any) -> None:
+        update = {"$inc": {F_VERSION: 1},
+                  "$setOnInsert": {"_type": "Counter", "_p": 7, "_lv": 1},
+                  "$set": {"state": {"total": 3, "tags": ["a"]}, "_seq": 2, "hw.S%2Ex": 4,
+                           "hw.T": 1},
+                  "$push": {"outbox": {"$each": [{"id": "o1"}, {"id": "o2"}]},
+                            "inbox": {"$each": [["m1", None, "h"], ["m2", None, "h"],
+                                                ["m3", None, "h"]], "$slice": -2}}}
+        coll = store_db["insert_contract"]
+        coll.update_one({"_id": "u", F_VERSION: 0}, update, upsert=True)
+        coll.insert_one(inserted_document("i", 0, update))
+        upserted = coll.find_one({"_id": "u"})
+        inserted = coll.find_one({"_id": "i"})
+        assert {**inserted, "_id": "u"} == upserted
+        assert inserted["inbox"] == [["m2", None, "h"], ["m3", None, "h"]]
+        assert inserted["hw"] == {"S%2Ex": 4, "T": 1}
 
     def test_pulled_entries_are_never_resurrected(self, store_db: Any) -> None:
         w = writer(store_db)
