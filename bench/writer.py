@@ -169,8 +169,7 @@ def run_naive(db: Any, messages: list[Message]) -> tuple[float, Counted]:
             snap = snapshot_from_document(doc, m.aggregate_id)
             res = fold(customers, snap, [m], now=utc_now())
             if not res.changes.empty:
-                op = build_update(customers, snap, res.changes)
-                coll.update_one(op._filter, op._doc, upsert=True)
+                coll.bulk_write([build_update(customers, snap, res.changes)])
     return time.perf_counter() - t, c
 
 
