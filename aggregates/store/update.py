@@ -89,13 +89,16 @@ def inserted_document(aggregate_id: str, version: int, update: dict[str, Any]
                            F_VERSION: version + update.get("$inc", {}).get(F_VERSION, 0)}
     for op in ("$setOnInsert", "$set"):
         for path, value in update.get(op, {}).items():
-            _put(doc, path, value)
+            if "." in path:
+                _put(doc, path, value)
+            else:
+                doc[path] = value
     for path, spec in update.get("$push", {}).items():
-        items = list(spec["$each"])
+        items = spec["$each"]
         cut = spec.get("$slice")
         if cut is not None:
             items = items[cut:] if cut < 0 else items[:cut]
-        _put(doc, path, items)
+        _put(doc, path, list(items))
     return doc
 
 
