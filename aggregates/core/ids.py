@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
 from datetime import datetime
 from typing import Any, Final
+
+from aggregates.core.jsontext import compact_encoder
 
 #: Namespace of every id aggbox derives. Never change it: ids would stop matching.
 AGGBOX_NAMESPACE: Final = uuid.UUID("5b1f3c8e-9a47-5d0e-8c3b-2f6a9e41d7c0")
@@ -52,29 +53,14 @@ def _default(value: Any) -> Any:
 
 #: The definition of the canonical form: ``json.dumps(payload, sort_keys=True,
 #: separators=(",", ":"), default=_default)``.
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=_default)
-
-
-#: The C encoder behind ``_CANONICAL``, built once (``JSONEncoder.encode`` builds one per
-#: call: a third of the hash's CPU for a small payload). Same output; no cycle check of its
-#: own (no state shared between threads): a cyclic payload recurses until RecursionError,
-#: then the definition's encoder raises its own error.
-_C_ENCODE: Final = (json.encoder.c_make_encoder(  # type: ignore[attr-defined]
-    None, _default, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, True)
-    if getattr(json.encoder, "c_make_encoder", None) is not None else None)
+#: (:func:`aggregates.core.jsontext.compact_encoder`: the same text, built once.)
+_canonical = compact_encoder(_default, sort_keys=True, ensure_ascii=True)
 
 
 def payload_hash(payload: dict[str, Any]) -> str:
     """A short, stable hash of a payload (key order does not matter), kept next to the
     message id in the inbox to flag a reused id with a different payload."""
-    if _C_ENCODE is not None and type(payload) is dict:
-        try:
-            text = "".join(_C_ENCODE(payload, 0))
-        except RecursionError:  # a cycle (or a payload too deep): the definition's error
-            text = _CANONICAL.encode(payload)
-    else:
-        text = _CANONICAL.encode(payload)
-    return _blake2b(text.encode(), digest_size=6).hexdigest()
+    return _blake2b(_canonical(payload).encode(), digest_size=6).hexdigest()
 
 
 _blake2b = hashlib.blake2b
