@@ -167,18 +167,24 @@ def throughput(mongo: LocalMongo, kafka: LocalKafka, n_docs: int, per: int,
         "-{aggregate_type}", metrics_port=0, record_format=record_format)
     store = AggboxSettings(mongodb_uri=mongo.uri, database=db.name)
     d = Dispatcher(settings, store=store)
+    servers = {"mongo": mongo.pid,
+               "kafka": getattr(getattr(kafka, "_process", None), "pid", None)}
+    ticks = {k: cpu_ticks(v) for k, v in servers.items()}
     cpu = process_cpu_s()
     t = time.perf_counter()
     assert asyncio.run(d.run(once=True)) == 0
     t_dispatch = time.perf_counter() - t
     cpu_dispatch = process_cpu_s() - cpu
+    servers_dispatch = _cpu_since(servers, ticks)
     left = sum(len(x.get("outbox") or []) for x in db.emitters.find({}, {"outbox": 1}))
     assert left == 0, f"{left} entries left"
     published = d.workers[0].stats.published
     assert published == total, (published, total)
+    ticks = {k: cpu_ticks(v) for k, v in servers.items()}
     cpu = process_cpu_s()
     t_raw = raw_produce(kafka.bootstrap_servers, records)
     cpu_raw = process_cpu_s() - cpu
+    servers_raw = _cpu_since(servers, ticks)
     client.close()
     out = {
         "entries": total, "documents": n_docs, "per_document": per,
@@ -188,12 +194,17 @@ def throughput(mongo: LocalMongo, kafka: LocalKafka, n_docs: int, per: int,
         # CPU of this process (getrusage: Python and librdkafka's threads) per entry.
         "python_cpu_us_per_msg": round(cpu_dispatch / total * 1e6, 2),
         "raw_produce_cpu_us_per_msg": round(cpu_raw / total * 1e6, 2),
+        # CPU seconds of the MongoDB server and the Kafka broker during (a) and during (b):
+        # on 2 shared cores, what the dispatcher's own process does not use.
+        "dispatch_server_cpu_s": servers_dispatch, "raw_produce_server_cpu_s": servers_raw,
+        "dispatch_cpu_s": round(cpu_dispatch, 2), "raw_produce_cpu_s": round(cpu_raw, 2),
     }
     print(f"  (a) dispatcher ({record_format}): {total} entries in {t_dispatch:.2f} s = "
           f"{out['dispatch_per_s']:,}/s")
     print(f"  (b) raw produce: {total} records in {t_raw:.2f} s = {out['raw_produce_per_s']:,}/s")
     print(f"  CPU of this process per entry: dispatcher {out['python_cpu_us_per_msg']} µs, "
           f"raw produce {out['raw_produce_cpu_us_per_msg']} µs")
+    print(f"  CPU s of the servers: during (a) {servers_dispatch}, during (b) {servers_raw}")
     return out
 
 
@@ -334,6 +345,18 @@ def cpu_ticks(pid: int | None) -> int | None:
         return None
     fields = stat[stat.rindex(")") + 2:].split()  # fields from the 3rd (state) on
     return int(fields[11]) + int(fields[12])
+
+
+def _cpu_since(pids: dict[str, int | None], ticks: dict[str, int | None]
+               ) -> dict[str, float | None]:
+    """CPU seconds each process used since ``ticks`` (None when unknown)."""
+    hz = os.sysconf("SC_CLK_TCK")
+    out: dict[str, float | None] = {}
+    for name, pid in pids.items():
+        now, before = cpu_ticks(pid), ticks.get(name)
+        out[name] = round((now - before) / hz, 2) if now is not None and before is not None \
+            else None
+    return out
 
 
 def outbox_left(db: Any) -> int:
