@@ -48,10 +48,10 @@ decodes every CloudEvent (:mod:`aggregates.wire.cloudevents`) and names what is 
 Every Spark expression here is total: it yields NULL, never an error, for any input
 (``from_json`` reads text fields with Jackson's iterative copy and stops at its nesting
 limit; a VARIANT parse would recurse and overflow the task's stack on deep records). The
-former design parsed a VARIANT and checked ~30 expressions over it: 1.5 s per 1e5 records
-against 0.3 s for this parse (bench/RESULTS.md, Issue 25). Nothing is filtered out here:
-invalid rows travel on to the executor, which writes them to the dead-letter collection and
-reports their outcome.
+former design parsed a VARIANT and checked ~30 expressions over it: 1.7-1.9 s per 1e5
+records against 0.35-0.46 s for this parse (bench/RESULTS.md, Issue 25). Nothing is
+filtered out here: invalid rows travel on to the executor, which writes them to the
+dead-letter collection and reports their outcome.
 """
 
 from __future__ import annotations
