@@ -28,13 +28,13 @@ Broker headers carry the ids without parsing the value: :data:`HEADER_NAMES`.
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from aggregates.core.jsontext import compact_encoder
 from aggregates.message.envelope import KIND_EVENT, KIND_HEADER, KIND_INPUT, Message
 from aggregates.wire.fence import FENCE_HEADER
 
@@ -144,12 +144,11 @@ def _json_default(value: Any) -> Any:
 
 def envelope_json(envelope: Mapping[str, Any]) -> bytes:
     """An envelope as compact UTF-8 JSON (one line)."""
-    return _encode(envelope).encode()
+    return _ENCODER.encode(envelope).encode()
 
 
-# One encoder for every record (json.dumps with options builds a new one per call, and so
-# does JSONEncoder.encode: compact_encoder builds it once).
-_encode = compact_encoder(_json_default, sort_keys=False, ensure_ascii=False)
+# One encoder for every record (json.dumps with options builds a new one per call).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_json_default)
 
 
 def build_record(entry: Mapping[str, Any], *, collection: str, document_id: Any,

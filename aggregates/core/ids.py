@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import uuid
 from datetime import datetime
 from typing import Any, Final
-
-from aggregates.core.jsontext import compact_encoder
 
 #: Namespace of every id aggbox derives. Never change it: ids would stop matching.
 AGGBOX_NAMESPACE: Final = uuid.UUID("5b1f3c8e-9a47-5d0e-8c3b-2f6a9e41d7c0")
@@ -53,14 +52,13 @@ def _default(value: Any) -> Any:
 
 #: The definition of the canonical form: ``json.dumps(payload, sort_keys=True,
 #: separators=(",", ":"), default=_default)``.
-#: (:func:`aggregates.core.jsontext.compact_encoder`: the same text, built once.)
-_canonical = compact_encoder(_default, sort_keys=True, ensure_ascii=True)
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), default=_default)
 
 
 def payload_hash(payload: dict[str, Any]) -> str:
     """A short, stable hash of a payload (key order does not matter), kept next to the
     message id in the inbox to flag a reused id with a different payload."""
-    return _blake2b(_canonical(payload).encode(), digest_size=6).hexdigest()
+    return _blake2b(_CANONICAL.encode(payload).encode(), digest_size=6).hexdigest()
 
 
 _blake2b = hashlib.blake2b

@@ -14,7 +14,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggregates.core.ids import AGGBOX_NAMESPACE, _default, emitted_message_id, payload_hash, uuid5
-from aggregates.core.jsontext import compact_encoder
 from tests.hypo import examples
 
 
@@ -124,20 +123,3 @@ def test_slot_builder_builds_what_the_constructor_builds() -> None:
     assert [storable_text(v) for v in ("x", "", "\ud800", 3, "é")] == [
         True, False, False, False, True]
     assert utf8_encodable("") and not utf8_encodable("a\udfff")
-
-
-@settings(max_examples=examples(300), deadline=None)
-@given(st.dictionaries(st.text(), _values, max_size=8), st.booleans(), st.booleans())
-def test_compact_encoder_is_json_dumps(value: dict[str, Any], sort_keys: bool,
-                                       ensure_ascii: bool) -> None:
-    encode = compact_encoder(_default, sort_keys=sort_keys, ensure_ascii=ensure_ascii)
-    assert encode(value) == json.dumps(value, separators=(",", ":"), sort_keys=sort_keys,
-                                       ensure_ascii=ensure_ascii, default=_default)
-
-
-def test_compact_encoder_reports_a_cycle_like_json_dumps() -> None:
-    encode = compact_encoder(_default, sort_keys=False, ensure_ascii=False)
-    circular: dict[str, Any] = {"a": [1]}
-    circular["a"].append(circular)
-    _fails_twice_as_a_cycle(encode, circular)
-    assert encode({"é": [1, None]}) == '{"é":[1,null]}'
