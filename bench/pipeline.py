@@ -532,24 +532,33 @@ def _run(args: Any, sizes: list[int], mongo: Any, master: str) -> int:
                     return f"{name}-{n}" if stages is not None and rep == 0 else None
 
                 log(f"{n} #{rep + 1}: pipeline uniform")
-                (row["uniform_s"], counts, row["rss_uniform_mb"],
-                 row["uniform_cpu"]) = run_pipeline(spark, mongo.uri, uniform,
-                                                    group("pipeline-uniform"))
+                with ServerCpu(mongo.pid) as cpu:
+                    (row["uniform_s"], counts, row["rss_uniform_mb"],
+                     row["uniform_cpu"]) = run_pipeline(spark, mongo.uri, uniform,
+                                                        group("pipeline-uniform"))
+                row["uniform_server_cpu_s"] = cpu.seconds
                 row["uniform_counts"] = counts
                 log(f"{n} #{rep + 1}: pipeline skewed")
-                (row["skewed_s"], counts, row["rss_skewed_mb"],
-                 row["skewed_cpu"]) = run_pipeline(spark, mongo.uri, skewed,
-                                                   group("pipeline-skewed"))
+                with ServerCpu(mongo.pid) as cpu:
+                    (row["skewed_s"], counts, row["rss_skewed_mb"],
+                     row["skewed_cpu"]) = run_pipeline(spark, mongo.uri, skewed,
+                                                       group("pipeline-skewed"))
+                row["skewed_server_cpu_s"] = cpu.seconds
                 row["skewed_counts"] = counts
                 log(f"{n} #{rep + 1}: raw upsert")
-                row["raw_s"], row["raw_writes"] = run_raw(spark, mongo.uri, uniform,
-                                                          group("raw"))
+                with ServerCpu(mongo.pid) as cpu:
+                    row["raw_s"], row["raw_writes"] = run_raw(spark, mongo.uri, uniform,
+                                                              group("raw"))
+                row["raw_server_cpu_s"] = cpu.seconds
                 row["connector_s"] = row["connector_rows"] = None
+                row["connector_server_cpu_s"] = None
                 if connector:
                     log(f"{n} #{rep + 1}: connector")
                     try:
-                        row["connector_s"], row["connector_rows"] = run_connector(
-                            spark, mongo.uri, uniform, group("connector"))
+                        with ServerCpu(mongo.pid) as cpu:
+                            row["connector_s"], row["connector_rows"] = run_connector(
+                                spark, mongo.uri, uniform, group("connector"))
+                        row["connector_server_cpu_s"] = cpu.seconds
                     except Exception as exc:
                         connector_problem = (f"{connector} failed: "
                                              f"{str(exc).splitlines()[0][:300]}")
@@ -586,6 +595,9 @@ def _run(args: Any, sizes: list[int], mongo: Any, master: str) -> int:
         print(f"{'':>10} skewed outcomes  {r['skewed_counts']}")
         print(f"{'':>10} uniform workers  {r['uniform_cpu']}")
         print(f"{'':>10} skewed workers   {r['skewed_cpu']}")
+        print(f"{'':>10} MongoDB server CPU s (uniform, skewed, raw, connector): "
+              f"{r['uniform_server_cpu_s']}, {r['skewed_server_cpu_s']}, "
+              f"{r['raw_server_cpu_s']}, {r['connector_server_cpu_s']}")
         if len(reps[n]) > 1:
             print(f"{'':>10} per repetition (uniform, skewed, raw, connector s): " + "; ".join(
                 f"{x['uniform_s']:.2f}, {x['skewed_s']:.2f}, {x['raw_s']:.2f}, "
@@ -617,6 +629,10 @@ def _run(args: Any, sizes: list[int], mongo: Any, master: str) -> int:
         "repeat": args.repeat,
         "seconds": {str(n): {k: r[k] for k in ("uniform_s", "skewed_s", "raw_s", "connector_s")}
                     for n, r in rows.items()},
+        # CPU seconds the MongoDB server used during each scenario (it shares the cores).
+        "server_cpu_s": {str(n): {k: r[k] for k in (
+            "uniform_server_cpu_s", "skewed_server_cpu_s", "raw_server_cpu_s",
+            "connector_server_cpu_s")} for n, r in rows.items()},
         "connector": connector,
         # On success: the newer versions that could not be resolved (None if none).
         "connector_problem": connector_problem,
@@ -625,6 +641,31 @@ def _run(args: Any, sizes: list[int], mongo: Any, master: str) -> int:
     }
     print(json.dumps(result))
     return 0
+
+
+def process_cpu_s(pid: int | None) -> float:
+    """CPU seconds (user + system) a process used so far, from /proc (0 if unknown)."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class ServerCpu:
+    """The MongoDB server's CPU seconds over a ``with`` block (``.seconds``)."""
+
+    def __init__(self, pid: int | None) -> None:
+        self.pid, self.seconds = pid, 0.0
+
+    def __enter__(self) -> ServerCpu:
+        self._start = process_cpu_s(self.pid)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.seconds = round(process_cpu_s(self.pid) - self._start, 2)
 
 
 def _median(values: list[float]) -> float:
@@ -640,7 +681,8 @@ def _median_row(reps: list[dict[str, Any]]) -> dict[str, Any]:
         return reps[0]
     out = dict(reps[0])
     for key in ("uniform_s", "skewed_s", "raw_s", "connector_s", "rss_uniform_mb",
-                "rss_skewed_mb", "raw_writes", "connector_rows"):
+                "rss_skewed_mb", "raw_writes", "connector_rows", "uniform_server_cpu_s",
+                "skewed_server_cpu_s", "raw_server_cpu_s", "connector_server_cpu_s"):
         values = [r[key] for r in reps if r[key] is not None]
         out[key] = _median(values) if len(values) == len(reps) else None
     for key in ("uniform_cpu", "skewed_cpu"):
