@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from aggregates.core.errors import EnvelopeError
+from aggregates.core.fastbuild import utf8_encodable
 from aggregates.core.reasons import Reason
 from aggregates.message.envelope import MAX_RECORD_DEPTH, Message, json_depth
 from aggregates.wire import cloudevents
@@ -169,7 +170,7 @@ def check_row(rows: Rows, row: int, max_payload: int,
     if reason in _FINAL_REASONS:
         if len(raw) > _MAX_PARSED_CHARS:
             return None, reason, detail, _NO_IDS
-        decoded, failure = _decode(raw, binary, None, None)
+        decoded, _ = _decode(raw, binary, None, None)  # for the ids only
         return None, reason, detail, _ids(decoded, binary)
     decoded, failure = _decode(raw, binary, rows.traceparent(row), rows.tracestate(row))
     if failure is None:
@@ -181,13 +182,7 @@ def check_row(rows: Rows, row: int, max_payload: int,
 
 def _text(value: Any) -> str | None:
     """``value`` when it is a string that can be stored (UTF-8: no lone surrogate)."""
-    if type(value) is not str:
-        return None
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return None
-    return value
+    return value if type(value) is str and utf8_encodable(value) else None
 
 
 def _ids(decoded: Any, binary: Any) -> Ids:

@@ -169,7 +169,7 @@ def _size_limit(max_payload_bytes: int) -> int:
 
 def _projection_columns(max_payload_bytes: int, extra: Sequence[str], binary: bool
                         ) -> list[list[str]]:
-    """The columns the checks use, in three projections (each may use the previous one's);
+    """The columns the checks use, in five projections (each may use the previous one's);
     ``extra`` input columns are passed through; ``binary``: the input has the binary-mode
     CloudEvent headers column."""
     pre = ["_raw", "_src", "_o1", "_o2", *extra, "octet_length(_raw) AS _size",
@@ -210,7 +210,9 @@ def _projection_columns(max_payload_bytes: int, extra: Sequence[str], binary: bo
         f"CASE WHEN _ce THEN {ce_seq} ELSE try_cast(_j.source.seq AS BIGINT) END AS _source_seq",
         f"CASE WHEN _ce THEN {attr('time', 'time')} ELSE _j.occurred_at END AS _s_occurred_at",
     ]
-    return [pre, parse, ce, second]
+    # occurred_at as a number (Spark reads a JSON number's text), for _ts.
+    last = ["*", "try_cast(_s_occurred_at AS DOUBLE) AS _d_occurred_at"]
+    return [pre, parse, ce, second, last]
 
 
 #: Envelope field → the CloudEvent attribute it comes from (aggregates.wire.cloudevents).
@@ -314,10 +316,9 @@ def validate(df: Any, info: RegistryInfo, *, max_payload_bytes: int) -> Any:
         # order; the executor decides whether the record is valid). Limit: a digits-only
         # string reads as epoch milliseconds (Spark's text cannot tell "20260101" from
         # 20260101), whereas Message.from_dict reads it as an ISO basic date.
-        "CASE WHEN try_cast(_s_occurred_at AS DOUBLE) IS NOT NULL THEN "
-        f"CASE WHEN try_cast(_s_occurred_at AS DOUBLE) BETWEEN {MIN_EPOCH_MILLIS} AND "
-        f"{MAX_EPOCH_MILLIS} THEN "
-        "timestamp_millis(CAST(try_cast(_s_occurred_at AS DOUBLE) AS BIGINT)) END "
+        "CASE WHEN _d_occurred_at IS NOT NULL THEN "
+        f"CASE WHEN _d_occurred_at BETWEEN {MIN_EPOCH_MILLIS} AND {MAX_EPOCH_MILLIS} THEN "
+        "timestamp_millis(CAST(_d_occurred_at AS BIGINT)) END "
         "ELSE try_cast(_s_occurred_at AS TIMESTAMP) END AS _ts",
         "_src", "_o1", "_o2",
         *extra,
