@@ -27,7 +27,7 @@ Everything here is pure: no clock (the fold's ``now`` is the writer's), no I/O.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Final
 
 from aggregates.core.ids import AGGBOX_NAMESPACE, uuid5
@@ -41,6 +41,7 @@ __all__ = [
     "TIMER_SOURCE_TYPE",
     "Cancel",
     "Schedule",
+    "stored_due",
     "timer_message_id",
     "timer_source_id",
 ]
@@ -62,15 +63,35 @@ TIMER_HEADER: Final = "aggbox-timer"
 TIMER_SOURCE_TYPE: Final = "aggbox.timer"
 
 
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_US: Final = timedelta(microseconds=1)
+
+
+def stored_due(due: datetime) -> datetime:
+    """``due`` as a timer stores it: UTC, rounded *up* to the whole millisecond (a BSON date
+    holds milliseconds; rounding down would let the timer fire up to 0.999 ms before the
+    instant asked for). A naive ``due`` is taken as UTC. Raises ``OverflowError`` past
+    ``datetime.max``."""
+    due = due.replace(tzinfo=UTC) if due.tzinfo is None else due.astimezone(UTC)
+    sub_ms = due.microsecond % 1000
+    return due + timedelta(microseconds=1000 - sub_ms) if sub_ms else due
+
+
+def _due_ms(due: datetime) -> int:
+    """Milliseconds since the epoch of :func:`stored_due` of ``due`` (exact integers)."""
+    if due.tzinfo is None:  # as read by a client without tz_aware: BSON dates are UTC
+        due = due.replace(tzinfo=UTC)
+    return -(-((due - _EPOCH) // _US) // 1000)
+
+
 def timer_message_id(aggregate_type: str, aggregate_id: str, key: str, due: datetime,
                      cause: str) -> str:
     """The id of a timer's message: from the scheduling aggregate, the key, the due time
-    (UTC milliseconds) and the message whose handling scheduled it. Same inputs → same id,
-    so a timer published twice (a crash between the publish and its removal) is a duplicate
-    for its receiver."""
-    if due.tzinfo is None:  # as read by a client without tz_aware: BSON dates are UTC
-        due = due.replace(tzinfo=UTC)
-    ms = round(due.timestamp() * 1000)
+    (UTC milliseconds, as :func:`stored_due` stores it: a due time with sub-millisecond
+    precision counts as the next millisecond) and the message whose handling scheduled it.
+    Same inputs → same id, so a timer published twice (a crash between the publish and its
+    removal) is a duplicate for its receiver."""
+    ms = _due_ms(due)
     # Length-prefixed parts: an unambiguous encoding.
     name = (f"timer:{len(aggregate_type)}:{aggregate_type}{len(aggregate_id)}:{aggregate_id}"
             f"{len(key)}:{key}{ms}:{len(cause)}:{cause}")

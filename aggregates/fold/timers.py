@@ -30,6 +30,7 @@ from aggregates.domain.timers import (
     TIMER_SOURCE_TYPE,
     Cancel,
     Schedule,
+    stored_due,
     timer_message_id,
     timer_source_id,
 )
@@ -87,11 +88,12 @@ def _due(op: Schedule, i: int, now: datetime) -> datetime:
                 raise TimerError(f"Schedule #{i} ({op.key!r}): after must be a timedelta; "
                                  f"got {after!r}")
             due = now.astimezone(UTC) + after
+        # Stored as a BSON date: whole milliseconds, rounded up, so the timer never fires
+        # before the instant asked for.
+        return stored_due(due)
     except (OverflowError, ValueError) as exc:
         raise TimerError(f"Schedule #{i} ({op.key!r}): the due time is out of range "
                          f"({exc})") from None
-    # Stored as a BSON date: whole milliseconds.
-    return due.replace(microsecond=due.microsecond // 1000 * 1000)
 
 
 def _check_key(op: TimerOp, i: int) -> str:

@@ -54,16 +54,24 @@ class EntryEnvelope(NamedTuple):
 
 def entry_envelope(entry: Mapping[str, Any], *, document_id: Any,
                    source_type: str) -> EntryEnvelope:
-    """The input envelope of one stored outbox entry of the document ``document_id`` of
-    aggregate type ``source_type``. Raises :class:`InvalidEntry` when the entry cannot form a
-    valid envelope (a corrupted or hand-edited document)."""
+    """The input envelope of one stored outbox entry (or timer) of the document
+    ``document_id`` of aggregate type ``source_type``. The emitter is the entry's ``source``
+    aggregate, except for a timer (an entry with a ``timer`` field), whose emitter is the
+    scheduling aggregate: ``source_type``/``document_id``. Raises :class:`InvalidEntry` when
+    the entry cannot form a valid envelope (a corrupted or hand-edited document)."""
     entry_id = entry.get("id")
     if not isinstance(entry_id, str) or not entry_id:
         raise InvalidEntry(str(entry_id or "<missing>"), "the entry has no id", entry=entry)
     src = entry.get("source")
-    src_map: Mapping[str, Any] = src if isinstance(src, Mapping) else {}
-    emitter_type = str(src_map.get("type") or source_type)
-    emitter_id = str(src_map.get("id") if src_map.get("id") is not None else document_id)
+    if "timer" in entry:
+        # A timer (docs/design.md "Timers"): its source is the timer's own
+        # (``aggbox.timer``), its emitter the aggregate that scheduled it — the document
+        # that holds it.
+        emitter_type, emitter_id = source_type, str(document_id)
+    else:
+        src_map: Mapping[str, Any] = src if isinstance(src, Mapping) else {}
+        emitter_type = str(src_map.get("type") or source_type)
+        emitter_id = str(src_map.get("id") if src_map.get("id") is not None else document_id)
     target = entry.get("target")
     addressed = False
     if isinstance(target, Mapping) and target.get("type") and target.get("id") is not None:

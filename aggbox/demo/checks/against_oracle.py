@@ -13,7 +13,7 @@ from aggbox.demo.checks.base import SHOW, Check, Evidence, fmt, plural, state_of
 from aggbox.demo.oracle import Key, PendingTimer, bson_plain
 from aggbox.demo.oracle_rounds import expected_round_counts
 from aggregates.core.ids import raw_message_id
-from aggregates.domain.timers import timer_message_id
+from aggregates.domain.timers import stored_due, timer_message_id
 from aggregates.fold.document import F_TIMERS
 
 __all__ = [
@@ -128,8 +128,8 @@ def _timer_problems(key: Key, stored: dict[str, Any], want: PendingTimer) -> lis
     # Both are BSON dates (whole milliseconds): a delay of whole milliseconds is exact.
     if want.after is not None and abs(due - at - want.after) >= timedelta(milliseconds=1):
         out.append(f"due {due - at} after scheduling, expected {want.after}")
-    if want.at is not None and due != bson_plain(want.at):
-        out.append(f"due {due}, expected {bson_plain(want.at)}")
+    if want.at is not None and due != stored_due(want.at):  # rounded up to the ms
+        out.append(f"due {due}, expected {stored_due(want.at)}")
     tid = timer_message_id(key[0], key[1], str(stored.get("timer")), due,
                            str(stored.get("causation_id")))
     if stored.get("id") != tid:
