@@ -143,12 +143,17 @@ def _json_default(value: Any) -> Any:
 
 
 def envelope_json(envelope: Mapping[str, Any]) -> bytes:
-    """An envelope as compact UTF-8 JSON (one line)."""
+    """An envelope as compact UTF-8 JSON (one line); ``ValueError`` for a float NaN or
+    infinity (not JSON)."""
     return _ENCODER.encode(envelope).encode()
 
 
-# One encoder for every record (json.dumps with options builds a new one per call).
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_json_default)
+# One encoder for every record (json.dumps with options builds a new one per call). NaN and
+# infinities raise ValueError (not JSON): an envelope never holds one (Message.from_dict and
+# the fast path refuse them: the entry is dead-lettered invalid_outbox_entry naming the
+# field); this is the last guard, for whatever else is encoded here.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_json_default,
+                            allow_nan=False)
 
 
 def build_record(entry: Mapping[str, Any], *, collection: str, document_id: Any,

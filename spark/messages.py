@@ -1,8 +1,9 @@
 """The executor's helpers for input records: :func:`json_loads` (``json.loads``, faster on
-a whole record) and :func:`with_record_trace` (a Kafka record's trace headers into the
-envelope). The envelope check itself is :mod:`aggregates.message.fastpath`, the one shared by
-every reader of envelopes: :func:`fast_message` is re-exported from there (the executor builds
-the common valid envelope with it and leaves everything else to ``Message.from_dict``).
+a whole record, refusing ``NaN``/``Infinity``) and :func:`with_record_trace` (a Kafka
+record's trace headers into the envelope). The envelope check itself is
+:mod:`aggregates.message.fastpath`, the one shared by every reader of envelopes:
+:func:`fast_message` is re-exported from there (the executor builds the common valid
+envelope with it and leaves everything else to ``Message.from_dict``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import json.scanner
 from typing import Any
 
+from aggregates.core.jsonnumbers import NonJSONNumber, located, refuse_constant
 from aggregates.core.tracecontext import TRACEPARENT, TRACESTATE, trace_headers
 from aggregates.message.fastpath import fast_message
 
@@ -18,22 +20,30 @@ __all__ = ["fast_message", "json_loads", "with_record_trace"]
 
 
 _make_scanner: Any = json.scanner.make_scanner  # typeshed types it as the class it is
-_scan_once: Any = _make_scanner(json.JSONDecoder())  # as json.loads's decoder scans
+# As json.loads's decoder scans; NaN, Infinity and -Infinity raise (not JSON).
+_scan_once: Any = _make_scanner(json.JSONDecoder(parse_constant=refuse_constant))
 
 
 def json_loads(raw: str) -> Any:
-    """``json.loads(raw)``: the same value or the same exception. A record that is one JSON
-    value from its first to its last character is scanned directly, without ``loads``'s
-    wrapper (type and BOM checks, two white-space matches: as much CPU as the scan of a
-    small record); anything else goes through ``json.loads``."""
-    if type(raw) is str:
-        try:
-            value, end = _scan_once(raw, 0)
-        except Exception:  # not JSON at 0 (white space, BOM, junk): loads raises its error
-            return json.loads(raw)
-        if end == len(raw):
-            return value
-    return json.loads(raw)
+    """``json.loads(raw)``: the same value or the same exception — but a record holding
+    ``NaN``, ``Infinity`` or ``-Infinity`` raises
+    :class:`~aggregates.core.jsonnumbers.NonJSONNumber` naming the field. A record that is
+    one JSON value from its first to its last character is scanned directly, without
+    ``loads``'s wrapper (type and BOM checks, two white-space matches: as much CPU as the
+    scan of a small record); anything else goes through ``json.loads``."""
+    try:
+        if type(raw) is str:
+            try:
+                value, end = _scan_once(raw, 0)
+            except NonJSONNumber:
+                raise
+            except Exception:  # not JSON at 0 (white space, BOM, junk): loads raises its error
+                return json.loads(raw, parse_constant=refuse_constant)
+            if end == len(raw):
+                return value
+        return json.loads(raw, parse_constant=refuse_constant)
+    except NonJSONNumber:
+        raise located(raw) from None
 
 
 def with_record_trace(decoded: Any, traceparent: str | None, tracestate: str | None) -> Any:

@@ -21,6 +21,7 @@ from typing import Any
 
 from aggregates.core.errors import EnvelopeError
 from aggregates.core.fastbuild import utf8_encodable
+from aggregates.core.jsonnumbers import NonJSONNumber
 from aggregates.core.reasons import Reason
 from aggregates.message.envelope import MAX_RECORD_DEPTH, Message, json_depth
 from aggregates.wire import cloudevents
@@ -62,8 +63,10 @@ def _is_cloudevent(decoded: Any) -> bool:
 def _decode(raw: str, binary: Any, traceparent: str | None, tracestate: str | None,
             ) -> tuple[Any, tuple[str, str] | None]:
     """The record's JSON value (None for a binary-mode CloudEvent, whose value is the data)
-    with the record's trace headers filled in, or why it has none. The depth is checked
-    before parsing (Spark checks it too): never recurse."""
+    with the record's trace headers filled in, or why it has none (a record holding NaN or
+    Infinity is ``invalid_json`` naming the field; its value, for the ids it names, is
+    returned with the failure). The depth is checked before parsing (Spark checks it too):
+    never recurse."""
     if binary is not None:
         return None, None
     try:
@@ -73,6 +76,8 @@ def _decode(raw: str, binary: Any, traceparent: str | None, tracestate: str | No
                 f"the record nests arrays/objects {depth} levels deep; at most "
                 f"{MAX_RECORD_DEPTH} are accepted: flatten the payload"))
         decoded = json_loads(raw)
+    except NonJSONNumber as exc:  # NaN/Infinity: Python's json reads them, JSON has none
+        return exc.decoded, (Reason.INVALID_JSON, f"not valid JSON: {exc}")
     except (ValueError, RecursionError) as exc:  # JSON the JVM accepted, Python does not
         return None, (Reason.INVALID_JSON, f"not valid JSON: {exc}")
     if traceparent is not None and not _is_cloudevent(decoded):
@@ -84,6 +89,8 @@ def _envelope_reason(exc: EnvelopeError) -> str:
     """By the error's code, never its text: a depth code counts for the payload only."""
     if exc.code == Reason.PAYLOAD_TOO_LARGE:
         return Reason.PAYLOAD_TOO_LARGE
+    if exc.code == Reason.INVALID_JSON:  # NaN or infinity in the payload (e.g. 1e400)
+        return Reason.INVALID_JSON
     if exc.code == Reason.PAYLOAD_TOO_DEEP and exc.field.startswith("payload"):
         return Reason.PAYLOAD_TOO_DEEP
     return Reason.INVALID_ENVELOPE

@@ -12,7 +12,10 @@ reason                     when
 ========================== ==============================================================
 ``invalid_encoding``       the record is not valid UTF-8 (the executor's detail gives the
                            byte offset)
-``invalid_json``           the record is empty (no value)
+``invalid_json``           the record is empty (no value); a record that is not JSON, or
+                           holds ``NaN``/``Infinity`` (not JSON: Jackson's
+                           ``allowNonNumericNumbers`` is off), reads as all NULL here
+                           (``invalid_envelope``) and the executor names it ``invalid_json``
 ``payload_too_large``      the record is far larger than ``max_payload_bytes`` (the exact
                            BSON size check happens in the executor, same reason code), or
                            larger than 16 MiB
@@ -100,6 +103,13 @@ _FIELDS: Final = (
     "aggregatetype STRING, time STRING, sourceseq STRING"
 )
 
+#: SQL: ``from_json``'s options. Jackson reads ``NaN``, ``Infinity``, ``-Infinity`` (and
+#: ``INF``…) as numbers unless told not to (Spark's default is to allow them): JSON has no
+#: such numbers, so such a record does not parse here (its payload reads as NULL: Spark's
+#: ``invalid_envelope``), and the executor, whose parse refuses them too, replaces that with
+#: ``invalid_json`` naming the field (:func:`aggregates.core.jsonnumbers.loads`).
+_JSON_OPTIONS: Final = "map('allowNonNumericNumbers', 'false')"
+
 #: SQL: whether ``_raw`` has a JSON escape of a lone surrogate (escaped backslashes removed
 #: first); only searched when ``_raw`` has a ``\u`` escape at all.
 _LONE_SURROGATE: Final = (
@@ -182,7 +192,7 @@ def _projection_columns(max_payload_bytes: int, extra: Sequence[str], binary: bo
     # pass are parsed. A binary-mode CloudEvent's value is the data: not parsed here.
     parse = ["*", "CASE WHEN NOT _bad_utf8 AND NOT _surrogate AND NOT _ce_bin AND "
                   f"_size <= {_size_limit(max_payload_bytes)} "
-                  f"THEN from_json(_raw, {_lit(_FIELDS)}) END AS _j"]
+                  f"THEN from_json(_raw, {_lit(_FIELDS)}, {_JSON_OPTIONS}) END AS _j"]
     ce = ["*", "NOT _ce_bin AND _j.specversion IS NOT NULL AS _ce_struct"]
     if binary:
         def attr(header: str, name: str) -> str:

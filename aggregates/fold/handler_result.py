@@ -16,6 +16,7 @@ from aggregates.core.errors import AggboxError, HandlerError, InvalidFieldName
 from aggregates.core.fastbuild import storable_text
 from aggregates.core.fieldnames import check_field_names
 from aggregates.core.ids import emitted_message_id
+from aggregates.core.jsonnumbers import NonJSONNumber
 from aggregates.core.tracecontext import trace_headers
 from aggregates.domain.aggregate import AggregateRef, AggregateType, Emit, dump_payload_checked
 from aggregates.fold.document import Snapshot
@@ -75,10 +76,12 @@ def outbox_entries(atype: AggregateType[Any], snap: Snapshot, msg: Message,
             if problem is not None:
                 raise EmitError(f"Emit({etype!r}) #{i}: {problem}")
         if not trusted:
-            try:
-                check_field_names(payload, f"emit[{i}].payload")
+            try:  # keys, and no NaN or infinity: what is published must be JSON
+                check_field_names(payload, f"emit[{i}].payload", finite=True)
             except InvalidFieldName as exc:
                 raise EmitError(str(exc)) from None
+            except NonJSONNumber as exc:
+                raise EmitError(f"Emit({etype!r}) #{i}: {exc}") from None
         entry: dict[str, Any] = {
             "id": emitted_message_id(type_name, agg_id, cause, i),
             "type": etype,

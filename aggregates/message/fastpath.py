@@ -19,10 +19,10 @@ test_envelope_fastpath.py`` holds the two equal on any JSON object and hostile v
 - strings can only hold a lone surrogate when the raw text has a ``\\u`` escape or is not
   ASCII; then each string is checked;
 - the payload is a ``dict`` of JSON values whose keys pass the field-name rules, whose
-  integers fit BSON's int64, at most 60 levels deep, and whose raw record is small enough
-  that its BSON size cannot exceed ``max_payload_bytes`` (a BSON element takes at most
-  :data:`_BSON_PER_CHAR` bytes per character of its JSON text), so ``bson.encode`` is not
-  needed to prove it fits;
+  integers fit BSON's int64, whose floats are finite (NaN and infinity are not JSON), at
+  most 60 levels deep, and whose raw record is small enough that its BSON size cannot
+  exceed ``max_payload_bytes`` (a BSON element takes at most :data:`_BSON_PER_CHAR` bytes
+  per character of its JSON text), so ``bson.encode`` is not needed to prove it fits;
 - ``occurred_at`` is absent, ``YYYY-MM-DDTHH:MM:SS[.fff[fff]]Z`` or anything
   :func:`~aggregates.message.envelope.parse_time` accepts; ``source``, ``headers`` and
   ``schema_version`` are absent or of their plain form.
@@ -33,6 +33,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from datetime import datetime
+from math import isfinite as _isfinite
 from typing import Any, Final, TypeGuard
 
 from aggregates.core.errors import EnvelopeError
@@ -97,8 +98,8 @@ def id_ok(value: Any, escapes: bool) -> TypeGuard[str]:
 
 
 def plain_payload(value: Any, escapes: bool, depth: int = 0) -> bool:
-    """``check_field_names`` passes and ``bson.encode`` can encode ``value`` (a dict or list
-    of JSON values)."""
+    """``check_field_names`` passes (no NaN or infinity either) and ``bson.encode`` can
+    encode ``value`` (a dict or list of JSON values)."""
     if depth > _MAX_WALK_DEPTH:
         return False
     items = value.items() if type(value) is dict else enumerate(value)
@@ -116,7 +117,10 @@ def plain_payload(value: Any, escapes: bool, depth: int = 0) -> bool:
         elif t is dict or t is list:
             if not plain_payload(item, escapes, depth + 1):
                 return False
-        elif t is not float and t is not bool and item is not None:
+        elif t is float:
+            if not _isfinite(item):  # NaN or infinity: not JSON (from_dict names it)
+                return False
+        elif t is not bool and item is not None:
             return False
     return True
 

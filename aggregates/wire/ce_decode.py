@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+from aggregates.core import jsonnumbers
 from aggregates.core.errors import EnvelopeError
 from aggregates.core.tracecontext import TRACEPARENT, TRACESTATE, trace_headers
 from aggregates.message.envelope import (
@@ -287,7 +288,7 @@ def _data(value: bytes | str | None) -> Any:
         raise CloudEventError("data", f"nests arrays/objects {depth} levels deep; at most "
                               f"{MAX_RECORD_DEPTH} are accepted: flatten the payload")
     try:
-        return json.loads(value)
+        return jsonnumbers.loads(value)  # NaN/Infinity: not JSON, naming the field
     except (ValueError, RecursionError) as exc:
         raise CloudEventError("data", f"is not valid JSON: {exc}") from None
 

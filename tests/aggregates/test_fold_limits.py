@@ -48,6 +48,10 @@ _BAD_EMITS: dict[str, Any] = {
     "topic-int": Emit("E", {}, topic=5),  # type: ignore[arg-type]
     "key-empty": Emit("E", {}, key=""),
     "not-emit": ("E", {}),
+    # Not JSON: the dispatcher could not publish them (docs/reasons.md "invalid_emit").
+    "nan": Emit("E", {"x": float("nan")}),
+    "inf-nested": Emit("E", {"l": [1, {"y": float("inf")}]}),
+    "minus-inf": Emit("E", {"z": -float("inf")}),
 }
 
 
@@ -75,6 +79,18 @@ def test_a_malformed_emit_is_invalid_emit_and_the_rest_applies(kind: str) -> Non
     assert r.snapshot.state is not None and r.snapshot.state["n"] == 2
     assert len(r.changes.outbox) == 1
     assert [d.reason for d in r.dead_letters] == [Reason.INVALID_EMIT]
+
+
+@pytest.mark.parametrize(("kind", "where", "what"), [
+    ("nan", "emit[0].payload.x", "NaN"), ("inf-nested", "emit[0].payload.l[1].y", "Infinity"),
+    ("minus-inf", "emit[0].payload.z", "-Infinity")])
+def test_an_emit_holding_nan_or_infinity_names_the_field(kind: str, where: str,
+                                                         what: str) -> None:
+    r = run(msg("bad", emit=kind))
+    got, reason, detail = outcome(r, "bad")
+    assert (got, reason) == ("dead_lettered", Reason.INVALID_EMIT)
+    assert f"{where}: {what}" in detail and "is not JSON" in detail, detail
+    assert not r.changes.outbox
 
 
 def test_valid_emit_fields_are_accepted() -> None:

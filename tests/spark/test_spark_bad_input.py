@@ -341,3 +341,48 @@ def test_steps_that_can_never_fit_are_dead_letters_not_parked(
         == ("dead_lettered", "state_too_large")
     assert all("never" in rows[m]["detail"] for m in ("too-many", "huge-state"))
     assert db.aggbox_parked.count_documents({}) == 0
+
+
+#: Where the fuzz corpus puts its numbers (tests/spark/test_spark_fuzz.py, case 8) and more:
+#: field the detail names → the record's text around the number ``@N@``.
+_NUMBER_PLACES = {
+    "payload.extra": '"payload": {"amount": 1, "extra": @N@}',
+    "payload.items[1].v": '"payload": {"amount": 1, "items": [1, {"v": @N@}]}',
+    "occurred_at": '"payload": {"amount": 1}, "occurred_at": @N@',
+    "source.seq": '"payload": {"amount": 1}, "source": {"type": "F", "id": "f", "seq": @N@}',
+}
+
+
+def test_nan_and_infinity_anywhere_are_invalid_json_naming_the_field(
+        pipeline: PipelineFactory, db: Any, tmp_path: Path) -> None:
+    from tests.spark.test_spark_fuzz import RAW_NUMBERS
+
+    constants = [n for n in RAW_NUMBERS if n.lstrip("-") in ("NaN", "Infinity")]
+    assert constants == ["NaN", "Infinity", "-Infinity"]
+    lines: list[str] = []
+    expected: dict[str, str] = {}  # message id → what the detail says
+    for i, (field, place) in enumerate(_NUMBER_PLACES.items()):
+        for j, const in enumerate(constants):
+            mid = f"num-{i}-{j}"
+            lines.append(f'{{"message_id": "{mid}", "type": "Deposited", "aggregate_type": '
+                         f'"Account", "aggregate_id": "acc-num", {place.replace("@N@", const)}}}')
+            expected[mid] = f"{field}: {const} is not JSON"
+    # A number beyond a double's range reads as infinity in Python: refused the same way.
+    lines.append('{"message_id": "num-big", "type": "Deposited", "aggregate_type": "Account", '
+                 '"aggregate_id": "acc-num", "payload": {"amount": 1e400}}')
+    expected["num-big"] = "'payload.amount': Infinity (or a number beyond 1.8e308) is not JSON"
+
+    result, rows, good = _run_with_good(pipeline, tmp_path, lines)
+
+    assert result.input_count == len(good) + len(lines) == result.total
+    assert result.counts["applied"] == len(good)
+    assert result.counts["dead_lettered"] == len(lines)
+    by_id = {r["message_id"]: r for r in rows}
+    assert set(by_id) == set(expected)  # the record's own id, though it did not parse
+    for mid, text in expected.items():
+        row = by_id[mid]
+        assert (row["outcome"], row["reason"]) == ("dead_lettered", "invalid_json"), row
+        assert text in row["detail"], (mid, row["detail"])
+    letters = list(db.aggbox_dead_letters.find({"reason": "invalid_json"}))
+    assert sorted(d["message_id"] for d in letters) == sorted(expected)
+    assert db.accounts.count_documents({"_id": "acc-num"}) == 0

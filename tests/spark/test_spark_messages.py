@@ -167,6 +167,9 @@ JSON_SAMPLES = ['{"a": 1}', ' {"a": 1}', '{"a": 1} ', '{"a": 1}\n', '\ufeff{"a":
 
 
 def loads_result(raw: str) -> tuple[str, str]:
+    """The executor's parse and the reference: ``json.loads`` refusing NaN and Infinity
+    (:func:`aggregates.core.jsonnumbers.loads`)."""
+    from aggregates.core.jsonnumbers import loads
     from spark.messages import json_loads
 
     try:
@@ -174,7 +177,7 @@ def loads_result(raw: str) -> tuple[str, str]:
     except Exception as exc:
         fast = f"{type(exc).__name__}: {exc}"
     try:
-        slow = repr(json.loads(raw))
+        slow = repr(loads(raw))
     except Exception as exc:
         slow = f"{type(exc).__name__}: {exc}"
     return fast, slow
@@ -184,6 +187,11 @@ def loads_result(raw: str) -> tuple[str, str]:
 def test_json_loads_is_json_loads(raw: str) -> None:
     fast, slow = loads_result(raw)
     assert fast == slow
+
+
+def test_json_loads_refuses_nan_and_infinity_naming_the_field() -> None:
+    fast, _ = loads_result('{"a": 1, "p": {"l": [NaN]}, "b": -Infinity}')
+    assert fast.startswith("NonJSONNumber: p.l[0]: NaN is not JSON"), fast
 
 
 @settings(max_examples=examples(300), deadline=None)
