@@ -19,6 +19,7 @@ from aggregates.codec import StateCodec, StateCodecError
 from aggregates.core.errors import (
     AggboxError,
     ConfigurationError,
+    DeploymentError,
     EnvelopeError,
     HandlerError,
     InvalidFieldName,
@@ -66,6 +67,7 @@ __all__ = [
     "AggregateType",
     "Cancel",
     "ConfigurationError",
+    "DeploymentError",
     "Effect",
     "EffectCall",
     "EffectError",

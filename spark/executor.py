@@ -36,6 +36,7 @@ from aggregates.message.outcomes import Outcome
 from aggregates.store.deadletters import DeadLetterStore
 from aggregates.store.writer import StoreWriter, utc_now
 from spark.records import Ids, Rows, check_row
+from spark.results import SAMPLED
 from spark.schema import OUTCOME_COLUMNS, outcome_columns
 
 __all__ = ["STATS_COLUMN", "STATS_KEYS", "WriterTask", "get_client", "get_registry",
@@ -232,10 +233,12 @@ def with_stats(outcomes: Iterator[Any]) -> Iterator[Any]:
     import pyarrow as pa
 
     counts: dict[tuple[Any, ...], int] = {}
+    samples: dict[tuple[Any, ...], tuple[str, str | None]] = {}
     pending: Any = None
     for batch in outcomes:
         if batch.num_rows == 0:
             continue
+        _sample(batch, samples)
         grouped = pa.Table.from_batches([batch]).group_by(
             list(STATS_KEYS), use_threads=False).aggregate([([], "count_all")])
         for row in grouped.to_pylist():
@@ -245,9 +248,32 @@ def with_stats(outcomes: Iterator[Any]) -> Iterator[Any]:
             yield _with_stats_column(pending, pa.nulls(pending.num_rows, pa.string()))
         pending = batch
     if pending is not None:
-        stats = json.dumps([[*k, n] for k, n in counts.items()])
+        stats = json.dumps([[*k, n, *samples.get(k, ())] for k, n in counts.items()])
         column = pa.array([None] * (pending.num_rows - 1) + [stats], type=pa.string())
         yield _with_stats_column(pending, column)
+
+
+def _sample(batch: Any, samples: dict[tuple[Any, ...], tuple[str, str | None]]) -> None:
+    """Per :data:`STATS_KEYS` group of the batch's dead-lettered and parked rows
+    (:data:`spark.results.SAMPLED`), keep the smallest message id and the first line of its
+    detail (what the command's summary shows)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    mask = pc.is_in(batch.column("outcome"), value_set=pa.array(SAMPLED))
+    if not pc.any(mask).as_py():
+        return
+    rows = batch.filter(mask)
+    keys = [rows.column(k).to_pylist() for k in STATS_KEYS]
+    ids = rows.column("message_id").to_pylist()
+    details = (rows.column("detail").to_pylist() if "detail" in rows.schema.names
+               else [None] * len(ids))
+    for i, mid in enumerate(ids):
+        key = tuple(c[i] for c in keys)
+        known = samples.get(key)
+        if known is None or mid < known[0]:
+            detail = details[i]
+            samples[key] = (mid, detail.strip().split("\n", 1)[0][:1000] if detail else None)
 
 
 def _with_stats_column(batch: Any, column: Any) -> Any:

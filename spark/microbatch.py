@@ -72,6 +72,7 @@ def _result_json(r: RunResult) -> str:
         "reasons": [[*k, n] for k, n in r.reasons.items()],
         "by_type": [[*k, n] for k, n in r.by_type.items()],
         "outcomes_path": r.outcomes_path, "batch_id": r.batch_id, "seconds": r.seconds,
+        "samples": [[*k, *v] for k, v in r.samples.items()],
     })
 
 
@@ -81,7 +82,8 @@ def _result_from_json(text: str) -> RunResult:
         run_id=d["run_id"], input_count=d["input_count"], counts=d["counts"],
         reasons={(o, r): n for o, r, n in d["reasons"]},
         by_type={(a, m, o, r): n for a, m, o, r, n in d["by_type"]},
-        outcomes_path=d["outcomes_path"], batch_id=d["batch_id"], seconds=d["seconds"])
+        outcomes_path=d["outcomes_path"], batch_id=d["batch_id"], seconds=d["seconds"],
+        samples={(o, r): (m, t) for o, r, m, t in d.get("samples", [])})
 
 
 class BatchViews:

@@ -229,7 +229,7 @@ class Pipeline:
         if observed_in and observed_out:
             if input_count is None:
                 input_count = int(observed_in["rows"])
-            counts, reasons, by_type = counts_from_observed(observed_out)
+            counts, reasons, by_type, samples = counts_from_observed(observed_out)
         else:  # no observed values: count with jobs of their own
             log.warning("the session returned no observed counts; counting with extra jobs")
             if outcomes is None:
@@ -237,12 +237,13 @@ class Pipeline:
                                       "outcomes were not kept: the run cannot be accounted")
             if input_count is None:
                 input_count = int(raw.count())
-            counts, reasons, by_type = count_outcomes(outcomes)
+            counts, reasons, by_type, samples = count_outcomes(outcomes)
         if not keep_outcomes and not outcomes_path:
             outcomes = None
         return RunResult(run_id=run_id, input_count=input_count, counts=counts,
                          reasons=reasons, by_type=by_type, outcomes=outcomes, outcomes_path=target,
-                         batch_id=batch_id, seconds=time.monotonic() - started)
+                         batch_id=batch_id, seconds=time.monotonic() - started,
+                         samples=samples)
 
     # -- batch ---------------------------------------------------------------------------
     def run_batch(

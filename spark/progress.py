@@ -120,9 +120,10 @@ def summary_table(title: str, input_count: int, counts: dict[str, int],
                   reasons: dict[tuple[str, str], int]) -> Table:
     """Outcomes with their reasons; ``unaccounted`` (a bug) is shown when not zero."""
     table = Table(title=title, title_justify="left")
-    table.add_column("outcome")
-    table.add_column("reason")
-    table.add_column("messages", justify="right")
+    # Names are folded, never cut to "invalid_handler_…" on a narrow terminal.
+    table.add_column("outcome", overflow="fold")
+    table.add_column("reason", overflow="fold")
+    table.add_column("messages", justify="right", no_wrap=True)
     table.add_row("input", "", str(input_count), style="bold")
     for kind in OUTCOME_KINDS:
         table.add_row(kind, "", str(counts.get(kind, 0)))
@@ -144,8 +145,8 @@ def by_type_table(by_type: dict[tuple[str, str, str, str], int], *, top: int = 2
     counts, then how many more rows there are."""
     table = Table(title="by aggregate and message type", title_justify="left")
     for name in ("aggregate_type", "message_type", "outcome", "reason"):
-        table.add_column(name)
-    table.add_column("messages", justify="right")
+        table.add_column(name, overflow="fold")
+    table.add_column("messages", justify="right", no_wrap=True)
     rows = sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0]))
     for (atype, mtype, outcome, reason), n in rows[:top]:
         table.add_row(escape(atype), escape(mtype), outcome, escape(reason), str(n))

@@ -14,8 +14,12 @@ from typing import Any
 from aggregates.core.errors import AggboxError
 from aggregates.message.outcomes import OUTCOME_KINDS
 
-__all__ = ["AccountingError", "RunResult", "StreamResult", "count_outcomes",
+__all__ = ["SAMPLED", "AccountingError", "RunResult", "StreamResult", "count_outcomes",
            "counts_from_observed", "counts_from_stats", "new_run_id"]
+
+
+#: The outcomes whose reasons get a sample (:attr:`RunResult.samples`).
+SAMPLED = ("dead_lettered", "parked")
 
 
 class AccountingError(AggboxError):
@@ -41,6 +45,10 @@ class RunResult:
     outcomes_path: str | None = None
     batch_id: int | None = None
     seconds: float = 0.0
+    #: (outcome, reason) → (message id, detail) of one dead-lettered or parked input record
+    #: with that reason: the smallest message id (so it does not depend on how the input was
+    #: partitioned) and its outcome's detail.
+    samples: dict[tuple[str, str], tuple[str, str | None]] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -111,28 +119,51 @@ class StreamResult:
         return sum(b.seconds for b in self.batches)
 
     @property
+    def samples(self) -> dict[tuple[str, str], tuple[str, str | None]]:
+        """Per (outcome, reason): the sample of the first micro-batch that had one."""
+        out: dict[tuple[str, str], tuple[str, str | None]] = {}
+        for b in self.batches:
+            for k, v in b.samples.items():
+                out.setdefault(k, v)
+        return out
+
+    @property
     def ok(self) -> bool:
         return all(b.ok for b in self.batches)
 
 
 
-Counts = tuple[dict[str, int], dict[tuple[str, str], int], dict[tuple[str, str, str, str], int]]
+Samples = dict[tuple[str, str], tuple[str, str | None]]
+Counts = tuple[dict[str, int], dict[tuple[str, str], int], dict[tuple[str, str, str, str], int],
+               Samples]
 
 
 def count_outcomes(outcomes: Any) -> Counts:
     """``counts`` (per outcome kind, ``released_<kind>``, ``total``), ``reasons`` (per
-    outcome and reason, input records only) and ``by_type`` (see :attr:`RunResult.by_type`),
-    from one Spark job: a single groupBy over every column they need."""
+    outcome and reason, input records only), ``by_type`` (see :attr:`RunResult.by_type`)
+    and ``samples`` (:attr:`RunResult.samples`), from a groupBy over every column they
+    need, and one over the dead-lettered and parked rows for the samples."""
+    from pyspark.sql import functions as F
+
     rows = outcomes.groupBy("outcome", "from_parked", "reason", "aggregate_type",
                             "message_type").count().collect()
-    return _fold((r["outcome"], r["from_parked"], r["reason"], r["aggregate_type"],
-                  r["message_type"], r["count"]) for r in rows)
+    firsts = (outcomes.where(F.col("outcome").isin(*SAMPLED) & ~F.col("from_parked")
+                             & F.col("reason").isNotNull())
+              .groupBy("outcome", "reason")
+              .agg(F.min(F.struct("message_id", "detail")).alias("first")).collect())
+    counts, reasons, by_type, _ = _fold((r["outcome"], r["from_parked"], r["reason"],
+                                         r["aggregate_type"], r["message_type"], r["count"])
+                                        for r in rows)
+    samples = {(str(r["outcome"]), str(r["reason"])): (str(r["first"]["message_id"]),
+                                                       r["first"]["detail"]) for r in firsts}
+    return counts, reasons, by_type, samples
 
 
 def counts_from_stats(stats: Iterable[str]) -> Counts:
     """What :func:`count_outcomes` returns, from the executors' own counts: one JSON text
     per partition (:func:`spark.executor.with_stats`), each a list of
-    ``[outcome, from_parked, reason, aggregate_type, message_type, n]``."""
+    ``[outcome, from_parked, reason, aggregate_type, message_type, n]``, followed by
+    ``message_id, detail`` of the group's sample for the :data:`SAMPLED` outcomes."""
     return _fold(tuple(row) for text in stats for row in json.loads(text))
 
 
@@ -141,21 +172,26 @@ def counts_from_observed(observed_out: Any) -> Counts:
     ``stats`` and ``rows`` of the outcomes' ``Observation``), checked against the number of
     outcome rows: they differ only by a bug, which fails the run."""
     stats = [t for t in str(observed_out["stats"] or "").split("\n") if t]
-    counts, reasons, by_type = counts_from_stats(stats)
+    counts, reasons, by_type, samples = counts_from_stats(stats)
     released = sum(v for k, v in counts.items() if k.startswith("released_"))
     if counts["total"] + released != int(observed_out["rows"]):
         raise AccountingError(
             f"the executors counted {counts} but returned {observed_out['rows']} "
             "outcome rows; this is a bug, please report it with the outcome log")
-    return counts, reasons, by_type
+    return counts, reasons, by_type, samples
 
 
 def _fold(rows: Iterable[tuple[Any, ...]]) -> Counts:
     counts: dict[str, int] = {k: 0 for k in OUTCOME_KINDS}
     reasons: dict[tuple[str, str], int] = {}
     by_type: dict[tuple[str, str, str, str], int] = {}
-    for outcome, from_parked, reason, atype, mtype, count in rows:
+    samples: Samples = {}
+    for outcome, from_parked, reason, atype, mtype, count, *sample in rows:
         n = int(count)
+        if sample and reason is not None and not from_parked:
+            sk = (str(outcome), str(reason))
+            if sk not in samples or str(sample[0]) < samples[sk][0]:
+                samples[sk] = (str(sample[0]), sample[1])
         key = f"released_{outcome}" if from_parked else str(outcome)
         counts[key] = counts.get(key, 0) + n
         if reason is not None and not from_parked:
@@ -164,4 +200,4 @@ def _fold(rows: Iterable[tuple[Any, ...]]) -> Counts:
         tk = (atype or "", mtype or "", key, reason or "")
         by_type[tk] = by_type.get(tk, 0) + n
     counts["total"] = sum(counts[k] for k in OUTCOME_KINDS)
-    return counts, reasons, by_type
+    return counts, reasons, by_type, samples

@@ -24,6 +24,7 @@ class _Result:
         self.reasons = {("dead_lettered", "handler_error"): 1}
         self.by_type = {("Order", "PlaceOrder", "applied", ""): 1,
                         ("Order", "PlaceOrder", "dead_lettered", "handler_error"): 1}
+        self.samples = {("dead_lettered", "handler_error"): ("m-2", "RuntimeError: boom\nmore")}
 
     def summary(self) -> dict[str, Any]:
         return {"run_id": self.run_id, "input": self.input_count, **self.counts}
@@ -44,11 +45,19 @@ def test_run_json_prints_only_json_on_stdout(monkeypatch: pytest.MonkeyPatch,
             "--no-progress", "--mongodb-uri", "mongodb://127.0.0.1:9/"]
     rc = main([*argv, "--json"] if as_json else argv)
     out, err = capsys.readouterr()
-    assert rc == 0
+    assert rc == 3  # a dead letter: not ok (docs/operations.md "Exit status")
     if as_json:
         summary = json.loads(out)  # the whole of stdout
         assert summary["applied"] == 1 and summary["reasons"] == {
             "dead_lettered/handler_error": 1}
+        assert summary["ok"] is False and "1 record(s) dead-lettered" in summary["problem"]
+        [row] = summary["by_reason"]
+        assert row["first_message_id"] == "m-2" and row["first_error"] == "RuntimeError: boom"
+        assert row["command"].startswith("aggbox deadletters list --reason handler_error")
         assert "aggbox run r-1" in err  # the table went to stderr
+        assert "all of them: aggbox deadletters list --reason handler_error" in err
     else:
         assert "aggbox run r-1" in out and "{" not in out
+        assert "    RuntimeError: boom\n" in out and "more" not in out
+    assert main([*argv, "--allow-dead-letters"]) == 0
+    assert main([*argv, "--max-dead-letters", "1"]) == 0

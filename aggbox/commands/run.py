@@ -15,10 +15,10 @@ itself (docs/design.md, "Layering").
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from typing import Any
 
 from aggbox.commands.options import (
@@ -28,7 +28,8 @@ from aggbox.commands.options import (
     key_values,
     overrides,
 )
-from aggbox.commands.run_summary import by_type_rows, write_metrics
+from aggbox.commands.run_summary import by_type_rows, count_arg, deployment_line, write_metrics
+from aggbox.commands.run_summary import finish as _finish
 from aggregates.core.errors import AggboxError, ConfigurationError
 from aggregates.core.settings import AggboxSettings
 from spark.settings import SparkSettings
@@ -66,8 +67,11 @@ exit) or an interval such as "10 seconds" (runs until Ctrl-C or --timeout).
 """
 
 _EXIT_CODES = """\
-exit status: 0 success; 1 the job failed (error message above); 2 bad usage;
-3 with --fail-on-dead-letters when a record was dead-lettered or parked.
+exit status: 0 ok: every record applied, duplicate or parked (and no more dead-lettered than
+--max-dead-letters allows); 1 the job failed (one line above, e.g. a handler that cannot
+import a module: nothing was dead-lettered); 2 bad usage; 3 records were dead-lettered (or,
+with --fail-on-dead-letters, parked): the summary lists them by reason. --json's "ok" is true
+exactly when the status is 0.
 """
 
 _A, _S = AggboxSettings, SparkSettings
@@ -113,8 +117,14 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
                              "terminal)")
     parser.add_argument("--json", action="store_true",
                         help="one JSON line on stdout, nothing else (the tables go to stderr)")
-    parser.add_argument("--fail-on-dead-letters", action="store_true",
-                        help="exit with status 3 when any record was dead-lettered or parked")
+    tolerance = parser.add_mutually_exclusive_group()
+    tolerance.add_argument("--max-dead-letters", type=count_arg, default=0, metavar="N",
+                           help="the run is still ok (exit status 0) with up to N dead-lettered "
+                                "records (default 0: any dead letter gives exit status 3)")
+    tolerance.add_argument("--allow-dead-letters", action="store_true",
+                           help="the run is ok however many records were dead-lettered")
+    tolerance.add_argument("--fail-on-dead-letters", action="store_true",
+                           help="exit with status 3 also when a record was parked")
     parser.add_argument("--metrics-file", metavar="PATH",
                         help="write outcome counts by aggregate type, message type, outcome "
                              "and reason to PATH in the Prometheus text format (atomically; "
@@ -226,23 +236,6 @@ class _Context:
             self.spark.stop()
 
 
-def _finish(ctx: _Context, title: str, summary: dict[str, Any], input_count: int,
-            counts: dict[str, int], reasons: dict[tuple[str, str], int], ok: bool,
-            by_type: dict[tuple[str, str, str, str], int] | None = None) -> int:
-    from spark.progress import by_type_table, summary_table
-
-    ctx.out.print(summary_table(title, input_count, counts, reasons))
-    if by_type:
-        ctx.out.print(by_type_table(by_type))
-    if ctx.args.json:
-        print(json.dumps(summary, default=str), file=sys.stdout, flush=True)
-    if not ok:
-        return 1
-    if ctx.args.fail_on_dead_letters and (counts.get("dead_lettered") or counts.get("parked")):
-        return 3
-    return 0
-
-
 _EXC_LINE = re.compile(
     r"^\s*(?::\s*|Caused by:\s*)?([A-Za-z_][\w.]*(?:Error|Exception|Failure)):\s*(.+)$")
 
@@ -257,6 +250,8 @@ def _job_error(exc: BaseException) -> str | None:
     if module.startswith("pyspark") or module.startswith("py4j"):
         causes = [f"{m.group(1)}: {m.group(2).strip()}" for m in map(_EXC_LINE.match, lines)
                   if m]
+        if line := deployment_line(lines, causes[-1] if causes else None):
+            return line
         if causes:  # the Python exception raised in the executor (last in the trace)
             return f"the Spark job failed: {causes[-1]}"
         return "the Spark job failed: " + (lines[0] if lines else type(exc).__name__)
@@ -294,6 +289,7 @@ def run_command(args: argparse.Namespace) -> int:
         from spark.progress import spark_progress
 
         pipeline = ctx.pipeline()
+        since = datetime.now(UTC).replace(microsecond=0)
         with spark_progress(ctx.spark, ctx.console, enabled=ctx.show_progress):
             try:
                 result = pipeline.run_batch(args.input)
@@ -301,7 +297,7 @@ def run_command(args: argparse.Namespace) -> int:
                 ctx.console.print(f"[red]aggbox run: {exc}")
                 return 1
         summary = result.summary()
-        summary.update(ok=result.ok, seconds=round(result.seconds, 3),
+        summary.update(seconds=round(result.seconds, 3),
                        outcomes_path=result.outcomes_path,
                        reasons={f"{o}/{r}": n for (o, r), n in result.reasons.items()},
                        by_type=by_type_rows(result.by_type))
@@ -309,8 +305,7 @@ def run_command(args: argparse.Namespace) -> int:
         title = f"aggbox run {result.run_id} ({result.seconds:.1f} s)"
         if result.outcomes_path:
             title += f" — outcomes: {result.outcomes_path}"
-        return _finish(ctx, title, summary, result.input_count, result.counts, result.reasons,
-                       result.ok, result.by_type)
+        return _finish(ctx.out, args, title, summary, result, since)
 
     return _guarded(ctx, "run", job)
 
@@ -366,6 +361,7 @@ def stream_command(args: argparse.Namespace) -> int:
                 f"parked {c['parked']} ({b.seconds:.1f} s)")
 
         pipeline = ctx.pipeline()
+        since = datetime.now(UTC).replace(microsecond=0)
         with spark_progress(ctx.spark, ctx.console, enabled=ctx.show_progress):
             try:
                 result = pipeline.run_stream(source, on_batch=on_batch, timeout=args.timeout)
@@ -373,12 +369,10 @@ def stream_command(args: argparse.Namespace) -> int:
                 ctx.console.print("stopped")
                 return 130
         summary: dict[str, Any] = {"query_id": result.query_id, "batches": len(result.batches),
-                                   "input": result.input_count, **result.counts,
-                                   "ok": result.ok}
+                                   "input": result.input_count, **result.counts}
         summary["reasons"] = {f"{o}/{r}": n for (o, r), n in result.reasons.items()}
         summary["by_type"] = by_type_rows(result.by_type)
         title = f"aggbox stream {result.query_id}: {len(result.batches)} micro-batch(es)"
-        return _finish(ctx, title, summary, result.input_count, result.counts, result.reasons,
-                       result.ok, result.by_type)
+        return _finish(ctx.out, args, title, summary, result, since)
 
     return _guarded(ctx, "stream", job)

@@ -80,6 +80,22 @@ class RetryableError(AggboxError):
     (by Spark or the caller) instead of dead-lettering the message."""
 
 
+class DeploymentError(AggboxError):
+    """A handler (or upcaster) cannot run where it runs: it raised :class:`ImportError` (or
+    :class:`ModuleNotFoundError`), i.e. a module it imports is not installed there. That is
+    never the message's fault, so the message is neither applied nor dead-lettered: the
+    error propagates like :class:`RetryableError` — the batch (the Spark task) fails, its
+    input stays for the retry — and ``aggbox run`` ends with this one line (docs/design.md,
+    "Deployment errors"). ``module`` is the module that could not be imported, when known."""
+
+    def __init__(self, message: str, module: str | None = None) -> None:
+        super().__init__(message)
+        self.module = module
+
+    def __reduce__(self) -> tuple[Any, ...]:  # both arguments survive pickling
+        return (type(self), (str(self.args[0]) if self.args else "", self.module))
+
+
 class StoreError(AggboxError):
     """The store refused or could not confirm a write (or returned something the writer
     cannot interpret).

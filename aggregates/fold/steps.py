@@ -13,6 +13,7 @@ from typing import Any, Literal
 import bson
 
 from aggregates.core.errors import (
+    DeploymentError,
     HandlerError,
     InvalidFieldName,
     RetryableError,
@@ -32,8 +33,8 @@ from aggregates.fold.handler_result import (
 from aggregates.fold.timers import TimerError, TimerStep, split_timer_ops, timer_step
 from aggregates.message.envelope import Message
 
-__all__ = ["DUPLICATE", "Refusal", "check_result", "dead", "park", "run_handler",
-           "too_large"]
+__all__ = ["DUPLICATE", "Refusal", "check_result", "dead", "deployment_error", "park",
+           "run_handler", "too_large"]
 
 
 class Refusal(Exception):
@@ -77,6 +78,8 @@ def run_handler(atype: AggregateType[Any], state: Any, msg: Message, *, upcastin
     except UnknownSchemaVersion as exc:
         raise dead(Reason.UNKNOWN_SCHEMA_VERSION, str(exc)) from None
     except UpcastFailed as exc:
+        if isinstance(exc.__cause__, ImportError):
+            raise deployment_error(atype, msg, exc.__cause__, "upcaster") from exc.__cause__
         raise dead(Reason.UPCAST_FAILED, str(exc),
                    "".join(traceback.format_exception(exc.__cause__, limit=20))
                    if exc.__cause__ is not None else None) from None
@@ -92,11 +95,28 @@ def run_handler(atype: AggregateType[Any], state: Any, msg: Message, *, upcastin
         return handler(state, hmsg)
     except RetryableError:
         raise
+    except ImportError as exc:  # the deployment's fault, never the message's
+        raise deployment_error(atype, msg, exc, "handler") from exc
     except Exception as exc:  # a handler bug: dead-letter, keep going (or block)
         detail = f"{type(exc).__name__}: {exc}"
         raise Refusal("dead_lettered", Reason.HANDLER_ERROR, detail,
                        traceback.format_exc(limit=20),
                        block=atype.on_handler_error == "park") from None
+
+
+def deployment_error(atype: AggregateType[Any], msg: Message, exc: ImportError,
+                     what: str) -> DeploymentError:
+    """The one line for a handler (or upcaster) that cannot import a module: which, and how
+    to ship it (docs/design.md, "Deployment errors")."""
+    module = exc.name
+    missing = f"module {module!r}" if module else "a module"
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return DeploymentError(
+        f"the {what} of {atype.name} for {msg.type!r} cannot import {missing} "
+        f"({type(exc).__name__}: {first}): it is not installed where the {what} runs. Ship "
+        "it with the job (--py-files a wheel or .zip that contains it) or pip install it "
+        "on every Spark worker, then run again; nothing was applied or dead-lettered, the "
+        "input is still there", module)
 
 
 def check_result(atype: AggregateType[Any], snap: Snapshot, msg: Message, result: Any,

@@ -79,6 +79,26 @@ def broken(state: Account, msg: Message) -> Account:
     raise ValueError(f"handler bug on {msg.message_id}")
 
 
+@accounts.handles("Misreturns")
+def misreturns(state: Account, msg: Message) -> dict[str, int]:
+    """Returns a dict instead of the state: dead-lettered ``invalid_handler_result``."""
+    return {"balance": 1}
+
+
+#: A module no environment has: a handler importing it was deployed without its dependency.
+MISSING_MODULE = "aggbox_test_missing_helpers"
+
+
+@accounts.handles("NeedsHelper")
+def needs_helper(state: Account, msg: Message) -> Account:
+    """Imports a helper package that was not shipped (issue 32): never dead-lettered, the
+    Spark task fails."""
+    import importlib
+
+    importlib.import_module(MISSING_MODULE)
+    return state
+
+
 @ledgers.handles("Entry")
 def entry(state: Ledger, msg: Message) -> Handled[Ledger]:
     assert msg.source is not None

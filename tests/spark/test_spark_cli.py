@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 from pathlib import Path
 from typing import Any
 
@@ -40,16 +41,17 @@ def test_run_prints_a_summary_of_a_bad_input(spark_session: Any, db: Any, mongo_
     metrics = tmp_path / "metrics" / "aggbox.prom"
     metrics.parent.mkdir()
     rc = main(["run", *cli(db, mongo_uri, "--input", str(tmp_path / "*.jsonl"), "--json",
-                           "--metrics-file", str(metrics))])
+                           "--metrics-file", str(metrics), "--allow-dead-letters")])
 
     captured = capsys.readouterr()
     out, err = captured.out, captured.err
-    assert rc == 0
+    assert rc == 0  # --allow-dead-letters: ok, whatever was dead-lettered
     # --json: stdout is the JSON line alone (for | jq); the tables go to stderr.
     assert len(out.strip().splitlines()) == 1, out
     summary = last_json(out)
     bad = len(BAD) + len(RAW_BAD)
     assert summary["input"] == len(good) + bad and summary["ok"] is True
+    assert summary["problem"] is None
     assert summary["applied"] == len(good) and summary["dead_lettered"] == bad
     assert summary["reasons"]["dead_lettered/invalid_json"] == 2
     # by_type: sums equal the counts; messages parsed carry their type, records that
@@ -77,8 +79,83 @@ def test_fail_on_dead_letters_exit_status(spark_session: Any, db: Any, mongo_uri
                                           tmp_path: Path) -> None:
     write_jsonl(tmp_path / "in.jsonl", ["{not json"])
     args = cli(db, mongo_uri, "--input", str(tmp_path / "in.jsonl"))
-    assert main(["run", *args]) == 0
+    assert main(["run", *args]) == 3  # a dead letter: not ok by default
+    assert main(["run", *args, "--max-dead-letters", "1"]) == 0
+    assert main(["run", *args, "--allow-dead-letters"]) == 0
     assert main(["run", *args, "--fail-on-dead-letters"]) == 3
+
+
+def test_a_run_where_every_message_failed_is_not_ok(
+        spark_session: Any, db: Any, mongo_uri: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 32: every message dead-lettered → exit status 3 and "ok": false; the summary
+    gives per reason the count, the first message id, the error's first line and the
+    command that lists them all — and that command works."""
+    write_jsonl(tmp_path / "bad.jsonl", [
+        env("broken-2", type="Broken", aggregate_id="acc-f1"),
+        env("broken-1", type="Broken", aggregate_id="acc-f2"),
+        env("misreturns-1", type="Misreturns", aggregate_id="acc-f3")])
+
+    rc = main(["run", *cli(db, mongo_uri, "--input", str(tmp_path / "bad.jsonl"), "--json")])
+
+    captured = capsys.readouterr()
+    out, err = captured.out, captured.err
+    assert rc == 3
+    summary = last_json(out)
+    assert summary["ok"] is False and summary["dead_lettered"] == 3 and summary["applied"] == 0
+    assert summary["problem"].startswith("3 record(s) dead-lettered")
+    rows = {r["reason"]: r for r in summary["by_reason"]}
+    assert set(rows) == {"handler_error", "invalid_handler_result"}
+    handler, result = rows["handler_error"], rows["invalid_handler_result"]
+    assert handler["count"] == 2 and handler["first_message_id"] == "broken-1"
+    assert handler["first_error"] == "ValueError: handler bug on broken-1"
+    assert result["count"] == 1 and result["first_message_id"] == "misreturns-1"
+    assert result["first_error"] and "\n" not in result["first_error"]
+    # The text summary (stderr with --json) says the same, nothing cut at 80 columns.
+    for row in (handler, result):
+        assert f"dead_lettered {row['reason']}: {row['count']}, first " \
+               f"{row['first_message_id']}" in err
+        assert f"    {row['first_error']}\n" in err
+        assert f"    all of them: {row['command']}\n" in err
+    assert "invalid_handler_…" not in err and "invalid_handler_result" in err
+    # The command is real: it lists exactly this run's dead letters of that reason.
+    command = shlex.split(handler["command"])
+    assert command[:4] == ["aggbox", "deadletters", "list", "--reason"]
+    monkeypatch.setenv("AGGBOX_MONGODB_URI", mongo_uri)
+    assert main([*command[1:], "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["total"] == 2
+    assert {i["message_id"] for i in listed["items"]} == {"broken-1", "broken-2"}
+
+
+def test_a_handler_that_cannot_import_fails_the_run_and_dead_letters_nothing(
+        spark_session: Any, db: Any, mongo_uri: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 32: a handler importing a module that is not installed is the deployment's
+    fault, not the messages': the run fails with one line naming the module and how to ship
+    it; nothing is dead-lettered and the documents stay as they were (the input is still
+    there for the run after the fix)."""
+    from tests.spark.domain import MISSING_MODULE
+
+    write_jsonl(tmp_path / "open.jsonl", [env(f"open-{i}", type="Opened", aggregate_id=f"acc-m{i}",
+                                              payload={"owner": "o"}) for i in range(3)])
+    assert main(["run", *cli(db, mongo_uri, "--input", str(tmp_path / "open.jsonl"))]) == 0
+    before = list(db.accounts.find({}, sort=[("_id", 1)]))
+    write_jsonl(tmp_path / "in.jsonl", [env(f"needs-{i}", type="NeedsHelper",
+                                            aggregate_id=f"acc-m{i % 3}") for i in range(6)])
+    capsys.readouterr()
+
+    rc = main(["run", *cli(db, mongo_uri, "--input", str(tmp_path / "in.jsonl"), "--json")])
+
+    captured = capsys.readouterr()
+    assert rc == 1 and captured.out == ""
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(lines) == 1, captured.err
+    assert lines[0].startswith("aggbox run: error: the handler of Account for 'NeedsHelper' "
+                               f"cannot import module '{MISSING_MODULE}'"), lines[0]
+    assert "--py-files" in lines[0] and "pip install" in lines[0]
+    assert db.aggbox_dead_letters.count_documents({}) == 0
+    assert list(db.accounts.find({}, sort=[("_id", 1)])) == before
 
 
 def test_a_failing_job_exits_non_zero(spark_session: Any, db: Any, mongo_uri: str,
