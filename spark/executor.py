@@ -15,8 +15,9 @@ hot aggregate.
 Per Python worker process (workers are reused across tasks) there is one cached
 ``MongoClient`` per URI and one cached :class:`Registry` per module name. Exceptions
 from the writer (e.g. :class:`aggregates.core.errors.RetryableError` from a handler, a MongoDB
-outage) fail the task; Spark retries it, and everything the failed attempt wrote is then
-recognised as duplicate.
+outage) fail the task; Spark retries it, and the retry finds what the failed attempt wrote:
+a message that attempt applied is counted ``applied`` once, with reason ``earlier_attempt``
+naming it (run stamps, :mod:`aggregates.dedup.runs`), a real duplicate stays ``duplicate``.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 
 from aggregates.core.ids import raw_message_id
 from aggregates.core.settings import AggboxSettings
+from aggregates.dedup.runs import RunStamp
 from aggregates.domain.aggregate import Registry
 from aggregates.fold import DeadLetter
 from aggregates.message.envelope import Message
@@ -56,6 +58,10 @@ class WriterTask:
     carry_over_max: int = 5_000
     #: Add :data:`STATS_COLUMN` to the outcome batches (:func:`with_stats`).
     stats: bool = False
+    #: The run (and micro-batch) the writers stamp documents with, so that a retried task
+    #: counts what a lost attempt of it applied as ``applied`` once
+    #: (:mod:`aggregates.dedup.runs`); ``None``: no stamps.
+    run: str | None = None
 
 
 def get_client(uri: str) -> Any:
@@ -85,6 +91,18 @@ def _task_attempt() -> int:
     return int(ctx.attemptNumber()) if ctx is not None else 0
 
 
+def _run_stamp(run: str | None) -> RunStamp | None:
+    """The writer's run stamp: ``run`` and this task attempt, named much as Spark's logs
+    name it (``task 3.1 in stage 2 (TID 17)``; the TID is unique within the application)."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if run is None or ctx is None:
+        return None
+    return RunStamp(run, f"task {ctx.partitionId()}.{ctx.attemptNumber()} in stage "
+                         f"{ctx.stageId()} (TID {ctx.taskAttemptId()})")
+
+
 class _Partition:
     """State of one partition's run through the writer."""
 
@@ -93,7 +111,8 @@ class _Partition:
         self.settings = AggboxSettings.model_construct(**task.settings)
         self.db = client[self.settings.database]
         self.registry = get_registry(task.aggregates)
-        self.writer = StoreWriter(self.db, self.registry, settings=self.settings)
+        self.writer = StoreWriter(self.db, self.registry, settings=self.settings,
+                                  run=_run_stamp(task.run))
         self.dead_store = DeadLetterStore(self.db,
                                           collection=self.settings.dead_letter_collection)
         self.carry_over_max = task.carry_over_max

@@ -165,10 +165,11 @@ class Pipeline:
         on it runs the writer again; :meth:`process` runs it exactly once."""
         return self._plan(raw, None)
 
-    def _plan(self, raw: Any, seen: Any) -> Any:
+    def _plan(self, raw: Any, seen: Any, run: str | None = None) -> Any:
         """:meth:`plan`; with an ``Observation`` ``seen``: the rows that reach the writer
         are counted into it (``rows``) and the outcomes carry the executors' counts
-        (:data:`spark.executor.STATS_COLUMN`)."""
+        (:data:`spark.executor.STATS_COLUMN`). ``run``: the writers' run stamp
+        (:attr:`spark.executor.WriterTask.run`)."""
         checked = validate(raw, self.info, max_payload_bytes=self.settings.max_payload_bytes)
         ordered = order_within_aggregates(checked, self.spark_settings.shuffle_partitions)
         rows = ordered.select("_raw", "_reason", "_detail",
@@ -181,7 +182,7 @@ class Pipeline:
         from pyspark.sql.types import StringType, StructField, StructType
 
         rows = rows.observe(seen, F.count(F.lit(1)).alias("rows"))
-        task = dataclasses.replace(self.task(), stats=True)
+        task = dataclasses.replace(self.task(), stats=True, run=run)
         schema = StructType([*OUTCOME_SCHEMA.fields, StructField(STATS_COLUMN, StringType())])
         return rows.mapInArrow(functools.partial(write_partition, task), schema)
 
@@ -210,7 +211,10 @@ class Pipeline:
         self.ensure_indexes()
         started = time.monotonic()
         seen_in, seen_out = Observation(), Observation()
-        outcomes = self._plan(raw, seen_in).observe(
+        # The run stamp: the run, and the micro-batch in a stream (docs/design.md "Counts that
+        # survive retries").
+        run = run_id if batch_id is None else f"{run_id}/{batch_id}"
+        outcomes = self._plan(raw, seen_in, run).observe(
             seen_out, F.count(F.lit(1)).alias("rows"),
             F.array_join(F.collect_list(STATS_COLUMN), "\n").alias("stats"),
         ).drop(STATS_COLUMN)

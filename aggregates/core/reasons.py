@@ -44,6 +44,7 @@ class Reason(StrEnum):
     HIGH_WATER_MAP_FULL = "high_water_map_full"
     SEQUENCE_GAP = "sequence_gap"
     AGGBOX_EVENT = "aggbox_event"
+    EARLIER_ATTEMPT = "earlier_attempt"
     # Outbox and document size (aggregates.fold).
     OUTBOX_FULL = "outbox_full"
     DOCUMENT_SIZE_BUDGET = "document_size_budget"
@@ -197,6 +198,12 @@ REASON_DOCS: Final[Mapping[Reason, ReasonDoc]] = {
         "`aggbox parked release` or wait for the aggregate's next message."),
     Reason.DOCUMENT_SIZE_BUDGET: ReasonDoc(
         _PARKED, "the write would take the document past `max_document_bytes`",
+    Reason.EARLIER_ATTEMPT: ReasonDoc(
+        "applied", "a retried attempt of a run (a Spark task retried after an executor "
+        "loss) found the message applied by an earlier attempt of the same run, whose "
+        "outcome was lost with it: counted `applied` once, here; the detail names the "
+        "attempt that wrote it (docs/design.md \"Counts that survive retries\")",
+        "Nothing: the message was applied once. A real duplicate stays `duplicate`."),
         "Usually a full outbox: as above. If the inbox and state fill it, raise "
         "`max_document_bytes` or shrink the inbox window, then release it."),
     Reason.EMITS_EXCEED_OUTBOX_LIMIT: ReasonDoc(

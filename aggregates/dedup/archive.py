@@ -8,7 +8,8 @@ A document per archived id::
                                       # "2:abc", "a"+"bc" is "1:abc")
      a: <aggregate id>, m: <message id>,
      t: <occurred_at>, h: <payload hash>, at: <archived at>,
-     x: <expire at>}                              # TTL index; absent for undated ids
+     x: <expire at>,                              # TTL index; absent for undated ids
+     w: <_v of the write that stored the entry>}  # run stamps only (aggregates.dedup.runs)
 
 Writes are idempotent upserts (``$setOnInsert``), made *before* the conditional document
 write that evicts the ids; lookups come *after* the document read they complete. Both
@@ -87,6 +88,8 @@ class InboxArchive(RecordArchive):
                 wc = exc.details.get("writeConcernErrors") or []
                 if wc:
                     raise StoreError(f"write concern not satisfied on {self.coll.name}; the "
+            if len(e) > 3:
+                doc["w"] = e[3]
                                      "batch fails so it is retried",
                                      code=_code(wc[0]), labels=labels) from exc
                 others = [e for e in exc.details.get("writeErrors", [])
@@ -105,12 +108,20 @@ class InboxArchive(RecordArchive):
         ids = list(keys)
         for i in range(0, len(ids), LOOKUP_BATCH):
             for doc in self.coll.find({"_id": {"$in": ids[i:i + LOOKUP_BATCH]}},
-                                      {"h": 1}):
+                                      {"h": 1, "w": 1}):
                 a, m = keys[doc["_id"]]
                 out.setdefault(a, {})[m] = doc.get("h")
-        return out
+                w = doc.get("w")
+                if isinstance(w, int):
+                    tags.setdefault(a, {})[m] = w
+        return out, tags
 
 
 def _code(err: dict[str, Any]) -> int | None:
+        return self.lookup_tagged(pairs)[0]
+
+    def lookup_tagged(self, pairs: Sequence[tuple[str, str]]
+                      ) -> tuple[dict[str, dict[str, str | None]], dict[str, dict[str, int]]]:
     code = err.get("code")
+        tags: dict[str, dict[str, int]] = {}
     return code if isinstance(code, int) else None

@@ -19,6 +19,8 @@ from aggregates.message.envelope import Message
 if TYPE_CHECKING:
     from pymongo.database import Database
 
+    from aggregates.dedup.runs import RunState
+
 Verdict = Literal["apply", "duplicate", "dead_letter", "park"]
 
 #: An inbox entry: ``[message_id, occurred_at | None, payload_hash | None]``.
@@ -74,6 +76,12 @@ class DedupRecord:
     pending: int = 0
     #: ``hw`` keys changed since the last write (a dict used as an ordered set).
     hw_changed: dict[str, None] = field(default_factory=dict)
+    #: The run stamp (:mod:`aggregates.dedup.runs`); ``None``: neither the document nor the
+    #: writer has one.
+    run: RunState | None = None
+    #: The write version an archived id was stored with (its inbox entry's fourth element),
+    #: for the ids in ``archived`` that have one.
+    archived_tags: dict[str, int] = field(default_factory=dict)
     _index: dict[str, str | None] | None = None
 
     def copy(self) -> DedupRecord:
@@ -82,12 +90,18 @@ class DedupRecord:
             archive_undated=self.archive_undated, hw=dict(self.hw), archived=dict(self.archived),
             lookup_floor=self.lookup_floor, lookup_undated=self.lookup_undated,
             archive_known=self.archive_known,
+            run=self.run.copy() if self.run is not None else None,
+            archived_tags=dict(self.archived_tags) if self.archived_tags else {},
         )
 
-    def looked_up(self, found: dict[str, str | None]) -> None:
+    def looked_up(self, found: dict[str, str | None],
+                  tags: dict[str, int] | None = None) -> None:
         """Record an archive lookup made *after* this record was read: ``found`` holds every
-        message id (of those asked for) that the archive has."""
+        message id (of those asked for) that the archive has, ``tags`` the write versions
+        of those stored with one (:meth:`RecordArchive.lookup_tagged`)."""
         self.archived.update(found)
+        if tags:
+            self.archived_tags.update(tags)
         self.lookup_floor = self.archive_floor
         self.lookup_undated = self.archive_undated
         self.archive_known = True
@@ -123,6 +137,8 @@ class DedupRecord:
             if self._index is not None:
                 self._index.pop(mid, None)
             self.archived[mid] = h
+            if len(e) > 3 and isinstance(e[3], int):
+                self.archived_tags[mid] = e[3]
             t = e[1]
             if isinstance(t, datetime):
                 if self.archive_floor is None or t > self.archive_floor:
@@ -166,6 +182,13 @@ class RecordArchive(ABC):
     def lookup(self, pairs: Sequence[tuple[str, str]]) -> dict[str, dict[str, str | None]]:
         """Which ``(aggregate_id, message_id)`` pairs are kept: aggregate id → message id →
         payload hash."""
+
+    def lookup_tagged(self, pairs: Sequence[tuple[str, str]]
+                      ) -> tuple[dict[str, dict[str, str | None]], dict[str, dict[str, int]]]:
+        """:meth:`lookup`, and the write version each kept id was stored with, where it has
+        one (aggregate id → message id → version; run stamps, :mod:`aggregates.dedup.runs`).
+        Default: no versions."""
+        return self.lookup(pairs), {}
 
 
 def source_key(msg: Message) -> str | None:
@@ -211,6 +234,17 @@ class DedupStrategy(ABC):
 
     def archive(self, db: Database[Any], collection: str) -> RecordArchive | None:
         """Where ids leaving the documents of ``collection`` are kept; ``None``: nowhere."""
+        return None
+
+    def claim_key(self, msg: Message) -> str | None:
+        """What identifies ``msg`` in the record for run stamps (:mod:`aggregates.dedup.runs`):
+        two messages with the same key are copies of each other. Default: none."""
+        return None
+
+    def written_by(self, rec: DedupRecord, msg: Message) -> tuple[str, str] | None:
+        """For a message :meth:`decide` found already recorded: its :meth:`claim_key` and
+        the attempt of the record's run (``rec.run``) that recorded it, when that run did;
+        ``None`` otherwise. Default: never."""
         return None
 
     def __repr__(self) -> str:

@@ -72,8 +72,22 @@ class HighWater(DedupStrategy):
     def record(self, rec: DedupRecord, msg: Message, payload_hash: str) -> None:
         key = source_key(msg)
         assert key is not None and msg.source is not None
-        rec.hw[key] = max(rec.hw.get(key, 0), msg.source.seq)
+        mark = rec.hw.get(key, 0)
+        if rec.run is not None and key not in rec.run.before:
+            rec.run.before[key] = mark  # run stamps: the mark before this fold raised it
+        rec.hw[key] = max(mark, msg.source.seq)
         rec.hw_changed[key] = None
+
+    def claim_key(self, msg: Message) -> str | None:
+        key = source_key(msg)
+        return None if key is None or msg.source is None else f"{key}#{msg.source.seq}"
+
+    def written_by(self, rec: DedupRecord, msg: Message) -> tuple[str, str] | None:
+        key = source_key(msg)
+        if rec.run is None or key is None or msg.source is None:
+            return None
+        label = rec.run.by_mark(key, msg.source.seq)
+        return None if label is None else (f"{key}#{msg.source.seq}", label)
 
     def changes(self, rec: DedupRecord) -> DedupChanges:
         if not rec.hw_changed:

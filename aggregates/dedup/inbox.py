@@ -131,6 +131,12 @@ class Inbox(DedupStrategy):
         added = rec.pending
         if not added:
             return NO_CHANGES
+        run = rec.run
+        if run is not None and run.stamp is not None:
+            # Run stamps: each entry this write adds carries the write's _v (fourth element).
+            for e in rec.inbox[-added:]:
+                if len(e) == 3:
+                    e.append(run.write_version)
         floor, undated = rec.archive_floor, rec.archive_undated
         evicted = rec.evict(self.window)
         set_: dict[str, Any] = {}
@@ -143,6 +149,23 @@ class Inbox(DedupStrategy):
 
     def needs_lookup(self, rec: DedupRecord, msg: Message) -> bool:
         return needs_archive(rec, msg, always=self.lookup == "always")
+
+    def claim_key(self, msg: Message) -> str | None:
+        return msg.message_id
+
+    def written_by(self, rec: DedupRecord, msg: Message) -> tuple[str, str] | None:
+        run = rec.run
+        if run is None:
+            return None
+        mid = msg.message_id
+        version: object = rec.archived_tags.get(mid)
+        if version is None:
+            for e in reversed(rec.inbox):
+                if e[0] == mid:
+                    version = e[3] if len(e) > 3 else None
+                    break
+        label = run.by_version(version)
+        return None if label is None else (mid, label)
 
     def archive(self, db: Database[Any], collection: str) -> RecordArchive:
         from aggregates.dedup.archive import InboxArchive  # I/O: not imported by the pure parts

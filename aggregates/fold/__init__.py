@@ -32,6 +32,7 @@ from aggregates.core.ids import payload_hash
 from aggregates.core.reasons import Reason
 from aggregates.core.tracecontext import emit_trace
 from aggregates.dedup import source_key
+from aggregates.dedup.runs import earlier_attempt, stamped_changes, unapplied
 from aggregates.domain.aggregate import AggregateType
 from aggregates.fold.document import Snapshot, layout_error
 from aggregates.fold.handler_result import EmitHeaders, entries_size
@@ -165,8 +166,8 @@ class _Folder:
         return slot
 
     def _refuse(self, msg: Message, from_parked: bool, slot: int | None, r: Refusal) -> None:
-        if r.kind == "duplicate":
-            self._out(msg, "duplicate", from_parked, slot, r.reason, r.detail)
+        if r.kind == "duplicate" or r.kind == "applied":  # applied: by an earlier attempt
+            self._out(msg, r.kind, from_parked, slot, r.reason, r.detail)
         elif r.kind == "parked":
             p = Parked(msg, r.reason or "parked", r.detail)
             if not from_parked:  # parked before: no new outcome, it was counted already
@@ -228,7 +229,8 @@ class _Folder:
         phash = payload_hash(msg.payload) if strategy.uses_payload_hash else ""
         decision = strategy.decide(self.snap.dedup, msg, phash, self.now)
         if decision.verdict == "duplicate":  # applied before: a duplicate, blocked or not
-            return DUPLICATE
+            by = earlier_attempt(strategy, self.snap.dedup, msg)  # aggregates.dedup.runs
+            return DUPLICATE if by is None else Refusal("applied", Reason.EARLIER_ATTEMPT, by)
         if (self.snap.blocked is not None
                 and decision.reason != Reason.DUPLICATE_WITH_DIFFERENT_PAYLOAD):
             # The blocker itself is parked too when it comes again (a replay after a fix,
@@ -311,6 +313,7 @@ class _Folder:
         for fired in maybe_fired(self.atype, snap.aggregate_id, step, self._stored_timer_ids):
             strategy.record(snap.dedup, fired, payload_hash(fired.payload)
                             if strategy.uses_payload_hash else "")
+            unapplied(strategy, snap.dedup, fired)
 
     # -- parked messages and the end of the fold -------------------------------------------
     def retry_parked(self, candidates: list[Parked], *, first: bool,
@@ -376,7 +379,8 @@ class _Folder:
             self.snap.size_bytes = self._size_with(self.snap.state if self.applied else None)
         # The strategy's part of the write; entries leaving the document with it (never
         # one this write adds: docs/design.md "Dedup") are archived by the writer first.
-        self.changes.dedup = self.atype.dedup.changes(self.snap.dedup)
+        self.changes.dedup = stamped_changes(self.atype.dedup, self.snap.dedup,
+                                             self.snap.version + 1)
         # Messages that were parked before and still wait keep their parked entry as is.
         return True
 

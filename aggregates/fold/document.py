@@ -98,8 +98,9 @@ def snapshot_from_document(doc: Mapping[str, Any] | None, aggregate_id: str) -> 
         return Snapshot(aggregate_id=aggregate_id)
     import bson
 
+    # A fourth element (the write version of a run stamp, aggregates.dedup.runs) is kept.
     inbox = [
-        [e[0], _aware(e[1]) if len(e) > 1 else None, e[2] if len(e) > 2 else None]
+        [e[0], _aware(e[1]) if len(e) > 1 else None, e[2] if len(e) > 2 else None, *e[3:4]]
         for e in doc.get(F_INBOX) or []
     ]
     outbox = doc.get(F_OUTBOX) or []

@@ -41,7 +41,7 @@ class Refusal(Exception):
     """How a message ends when it is not applied: a duplicate, a dead letter or parked.
     Returned by the admission step, raised by the later ones."""
 
-    def __init__(self, kind: Literal["duplicate", "dead_lettered", "parked"],
+    def __init__(self, kind: Literal["duplicate", "dead_lettered", "parked", "applied"],
                  reason: str | None = None, detail: str | None = None,
                  tb: str | None = None, *, block: bool = False) -> None:
         self.kind = kind

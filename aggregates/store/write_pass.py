@@ -24,6 +24,7 @@ from aggregates.core.reasons import Reason
 from aggregates.core.settings import AggboxSettings
 from aggregates.core.storeerrors import is_transient
 from aggregates.dedup import RecordArchive
+from aggregates.dedup.runs import F_RUN, RunStamp, read_run
 from aggregates.fold import fold
 from aggregates.fold.document import Snapshot, snapshot_from_document
 from aggregates.fold.result import DeadLetter, FoldResult, Parked
@@ -63,6 +64,11 @@ class PassContext:
     random: Callable[[], float]
     before_write: Callable[[list[WriteOp]], None] | None = None
     fault: Callable[[str], None] | None = None
+    #: The writer's run stamp and its claims, per (collection, aggregate id): kept across
+    #: chunks, so each message an earlier attempt of the run applied is counted once
+    #: (aggregates.dedup.runs).
+    run: RunStamp | None = None
+    claims: dict[tuple[str, str], set[str]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -139,7 +145,13 @@ class CollectionPass:
 
     def _read(self, ids: list[str]) -> dict[str, Snapshot]:
         found = {d["_id"]: d for d in self.coll.find({"_id": {"$in": ids}})}
-        return {i: snapshot_from_document(found.get(i), i) for i in ids}
+        snaps = {i: snapshot_from_document(found.get(i), i) for i in ids}
+        stamp, claims, name = self.ctx.run, self.ctx.claims, self.coll.name
+        for i, snap in snaps.items():
+            stored = found[i].get(F_RUN) if i in found else None
+            if stamp is not None or stored is not None:  # run stamps (aggregates.dedup.runs)
+                snap.dedup.run = read_run(stored, stamp, claims.get((name, i)))
+        return snaps
 
     def _reread(self, works: list[Work]) -> None:
         self.snaps.update(self._read([w.aggregate_id for w in works]))
@@ -161,9 +173,10 @@ class CollectionPass:
             for p in w.parked:
                 if strategy.needs_lookup(rec, p.message):
                     pairs.append((w.aggregate_id, p.message.message_id))
-        found = self.archive.lookup(pairs) if pairs else {}
+        found, tags = self.archive.lookup_tagged(pairs) if pairs else ({}, {})
         for w in works:
-            self.snaps[w.aggregate_id].dedup.looked_up(found.get(w.aggregate_id, {}))
+            self.snaps[w.aggregate_id].dedup.looked_up(found.get(w.aggregate_id, {}),
+                                                       tags.get(w.aggregate_id))
 
     # -- one round --------------------------------------------------------------------
     def _fold_round(self, active: dict[str, Work]) -> list[_Pending]:
@@ -256,6 +269,9 @@ class CollectionPass:
     def _settle(self, w: Work, res: FoldResult, n: int) -> None:
         """Accept a fold whose write succeeded (or that needed none)."""
         self.snaps[w.aggregate_id] = res.snapshot
+        run = res.snapshot.dedup.run
+        if run is not None and run.claimed:
+            self.ctx.claims[(self.coll.name, w.aggregate_id)] = run.claimed
         w.pos += n
         self.result.absorb(w.aggregate_id, res)
         # Parked messages that were retried and still wait stay parked; the ones parked by

@@ -31,6 +31,7 @@ from pymongo import ASCENDING
 from pymongo.database import Database
 
 from aggregates.core.settings import AggboxSettings
+from aggregates.dedup.runs import RunStamp
 from aggregates.domain.aggregate import Registry
 from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TIMERS, F_VERSION
 from aggregates.fold.result import DeadLetter, Parked
@@ -68,6 +69,7 @@ class StoreWriter:
         sleep: Callable[[float], None] = time.sleep,
         before_write: Callable[[list[WriteOp]], None] | None = None,
         fault: Callable[[str], None] | None = None,
+        run: RunStamp | None = None,
     ) -> None:
         self.db = db
         self.registry = registry
@@ -78,6 +80,11 @@ class StoreWriter:
         #: Test hook: called at "after_write" (a round's aggregate writes are done),
         #: "before_dead_letters" and "before_parked"; raising there simulates a crash.
         self.fault = fault
+        #: Who writes (the pipeline's run and task attempt): documents are stamped, and a
+        #: message an earlier attempt of the same run applied is counted ``applied`` once
+        #: (reason ``earlier_attempt``), not ``duplicate`` (aggregates.dedup.runs).
+        self.run = run
+        self._claims: dict[tuple[str, str], set[str]] = {}
         self.dead_letters = DeadLetterStore(db, collection=self.settings.dead_letter_collection)
         self.parking = ParkedStore(db, collection=self.settings.parked_collection)
         self.stats = WriterStats()
@@ -178,7 +185,7 @@ class StoreWriter:
         for w in works:
             by_coll.setdefault(w.atype.collection, []).append(w)
         ctx = PassContext(self.settings, self.parking, self.sleep, self._rng.random,
-                          self.before_write, self.fault)
+                          self.before_write, self.fault, self.run, self._claims)
         st = WriterStats(chunks=1)
         side: dict[str, tuple[list[Parked], list[tuple[str, str]]]] = {}
         for cname, cworks in by_coll.items():
