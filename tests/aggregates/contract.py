@@ -461,6 +461,39 @@ class StoreContract:
             ("m2", "applied"),
         ]
 
+    def test_a_redelivery_settles_messages_parked_after_conflicts(self, store_db: Any) -> None:
+        """docs/design.md "Parking and blocking": redelivered, a message parked after version
+        conflicts is retried from parking first — ``applied``, or ``duplicate`` when another
+        writer applied it while it was being parked — and the redelivered copy is then a
+        ``duplicate``; its parked record is gone either way."""
+        w = writer(store_db, max_conflict_retries=2)
+        rival = writer(store_db)
+        seed = msg("m0", 5)
+        assert kinds(w.process([seed])) == ["applied"]
+        inputs = [msg("m1", 1), msg("m2", 2)]
+
+        def bump(ops: list[UpdateOne]) -> None:  # another writer, every time
+            store_db.counters.update_one({"_id": "a1"}, {"$inc": {F_VERSION: 1}})
+
+        def rival_applies_m1(point: str) -> None:
+            # w decided to park m1 but has not written its parked record yet (the race in
+            # tests/aggregates/test_inbox_horizon.py): a concurrent writer applies m1.
+            if point == "before_parked":
+                assert kinds(rival.process(inputs[:1])) == ["applied"]
+
+        w.before_write, w.fault = bump, rival_applies_m1
+        assert [(o.outcome, o.reason) for o in w.process(inputs)] == [
+            ("parked", Reason.VERSION_CONFLICT_RETRIES_EXHAUSTED)] * 2
+        w.before_write = w.fault = None
+        assert store_db.aggbox_parked.count_documents({}) == 2  # m1 applied and parked
+
+        again = w.process(inputs)
+        assert sorted((o.message_id, o.outcome, o.from_parked) for o in again) == [
+            ("m1", "duplicate", False), ("m1", "duplicate", True),
+            ("m2", "applied", True), ("m2", "duplicate", False)]
+        assert store_db.aggbox_parked.count_documents({}) == 0
+        assert stored(store_db) == oracle([seed, *inputs])
+
     def test_hot_aggregate_is_written_in_slices(self, store_db: Any) -> None:
         w = writer(store_db, slice_messages=50, chunk_messages=120)
         inputs = [msg(f"h{i}", i % 7) for i in range(500)]

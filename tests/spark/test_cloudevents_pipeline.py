@@ -80,7 +80,8 @@ def _outcomes(result: RunResult) -> dict[str, tuple[str, str | None]]:
 
 
 def _consume(bootstrap: str, topic: str) -> list[Any]:
-    """Every record of ``topic`` (read from the beginning until it is quiet)."""
+    """Every record of ``topic`` (read from the beginning until it is quiet; at most
+    ``_MAX_POLLS`` polls, then the test fails: a topic that never goes quiet)."""
     from confluent_kafka import Consumer
 
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
@@ -89,7 +90,9 @@ def _consume(bootstrap: str, topic: str) -> list[Any]:
     out: list[Any] = []
     idle = 0
     try:
-        while idle < 4 or not out:
+        for _poll in range(_MAX_POLLS):
+            if idle >= 4 and out:
+                break
             msg = c.poll(0.5)
             if msg is None or msg.error():
                 idle += 1
@@ -98,9 +101,17 @@ def _consume(bootstrap: str, topic: str) -> list[Any]:
                 continue
             idle = 0
             out.append(msg)
+        else:
+            pytest.fail(f"{topic}: still delivering after {_MAX_POLLS} polls "
+                        f"({len(out)} records so far)")
     finally:
         c.close()
     return out
+
+
+#: Polls of :func:`_consume` (of 0.5 s at most each): far more than the few hundred records
+#: of a topic here need.
+_MAX_POLLS = 5000
 
 
 def _bad_records() -> list[tuple[bytes | None, list[tuple[str, bytes]], str]]:
