@@ -56,8 +56,9 @@ log = logging.getLogger("aggbox.dispatcher")
 #: Server error codes meaning "this resume token cannot be used any more": history lost
 #: (286), fatal change-stream error (280), invalid resume token (260), bad value/parse (2, 9).
 TOKEN_UNUSABLE: Final = frozenset({286, 280, 260, 2, 9})
-#: "$changeStream is only supported on replica sets" and friends: poll instead.
-CHANGE_STREAMS_UNSUPPORTED: Final = frozenset({40573, 40324, 115})
+#: "$changeStream is only supported on replica sets" and friends: poll instead (238
+#: NotImplemented: FerretDB's '`aggregate` stage "$changeStream" is not implemented yet').
+CHANGE_STREAMS_UNSUPPORTED: Final = frozenset({40573, 40324, 115, 238})
 
 PIPELINE: Final[list[dict[str, Any]]] = [
     {"$match": {

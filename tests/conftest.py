@@ -7,6 +7,8 @@ Servers are started lazily, once per test session, only when a test requests the
   :mod:`aggbox.servers.mongo`. Its capabilities (``mongo_server.capabilities``) say what the
   stand-in cannot do.
 - ``kafka_server`` — a real single-node KRaft broker (:mod:`aggbox.servers.kafka`).
+- ``ferretdb_server`` — FerretDB 1.24.2 built from the Go module proxy
+  (:mod:`aggbox.servers.ferretdb`).
 
 Add fixtures below; keep each one small and commented.
 """
@@ -26,6 +28,7 @@ from pymongo import MongoClient
 from pymongo.database import Database
 
 from aggbox.servers import LocalKafka, LocalMongo, start_local_kafka, start_local_mongodb
+from aggbox.servers.ferretdb import LocalFerretDB, start_ferretdb
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +72,15 @@ def db(
     name = f"t_{test}_{uuid.uuid4().hex[:8]}"
     yield mongo_client[name]
     mongo_client.drop_database(name)
+
+
+@pytest.fixture(scope="session")
+def ferretdb_server() -> Iterator[LocalFerretDB]:
+    """FerretDB 1.24.2 (SQLite backend) on a free loopback port: a second MongoDB-wire
+    server that is not MongoDB (``.uri``). Built from the Go module proxy on first use and
+    cached (:mod:`aggbox.servers.ferretdb`)."""
+    with start_ferretdb() as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

@@ -1,11 +1,16 @@
 """``aggbox check-store`` (aggbox/checkstore/): against the suite's local server (the table,
 exit 0, the scratch database dropped; a non-empty --database refused), against a
 mongo-java-server started without its oplog (change streams refused: the dispatcher polls,
-exit 0), against a port nobody listens on (one line, quickly), and the pure parts."""
+exit 0), against FerretDB 1.24.2 (a complete verdict whatever it answers), against Kafka's
+port and a plain TCP server ("not a MongoDB server"), against a port nobody listens on (one
+line, quickly; with --json one object), and the pure parts."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -23,10 +28,12 @@ from aggbox.checkstore.logic import (
 )
 from aggbox.checkstore.report import CheckResult, Report, Status
 from aggbox.cli import main
-from aggbox.servers import LocalMongo
+from aggbox.servers import LocalKafka, LocalMongo
+from aggbox.servers.ferretdb import LocalFerretDB
 
-CHECK_IDS = ["conditional_update", "bulk_errors", "upsert_race", "bson_types", "indexes",
-             "size_budget", "size_limit", "change_stream", "resume", "retryable_writes"]
+CHECK_IDS = ["conditional_update", "bulk_errors", "upsert_race", "inbox_window",
+             "set_on_insert", "outbox_pull", "bson_types", "indexes", "size_budget",
+             "size_limit", "change_stream", "resume", "retryable_writes"]
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -46,10 +53,10 @@ def test_the_local_server_passes_and_the_scratch_database_is_dropped(
     assert rc == 0, out + err
     assert "aggbox_check_" in out and "(dropped)" in out
     for word in ("conditional update on {_id, _v}", "per-operation errors", "upsert race",
-                 "Decimal128", "TTL", "max_document_bytes", "16 MiB", "updateLookup",
-                 "resume after a stored token", "retryable writes"):
+                 "$slice", "$setOnInsert", "$pull", "Decimal128", "TTL", "max_document_bytes",
+                 "16 MiB", "updateLookup", "resume after a stored token", "retryable writes"):
         assert word in out, word
-    assert out.count("PASS") >= 7 and "FAIL" not in out
+    assert out.count("PASS") >= 10 and "FAIL" not in out
     last = out.strip().splitlines()[-1]
     assert last.startswith("aggbox's guarantees hold here")
     if not mongo_server.capabilities.enforces_16mb:  # mongo-java-server
@@ -69,8 +76,8 @@ def test_json_is_one_object_and_names_each_check(
     assert [c["id"] for c in report["checks"]] == CHECK_IDS
     statuses = {c["id"]: c["status"] for c in report["checks"]}
     assert "FAIL" not in statuses.values()
-    for check in ("conditional_update", "bulk_errors", "upsert_race", "bson_types", "indexes",
-                  "size_budget"):
+    for check in ("conditional_update", "bulk_errors", "upsert_race", "inbox_window",
+                  "set_on_insert", "outbox_pull", "bson_types", "indexes", "size_budget"):
         assert statuses[check] == "PASS", report
     if mongo_server.capabilities.change_streams:
         assert statuses["change_stream"] == statuses["resume"] == "PASS"
@@ -142,6 +149,135 @@ def test_without_change_streams_the_dispatcher_polls(
     assert "FAIL" not in out
 
 
+# -- FerretDB: a MongoDB-wire server that is not MongoDB ------------------------------------------
+#: What FerretDB 1.24.2 (SQLite) was seen to do (docs/operations.md, "Checking your MongoDB").
+FERRETDB = {
+    "conditional_update": "PASS",
+    "bulk_errors": "FAIL",      # a bulk reply without nModified: pymongo raises KeyError
+    "upsert_race": "FAIL",      # the same
+    "inbox_window": "FAIL",     # nested arrays (the inbox's entries) refused, code 2
+    "set_on_insert": "PASS",
+    "outbox_pull": "FAIL",      # the conditional $pull is a silent no-op
+    "bson_types": "FAIL",       # Decimal128 closes the connection; nested arrays refused
+    "indexes": "FAIL",          # TTL: "not implemented yet" (238); sparse dropped
+    "size_budget": "PASS",
+    "size_limit": "UNSUPPORTED",  # an update past 16 MiB accepted
+    "change_stream": "UNSUPPORTED",  # "$changeStream" not implemented (238): polling
+    "resume": "UNSUPPORTED",
+    "retryable_writes": "UNSUPPORTED",  # standalone
+}
+
+
+def test_ferretdb_gets_a_complete_verdict(ferretdb_server: LocalFerretDB,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "--uri", ferretdb_server.uri, "--json")
+    assert rc == 1, err  # checks aggbox needs fail
+    report = json.loads(out)
+    assert report["server"].startswith("FerretDB v1.24.2 (reports MongoDB 7.0.42)")
+    statuses = {c["id"]: c["status"] for c in report["checks"]}
+    assert [c["id"] for c in report["checks"]] == CHECK_IDS
+    assert statuses == FERRETDB, statuses
+    details = {c["id"]: c["detail"] for c in report["checks"]}
+    assert "KeyError 'nModified'" in details["bulk_errors"]
+    assert "nested arrays are not supported" in details["inbox_window"]
+    assert "the $pull removed nothing" in details["outbox_pull"]
+    assert "TTL indexes (expireAfterSeconds" in details["indexes"]
+    assert "238" in details["change_stream"]
+    assert report["verdict"].startswith("aggbox's guarantees do not hold here: ")
+    assert report["usable"] is False and report["exit_status"] == 1
+    assert report["dispatcher"] == "poll" and report["database_dropped"] is True
+
+
+def test_ferretdb_table_lists_every_check(ferretdb_server: LocalFerretDB,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "--uri", ferretdb_server.uri)
+    assert rc == 1, err
+    assert "error" not in err
+    rows = [line.split()[0] for line in out.splitlines()
+            if line.split() and line.split()[0] in ("PASS", "FAIL", "UNSUPPORTED")]
+    assert rows == list(FERRETDB.values())
+    flat = " ".join(out.split())  # the verdict wraps at the console's width
+    verdict = flat[flat.index("aggbox's guarantees do not hold here: "):]
+    assert verdict.endswith("indexes of writer and archive (TTL)")
+    assert "per-operation errors, unordered bulk" in verdict
+
+
+def test_a_server_that_ignores_slice_fails_the_window_check(
+        ferretdb_server: LocalFerretDB) -> None:
+    """FerretDB keeps every pushed id whatever $slice says (with bare ids: it refuses the
+    inbox's [id, time, hash] entries before $slice matters); the window check's judgement
+    of such a document."""
+    from aggbox.checkstore.library import window_outcome
+
+    client: MongoClient[dict[str, Any]] = MongoClient(ferretdb_server.uri)
+    try:
+        coll = client["slice_probe"]["w"]
+        coll.insert_one({"_id": "w", "_v": 1, "inbox": ["m1", "m2"]})
+        coll.update_one({"_id": "w"}, {"$inc": {"_v": 1},
+                                       "$push": {"inbox": {"$each": ["m3", "m4", "m5"],
+                                                           "$slice": -3}}})
+        status, seen, _ = window_outcome(coll.find_one({"_id": "w"}),
+                                         {"_v": 2, "inbox": ["m3", "m4", "m5"]})
+    finally:
+        client.drop_database("slice_probe")
+        client.close()
+    assert status is Status.FAIL
+    assert seen == ("inbox holds 5 ids ['m1', 'm2', 'm3', 'm4', 'm5'] ($slice ignored), "
+                    "expected ['m3', 'm4', 'm5']")
+
+
+# -- not a MongoDB server ----------------------------------------------------------------------
+def test_kafkas_port_is_not_a_mongodb_server(kafka_server: LocalKafka,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    uri = f"mongodb://{kafka_server.bootstrap_servers}/?serverSelectionTimeoutMS=2000"
+    rc, out, err = run(capsys, "--uri", uri)
+    assert rc == 1 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert f"{kafka_server.bootstrap_servers} closed the connection" in lines[0]
+    assert "not a MongoDB server" in lines[0] and "not reachable" not in lines[0]
+
+
+@pytest.fixture
+def garbage_server() -> Iterator[int]:
+    """A plain TCP server on a free loopback port that answers anything with an HTTP 400."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn, contextlib.suppress(OSError):  # a client that went away
+                conn.settimeout(5)
+                conn.recv(65536)
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield int(listener.getsockname()[1])
+    stop.set()
+    thread.join(10)
+    listener.close()
+
+
+def test_a_server_answering_garbage_is_not_a_mongodb_server(
+        garbage_server: int, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "--uri", f"mongodb://127.0.0.1:{garbage_server}/",
+                       "--timeout", "2", "--json")
+    assert rc == 1
+    report = json.loads(out)
+    assert report["exit_status"] == 1 and report["checks"] == []
+    assert report["error"] == (
+        f"127.0.0.1:{garbage_server} answered MongoDB's hello with 'HTTP/1.1 400 Bad'…, "
+        "which is no MongoDB reply: not a MongoDB server; check that --uri names the host "
+        "and port of a MongoDB")
+    assert err.strip() == f"aggbox check-store: error: {report['error']}"
+
+
 # -- unreachable, usage errors -----------------------------------------------------------------
 def test_an_unreachable_server_is_one_line_quickly(capsys: pytest.CaptureFixture[str]) -> None:
     started = time.monotonic()
@@ -154,6 +290,18 @@ def test_an_unreachable_server_is_one_line_quickly(capsys: pytest.CaptureFixture
     assert "not reachable" in lines[0] and "connection refused" in lines[0]
     assert "s3cret" not in err and "ada:***@" in err
     assert "Topology" not in err and "--uri" in err
+
+
+def test_unreachable_with_json_prints_one_object(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = run(capsys, "--uri",
+                       "mongodb://ada:s3cret@127.0.0.1:1/?serverSelectionTimeoutMS=2000",
+                       "--json")
+    assert rc == 1
+    report = json.loads(out)  # the whole of stdout: | jq gets one object
+    assert "not reachable" in report["error"] and "connection refused" in report["error"]
+    assert report["exit_status"] == 1 and report["usable"] is False
+    assert report["uri"] == "mongodb://ada:***@127.0.0.1:1/?serverSelectionTimeoutMS=2000"
+    assert "s3cret" not in out + err and len(err.strip().splitlines()) == 1
 
 
 def test_without_any_mongodb_it_says_so_and_starts_nothing(
@@ -172,6 +320,9 @@ def test_without_any_mongodb_it_says_so_and_starts_nothing(
 def test_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, err = run(capsys, *argv)
     assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+    rc, out, err = run(capsys, *argv, "--json")
+    assert rc == 2 and json.loads(out)["exit_status"] == 2
+    assert json.loads(out)["error"] in err
 
 
 # -- pure parts ----------------------------------------------------------------------------------

@@ -11,19 +11,21 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any, Final
 
 from pymongo import DeleteOne, UpdateOne
 from pymongo.database import Database
-from pymongo.errors import DuplicateKeyError, OperationFailure
+from pymongo.errors import DuplicateKeyError, OperationFailure, PyMongoError
 
+from aggbox.checkstore import library
 from aggbox.checkstore.logic import MIB, padded, retryable_writes
 from aggbox.checkstore.report import Status
 from aggregates.core.bulk import DUPLICATE_KEY, WriteError, bulk_write_unordered
 from aggregates.core.settings import AggboxSettings
+from aggregates.core.unsupported import UnsupportedByServer
 
 __all__ = ["CHECKS", "Check", "Context", "Outcome"]
 
@@ -38,6 +40,9 @@ class Context:
     settings: AggboxSettings
     hello: Mapping[str, Any]
     uri_options: Mapping[str, str]
+    #: for the checks that need a client of their own (the dispatcher's async one)
+    uri: str = ""
+    client_options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,9 @@ class Check:
     run: Callable[[Context], Outcome]
     #: what breaks when the check fails with an error
     if_failed: str
+    #: what aggbox does when the server says it does not implement what the check sends
+    #: (``UNSUPPORTED``); ``None``: nothing, the check FAILs
+    fallback: str | None = None
 
 
 # -- the writer's optimistic concurrency -------------------------------------------------------
@@ -163,7 +171,14 @@ def bson_types(ctx: Context) -> Outcome:
                   ["m2", None, None]],
     }
     coll = ctx.db["check_types"]
-    coll.insert_one({"_id": "t", "state": to_bson(values)})
+    try:
+        coll.insert_one({"_id": "t", "state": to_bson(values)})
+    except PyMongoError:  # which values: each on its own
+        refused = _refused_values(coll, values)
+        return (Status.FAIL, "a document holding them was refused: " + "; ".join(
+            f"{k}: {why}" for k, why in refused.items()) if refused else
+            "a document holding them all was refused, each alone was stored",
+            "state, payloads or the inbox could not be stored")
     back = from_bson((coll.find_one({"_id": "t"}) or {}).get("state"))
     wrong = [k for k, v in values.items()
              if not isinstance(back, dict) or back.get(k) != v or type(back.get(k)) is not type(v)]
@@ -183,6 +198,19 @@ def bson_types(ctx: Context) -> Outcome:
                 "and datetime values (aggregates.codec.bson)")
     return (Status.FAIL, seen, "state or dedup times would change on their way through the "
             "store")
+
+
+def _refused_values(coll: Any, values: Mapping[str, Any]) -> dict[str, str]:
+    from aggregates.codec.bson import to_bson
+    from dispatcher.errors import describe_store_error
+
+    refused = {}
+    for key, value in values.items():
+        try:
+            coll.insert_one({"_id": key, "state": to_bson({key: value})})
+        except PyMongoError as exc:  # said in the check's line
+            refused[key] = describe_store_error(exc, limit=100)
+    return refused
 
 
 # -- indexes -----------------------------------------------------------------------------------
@@ -219,7 +247,7 @@ def indexes(ctx: Context) -> Outcome:
     error: BaseException | None = None
     try:
         StoreWriter(ctx.db, Registry([atype]), settings=settings).ensure_indexes()
-    except OperationFailure as exc:  # which ones are missing is said below
+    except (OperationFailure, UnsupportedByServer) as exc:  # what is missing: said below
         error = exc
     missing = _missing(ctx.db["check_aggregates"], _AGGREGATE_INDEXES)
     missing += _missing(ctx.db[archive_collection("check_aggregates")], _ARCHIVE_INDEXES)
@@ -237,7 +265,9 @@ def indexes(ctx: Context) -> Outcome:
                 "after the dedup horizon (TTL removal itself was not waited for)")
     from dispatcher.errors import describe_store_error
 
-    failed = f"ensure_indexes failed: {describe_store_error(error)}; " if error else ""
+    said = str(error) if isinstance(error, UnsupportedByServer) else \
+        describe_store_error(error) if error else ""
+    failed = f"ensure_indexes failed: {said}; " if error else ""
     return (Status.FAIL, f"{failed}missing or different: {', '.join(missing) or '-'}",
             "without them the writer cannot ensure its indexes (the pipeline stops), or the "
             "inbox archive is never trimmed")
@@ -320,6 +350,12 @@ CHECKS: Final = (
           "the writer cannot tell conflicts from other errors"),
     Check("upsert_race", "upsert race on a new _id (E11000)", upsert_race,
           "concurrent writers of a new aggregate are not detected"),
+    Check("inbox_window", "inbox window: the writer's $slice", library.inbox_window,
+          "the writer cannot keep the inbox within its window"),
+    Check("set_on_insert", "$setOnInsert of side records", library.set_on_insert,
+          "dead letters and parked messages cannot be recorded"),
+    Check("outbox_pull", "the dispatcher's $pull of published entries", library.outbox_pull,
+          "published entries cannot be removed from the outbox"),
     Check("bson_types", "Decimal128, UUID, datetime round trip", bson_types,
           "values may change on their way through the store"),
     Check("indexes", "indexes of writer and archive (TTL)", indexes,
@@ -327,9 +363,13 @@ CHECKS: Final = (
     Check("size_budget", "document at max_document_bytes", size_budget,
           "lower max_document_bytes"),
     Check("size_limit", "16 MiB: under stored, over refused", size_limit,
-          "aggbox's budget (max_document_bytes) is the guard"),
+          "aggbox's budget (max_document_bytes) is the guard",
+          fallback="aggbox's own budget guards it: documents stay within "
+                   "max_document_bytes"),
 )
 
 #: After the change-stream checks (they need no writes of their own).
 LAST: Final = Check("retryable_writes", "retryable writes", retryable,
-                    "the writer retries transient errors itself")
+                    "the writer retries transient errors itself",
+                    fallback="not needed: the writer re-reads and folds again after a "
+                             "transient error")

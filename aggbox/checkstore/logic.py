@@ -69,7 +69,9 @@ def describe_server(build: Mapping[str, Any], hello: Mapping[str, Any]) -> str:
     """What the server says it is, e.g. ``MongoDB 7.0.4, replica set rs0`` or
     ``mongo-java-server (reports MongoDB 5.0.0), standalone``."""
     version = str(build.get("version") or "?")
-    if "gitVersion" not in build:  # mongo-java-server reports no gitVersion
+    if build.get("ferretdbVersion"):
+        what = f"FerretDB {build['ferretdbVersion']} (reports MongoDB {version})"
+    elif "gitVersion" not in build:  # mongo-java-server reports no gitVersion
         what = f"mongo-java-server (reports MongoDB {version})"
     else:
         what = f"MongoDB {version}"

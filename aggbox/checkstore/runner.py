@@ -1,5 +1,12 @@
-"""Running the checks against one server (I/O): connect (one line when nothing answers),
-make sure the scratch database is empty, run every check in it, drop it.
+"""Running the checks against one server (I/O): connect (one line when nothing answers, or
+when what answers is not a MongoDB server), make sure the scratch database is empty, run
+every check in it, drop it.
+
+Every check is isolated: whatever it raises — a server error, a reply the driver cannot read
+(pymongo's ``KeyError: 'nModified'`` from a bulk reply without it), an error of aggbox's own
+code — is that check's FAIL line with what was seen (UNSUPPORTED when the server says it
+does not implement it and aggbox has a fallback), and the next check runs: the report
+always has every line and a verdict.
 
 Only the scratch database is written to; the server is otherwise only asked ``ping``,
 ``buildInfo`` and ``isMaster``/``hello`` (admin commands every user may run)."""
@@ -7,6 +14,7 @@ Only the scratch database is written to; the server is otherwise only asked ``pi
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,19 +24,26 @@ from pymongo.errors import PyMongoError
 
 from aggbox.checkstore.checks import CHECKS, LAST, Check, Context
 from aggbox.checkstore.logic import client_options, describe_server, uri_options
+from aggbox.checkstore.probe import not_mongodb
 from aggbox.checkstore.report import CheckResult, Report, Status
 from aggbox.checkstore.streams import stream_checks, stream_failure
-from aggregates.core.errors import AggboxError, StoreError
+from aggregates.core.errors import AggboxError
 from aggregates.core.settings import AggboxSettings
+from aggregates.core.unsupported import not_implemented
 from aggregates.core.uri import redact_uri
-from dispatcher.errors import describe_store_error, is_unreachable
+from dispatcher.errors import TRACE_LOGGER, describe_store_error, is_unreachable, one_line
 
-__all__ = ["NotEmpty", "Target", "Unreachable", "check_store"]
+__all__ = ["NotEmpty", "NotMongoDB", "Target", "Unreachable", "check_store", "seen_in"]
 
 
 class Unreachable(AggboxError):
     """No server answered within the server selection timeout (or it refused us at once):
     ``str()`` is the one line for stderr."""
+
+
+class NotMongoDB(Unreachable):
+    """Something accepted the connection but does not speak MongoDB's protocol (a Kafka
+    broker's port, a web server, …)."""
 
 
 class NotEmpty(AggboxError):
@@ -69,7 +84,7 @@ def check_store(target: Target, settings: AggboxSettings) -> Report:
         results: list[CheckResult] = []
         dropped = False
         try:
-            ctx = Context(db, settings, hello, uri_options(target.uri))
+            ctx = Context(db, settings, hello, uri_options(target.uri), target.uri, options)
             results = [_run(check, ctx) for check in CHECKS]
             results += _streams(target.uri, options, target.database)
             results.append(_run(LAST, ctx))
@@ -94,6 +109,11 @@ def _introduce(client: MongoClient[dict[str, Any]], target: Target,
         shown = redact_uri(target.uri)
         timeout = options.get("serverSelectionTimeoutMS")
         if is_unreachable(exc):
+            why = not_mongodb(target.uri, timeout / 1000 if timeout else 5.0)
+            if why:
+                raise NotMongoDB(
+                    f"{why}: not a MongoDB server; check that {target.source} names the "
+                    "host and port of a MongoDB") from None
             within = f" within {timeout / 1000:g}s" if timeout else ""
             raise Unreachable(
                 f"MongoDB at {shown} not reachable{within} ({describe_store_error(exc)}); "
@@ -107,21 +127,55 @@ def _introduce(client: MongoClient[dict[str, Any]], target: Target,
 def _run(check: Check, ctx: Context) -> CheckResult:
     try:
         status, seen, aggbox = check.run(ctx)
-    except (PyMongoError, StoreError) as exc:  # StoreError: e.g. a write concern error
-        status, seen, aggbox = Status.FAIL, describe_store_error(exc), check.if_failed
+    except Exception as exc:  # whatever the server or the driver did: this check's line
+        _trace(check.id, exc)
+        seen = seen_in(exc)
+        if not_implemented(exc) and check.fallback:
+            status, aggbox = Status.UNSUPPORTED, check.fallback
+        else:
+            status, aggbox = Status.FAIL, check.if_failed
     return CheckResult(check.id, check.title, status, seen, aggbox)
+
+
+def seen_in(exc: BaseException) -> str:
+    """What a check saw when it raised ``exc``, in one line: the server's error (code,
+    name, message), or the driver failing to read the server's reply."""
+    if not_implemented(exc):
+        return f"not implemented by this server: {describe_store_error(exc)}"
+    if isinstance(exc, PyMongoError | AggboxError):
+        return describe_store_error(exc)
+    frame = _last_frame(exc)
+    if frame is not None and "/pymongo/" in frame:
+        return (f"the driver could not read the server's reply: {type(exc).__name__} "
+                f"{one_line(exc, 80)} in {frame.rpartition('/pymongo/')[2]} (a field MongoDB "
+                "sends is missing)")
+    return f"{type(exc).__name__}: {one_line(exc)}"
+
+
+def _last_frame(exc: BaseException) -> str | None:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return None if tb is None else tb.tb_frame.f_code.co_filename
+
+
+def _trace(check: str, exc: BaseException) -> None:
+    logging.getLogger(TRACE_LOGGER).debug("check-store: %s raised", check,
+                                          exc_info=(type(exc), exc, exc.__traceback__))
 
 
 def _streams(uri: str, options: Mapping[str, Any], database: str) -> list[CheckResult]:
     try:
         return asyncio.run(stream_checks(uri, options, database))
-    except PyMongoError as exc:
-        return stream_failure(exc)
+    except Exception as exc:  # whatever happened: the two stream lines say it
+        _trace("change_stream", exc)
+        return stream_failure(seen_in(exc))
 
 
 def _drop(client: MongoClient[dict[str, Any]], database: str) -> bool:
     try:
         client.drop_database(database)
-    except PyMongoError:
+    except PyMongoError as exc:  # the header says "NOT dropped: drop it yourself"
+        _trace("drop", exc)
         return False
     return True

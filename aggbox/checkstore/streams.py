@@ -9,8 +9,9 @@ for the stored resume token). I/O, in the scratch database only.
 2. **resume**: the token after the insert is stored as the dispatcher stores it, the stream
    closed, one more update made; a stream resumed from the loaded token sees it.
 
-A server that refuses ``$changeStream`` (codes 40573, 40324, 115: standalone, no oplog)
-makes both UNSUPPORTED — the dispatcher in mode ``auto`` polls there."""
+A server that refuses ``$changeStream`` (codes 40573, 40324, 115: standalone, no oplog;
+238: not implemented, FerretDB) makes both UNSUPPORTED — the dispatcher in mode ``auto``
+polls there."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from typing import Any, Final
 
 from pymongo import AsyncMongoClient
 from pymongo.asynchronous.collection import AsyncCollection
-from pymongo.errors import OperationFailure, PyMongoError
+from pymongo.errors import OperationFailure
 
 from aggbox.checkstore.report import CHANGE_STREAM, CheckResult, Status
 from dispatcher.errors import describe_store_error
@@ -158,9 +159,9 @@ async def _until(follower: StreamFollower, wanted: Callable[[Mapping[str, Any]],
     return False
 
 
-def stream_failure(exc: PyMongoError) -> list[CheckResult]:
-    """Both lines when the stream checks failed with an unexpected store error."""
-    seen = describe_store_error(exc)
+def stream_failure(seen: str) -> list[CheckResult]:
+    """Both lines when the stream checks failed with an unexpected error (``seen``: what
+    was seen, one line)."""
     return [_result(CHANGE_STREAM, Status.FAIL, seen,
                     "the dispatcher in mode auto would fail here: set [dispatcher] mode = "
                     "\"poll\", or fix the cause"),

@@ -4,8 +4,9 @@
 The URI is ``--uri``, else ``AGGBOX_MONGODB_URI`` (or ``mongodb_uri`` in the ``[aggbox]``
 section of ``--config``), else the server of ``aggbox local start``; a server is never
 started. Exit status: 0 usable (UNSUPPORTED lines have a fallback), 1 a check aggbox needs
-failed or the server could not be reached, 2 a usage error (no MongoDB given, a bad URI or
-database name, a database that is not empty).
+failed or the server could not be reached (or is not a MongoDB server), 2 a usage error (no
+MongoDB given, a bad URI or database name, a database that is not empty). With ``--json``,
+stdout is one JSON object in every case: the report, or ``{"error": …, "exit_status": …}``.
 """
 
 from __future__ import annotations
@@ -63,8 +64,19 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _error(message: str, status: int) -> int:
-    print(f"aggbox check-store: error: {' '.join(message.split())}", file=sys.stderr)
+def _error(message: str, status: int, as_json: bool = False, uri: str | None = None) -> int:
+    """One line on stderr; with ``--json`` also the one object on stdout (``| jq`` always
+    gets one)."""
+    line = " ".join(message.split())
+    print(f"aggbox check-store: error: {line}", file=sys.stderr)
+    if as_json:
+        import json
+
+        from aggregates.core.uri import redact_uri
+
+        print(json.dumps({"uri": redact_uri(uri) if uri else None, "error": line,
+                          "checks": [], "usable": False, "exit_status": status},
+                         ensure_ascii=False))
     return status
 
 
@@ -79,11 +91,12 @@ def run(args: argparse.Namespace) -> int:
     from aggregates.core.settings import AggboxSettings
 
     if args.timeout is not None and not args.timeout > 0:
-        return _error(f"--timeout {args.timeout:g}: give a number of seconds > 0", EXIT_USAGE)
+        return _error(f"--timeout {args.timeout:g}: give a number of seconds > 0", EXIT_USAGE,
+                      args.json)
     database = args.database if args.database is not None else scratch_name()
     problem = database_problem(database)
     if problem:
-        return _error(f"--database: {problem}", EXIT_USAGE)
+        return _error(f"--database: {problem}", EXIT_USAGE, args.json)
     try:
         settings = AggboxSettings.load(config_file=args.config)
     except ValidationError as exc:
@@ -92,17 +105,18 @@ def run(args: argparse.Namespace) -> int:
     if uri is None:
         return _error("no MongoDB to check: pass --uri, set AGGBOX_MONGODB_URI (or "
                       "mongodb_uri in the [aggbox] section of --config FILE), or run "
-                      "`aggbox local start`; check-store never starts a server", EXIT_USAGE)
+                      "`aggbox local start`; check-store never starts a server", EXIT_USAGE,
+                      args.json)
     try:
         check_mongodb_uri(uri, source)
     except ConfigurationError as exc:
-        return _error(str(exc), EXIT_USAGE)
+        return _error(str(exc), EXIT_USAGE, args.json)  # the URI itself is not shown
     try:
         report = check_store(Target(uri, source, database, args.timeout), settings)
-    except Unreachable as exc:
-        return _error(str(exc), EXIT_FAILED)
+    except Unreachable as exc:  # NotMongoDB included
+        return _error(str(exc), EXIT_FAILED, args.json, uri)
     except NotEmpty as exc:
-        return _error(str(exc), EXIT_USAGE)
+        return _error(str(exc), EXIT_USAGE, args.json, uri)
     if args.json:
         import json
 
