@@ -32,7 +32,7 @@ from aggregates.core.errors import AggboxError
 from aggregates.core.storeerrors import error_codes, is_fatal
 from aggregates.core.uri import redact_uri, redact_uris_in
 
-__all__ = ["TRACE_LOGGER", "FatalStoreError", "RateLimitedLog", "check_fatal",
+__all__ = ["TRACE_LOGGER", "URI_OPTIONS", "FatalStoreError", "RateLimitedLog", "check_fatal",
            "describe_store_error", "is_unreachable", "never_reached", "one_line"]
 
 #: Full tracebacks go to this logger; the command line sends it to the log file only
@@ -149,15 +149,21 @@ def is_unreachable(exc: BaseException) -> bool:
     return isinstance(exc, ConnectionFailure) and not isinstance(exc, NotPrimaryError)
 
 
-def never_reached(uri: str, exc: BaseException, timeout_s: float | None = None) -> str:
+#: Where the dispatcher's MongoDB URI comes from, as :func:`never_reached` names it.
+URI_OPTIONS = "--mongodb-uri (AGGBOX_MONGODB_URI)"
+
+
+def never_reached(uri: str, exc: BaseException, timeout_s: float | None = None, *,
+                  source: str = URI_OPTIONS) -> str:
     """The line ``--once`` ends with when the store was never reached since start (at most
-    about 280 characters)."""
+    about 280 characters, with the default ``source``). ``aggbox run`` and the admin commands
+    say the same, naming where their URI came from (``source``)."""
     text, reported = _describe(exc, 100)
     within = (f" within {timeout_s:g}s" if timeout_s is not None
               else f" within {reported}s" if reported else "")
     target = one_line(redact_uri(uri), limit=100)
     return (f"MongoDB at {target} not reachable{within} ({text}); check that the server "
-            "runs and that --mongodb-uri (AGGBOX_MONGODB_URI) names its host and port")
+            f"runs and that {source} names its host and port")
 
 
 # -- retried errors: at most one line per period ---------------------------------------------

@@ -261,8 +261,8 @@ def _store_options(p: argparse.ArgumentParser) -> None:
                    help="TOML config file (section [aggbox]); default: $AGGBOX_CONFIG")
     p.add_argument("--database", metavar="NAME",
                    help="database name (default: AGGBOX_DATABASE or the config file)")
-    p.add_argument("--timeout", metavar="SECONDS", type=float, default=10.0,
-                   help="how long to wait for the MongoDB server (default 10)")
+    p.add_argument("--timeout", metavar="SECONDS", type=float, default=5.0,
+                   help="how long to wait for the MongoDB server (default 5)")
 
 
 def _aggregates_option(p: argparse.ArgumentParser, *, required: bool, extra: str = "") -> None:

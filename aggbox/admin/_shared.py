@@ -89,7 +89,9 @@ def _database(args: argparse.Namespace) -> Iterator[tuple[AggboxSettings, Databa
     from pymongo import MongoClient
     from pymongo.errors import PyMongoError
 
+    from aggbox.commands.preflight import ping, store_problem
     from aggbox.servers import local_mongodb_uri
+    from dispatcher.errors import describe_store_error
 
     settings = _settings(args)
     uri = settings.mongodb_uri or local_mongodb_uri()  # `aggbox local start`'s server, if up
@@ -99,21 +101,19 @@ def _database(args: argparse.Namespace) -> Iterator[tuple[AggboxSettings, Databa
             "section of --config FILE) to the server that holds the aggregates; admin "
             "commands never start a local server"
         )
-    check_mongodb_uri(uri, mongodb_uri_source() if settings.mongodb_uri else "the local "
-                      "server's URI (aggbox local)")
+    source = (mongodb_uri_source() if settings.mongodb_uri
+              else "the local server's URI (aggbox local)")
+    check_mongodb_uri(uri, source)
     client: Any = MongoClient(uri, serverSelectionTimeoutMS=int(args.timeout * 1000),
                               tz_aware=True, appname="aggbox-admin")
     try:
-        try:
-            client.admin.command("ping")
-        except PyMongoError as exc:
-            raise AggboxError(f"cannot reach MongoDB at {redact_uri(uri)}: {exc}. Check "
-                              "AGGBOX_MONGODB_URI and that the server is up.") from None
+        ping(client, uri, source=source)  # unreachable: the dispatcher's one line
         try:
             yield settings, client[settings.database]
         except PyMongoError as exc:
-            raise AggboxError(f"MongoDB error ({redact_uri(uri)}, database "
-                              f"{settings.database!r}): {exc}") from None
+            message = store_problem(uri, exc, timeout_s=args.timeout, source=source)
+            raise AggboxError(message or f"MongoDB error ({redact_uri(uri)}, database "
+                              f"{settings.database!r}): {describe_store_error(exc)}") from None
     finally:
         client.close()
 

@@ -202,10 +202,14 @@ class _Context:
     def start(self) -> Any:
         from pyspark.sql import SparkSession
 
+        from aggbox.commands.preflight import reach_mongodb, run_uri_source
         from aggbox.logs import current_log_file
         from aggbox.session import build_session
         from spark.session import quiet_logs, remote_url
 
+        if self.settings.mongodb_uri:  # before Spark: an unreachable server is one line
+            reach_mongodb(self.settings.mongodb_uri, appname="aggbox-run", source=
+                          run_uri_source(bool(self.args.opt_aggbox_mongodb_uri)))
         remote = remote_url(self.spark_settings)
         self.owns_session = remote is not None or SparkSession.getActiveSession() is None
         with self.console.status(f"connecting to {remote}…" if remote else "starting Spark…"):
