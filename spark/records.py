@@ -23,7 +23,13 @@ from aggregates.core.errors import EnvelopeError
 from aggregates.core.fastbuild import utf8_encodable
 from aggregates.core.jsonnumbers import NonJSONNumber
 from aggregates.core.reasons import Reason
-from aggregates.message.envelope import MAX_RECORD_DEPTH, Message, json_depth
+from aggregates.message.envelope import (
+    KIND_EVENT,
+    KIND_HEADER,
+    MAX_RECORD_DEPTH,
+    Message,
+    json_depth,
+)
 from aggregates.wire import cloudevents
 from spark.messages import fast_message, json_loads, with_record_trace
 from spark.sources import CE_HEADER_COLUMN
@@ -154,6 +160,8 @@ Ids = tuple[str | None, str | None, str | None, str | None]
 _NO_IDS: Ids = (None, None, None, None)
 #: Spark's reasons that stand without a parse here (the record is not read again).
 _FINAL_REASONS = frozenset({Reason.INVALID_ENCODING, Reason.PAYLOAD_TOO_LARGE})
+#: Spark's routing reasons: an aggbox event (header ``aggbox-kind: event``) never keeps one.
+_ROUTING_REASONS = frozenset({Reason.UNKNOWN_AGGREGATE_TYPE, Reason.UNKNOWN_MESSAGE_TYPE})
 #: Records above this size are never parsed, not even for their ids.
 _MAX_PARSED_CHARS = 16 * 1024 * 1024
 
@@ -167,7 +175,10 @@ def check_row(rows: Rows, row: int, max_payload: int,
     Spark's reasons for the raw record (not UTF-8, too large, empty) stand; every other
     row is parsed and checked here in full — an invalid record is reported with the exact
     reason even when Spark flagged it (Spark reads fields as text; a lone surrogate is
-    '?'); a valid row Spark flagged (misrouted) keeps its message and Spark's reason."""
+    '?'); a valid row Spark flagged (misrouted) keeps its message and Spark's reason —
+    unless it is an aggbox event (``aggbox-kind: event``, in the envelope's headers or a
+    CloudEvent's ``aggboxkind``): the writer reports those ``duplicate`` (``aggbox_event``),
+    never a routing dead letter (docs/design.md "Publish in order")."""
     if row in rows.bad_encoding:
         return None, Reason.INVALID_ENCODING, rows.bad_encoding[row], _NO_IDS
     raw, reason, detail = rows.raw[row], rows.reason[row], rows.detail[row]
@@ -183,6 +194,11 @@ def check_row(rows: Rows, row: int, max_payload: int,
     if failure is None:
         msg, failure = _message(rows, row, decoded, binary, max_payload)
         if failure is None:
+            if reason in _ROUTING_REASONS and msg is not None and (
+                    msg.headers.get(KIND_HEADER) == KIND_EVENT):
+                # An aggbox event fed back: nobody's input, whatever handlers (or type) the
+                # registry has; the writer reports it duplicate, reason aggbox_event.
+                return msg, None, None, _NO_IDS
             return msg, reason, detail, _NO_IDS
     return None, *failure, _ids(decoded, binary)
 

@@ -103,7 +103,9 @@ REASON_DOCS: Final[Mapping[Reason, ReasonDoc]] = {
         "stored state, deploy the newer definitions or fix the migration (the detail names "
         "it); replay."),
     Reason.INVALID_EMIT: ReasonDoc(
-        _DEAD, "an emitted message is invalid (bad `Emit`, payload keys with `$` or `.`)",
+        _DEAD, "an emitted message is invalid (bad `Emit`, payload keys with `$` or `.`, a "
+        "float NaN or infinity in the payload — not JSON, the detail names the field; the "
+        "state may hold them: it is stored as BSON, never published)",
         "Fix the handler; replay."),
     Reason.INVALID_TIMER: ReasonDoc(
         _DEAD, "a `Schedule` or `Cancel` is invalid (a bad key, neither or both of `at=` and "
@@ -134,7 +136,9 @@ REASON_DOCS: Final[Mapping[Reason, ReasonDoc]] = {
         _DEAD, "`aggregate_type` is not in the module",
         "Deploy the module with that type and replay, or fix the producer's routing."),
     Reason.INVALID_JSON: ReasonDoc(
-        _DEAD, "the input record is not JSON, or empty (pipeline)",
+        _DEAD, "the input record is not JSON, or empty (pipeline); `NaN`, `Infinity` and "
+        "`-Infinity` are not JSON either, anywhere in the record, nor is a payload number "
+        "beyond a double's range (`1e400`): the detail names the field",
         "Fix the producer and send it again (only the raw text is stored)."),
     Reason.INVALID_ENCODING: ReasonDoc(
         _DEAD, "the input record is not valid UTF-8; the detail gives the byte offset "
@@ -188,22 +192,24 @@ REASON_DOCS: Final[Mapping[Reason, ReasonDoc]] = {
         "Wait for it. If it was dead-lettered, fix and replay it: the parked ones follow in "
         "the same write."),
     Reason.AGGBOX_EVENT: ReasonDoc(
-        "duplicate", "the message is an event the aggregate itself published (an untargeted "
-        "emit fed back as input): its effect is already in the aggregate",
+        "duplicate", "the message is an event an aggregate published (an untargeted emit, "
+        "header `aggbox-kind: event`, fed back as input): its effect is already in the "
+        "aggregate that published it — whatever handlers the receiving aggregate type has, "
+        "and also when the pipeline has no such aggregate type",
         "Nothing; to stop the round trip, do not feed the outbox topic back into the "
         "pipeline."),
-    Reason.OUTBOX_FULL: ReasonDoc(
-        _PARKED, "the outbox holds `max_outbox` entries",
-        "The dispatcher is not draining: check it (`/healthz`, backlog metrics). Then "
-        "`aggbox parked release` or wait for the aggregate's next message."),
-    Reason.DOCUMENT_SIZE_BUDGET: ReasonDoc(
-        _PARKED, "the write would take the document past `max_document_bytes`",
     Reason.EARLIER_ATTEMPT: ReasonDoc(
         "applied", "a retried attempt of a run (a Spark task retried after an executor "
         "loss) found the message applied by an earlier attempt of the same run, whose "
         "outcome was lost with it: counted `applied` once, here; the detail names the "
         "attempt that wrote it (docs/design.md \"Counts that survive retries\")",
         "Nothing: the message was applied once. A real duplicate stays `duplicate`."),
+    Reason.OUTBOX_FULL: ReasonDoc(
+        _PARKED, "the outbox holds `max_outbox` entries",
+        "The dispatcher is not draining: check it (`/healthz`, backlog metrics). Then "
+        "`aggbox parked release` or wait for the aggregate's next message."),
+    Reason.DOCUMENT_SIZE_BUDGET: ReasonDoc(
+        _PARKED, "the write would take the document past `max_document_bytes`",
         "Usually a full outbox: as above. If the inbox and state fill it, raise "
         "`max_document_bytes` or shrink the inbox window, then release it."),
     Reason.EMITS_EXCEED_OUTBOX_LIMIT: ReasonDoc(
@@ -247,7 +253,9 @@ REASON_DOCS: Final[Mapping[Reason, ReasonDoc]] = {
         "Read the error; fix the cause; re-send."),
     Reason.INVALID_OUTBOX_ENTRY: ReasonDoc(
         _DISPATCH_DEAD, "a stored outbox entry cannot form an envelope (a hand-edited or "
-        "corrupted document)",
+        "corrupted document), or its payload holds a float NaN or infinity, which JSON cannot "
+        "carry (the detail names the field; the handler's emit is refused as `invalid_emit` "
+        "since, so only an entry stored before or by hand)",
         "Inspect the raw entry (`aggbox deadletters show`); re-send by hand if needed."),
     Reason.BROKER_UNAVAILABLE: ReasonDoc(
         _DISPATCH_RETRY, "the broker did not take the record this time (timeout, connection)",

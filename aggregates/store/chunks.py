@@ -12,7 +12,8 @@ from aggregates.core.reasons import Reason
 from aggregates.core.settings import AggboxSettings
 from aggregates.domain.aggregate import AggregateType, Registry
 from aggregates.fold.result import DeadLetter, Parked
-from aggregates.message.envelope import Message
+from aggregates.message.envelope import KIND_EVENT, KIND_HEADER, Message
+from aggregates.message.outcomes import Outcome
 
 __all__ = ["Chunk", "Work", "chunks"]
 
@@ -35,8 +36,9 @@ class Work:
         return self.pos >= len(self.messages)
 
 
-#: A chunk: its aggregates' work, and the dead letters of messages of unknown types.
-Chunk = tuple[list[Work], list[DeadLetter]]
+#: A chunk: its aggregates' work, the dead letters of messages of unknown types, and the
+#: outcomes of the aggbox events among those (``duplicate``, reason ``aggbox_event``).
+Chunk = tuple[list[Work], list[DeadLetter], list[Outcome]]
 
 
 def chunks(messages: Iterable[Message], registry: Registry, settings: AggboxSettings
@@ -46,26 +48,38 @@ def chunks(messages: Iterable[Message], registry: Registry, settings: AggboxSett
     s = settings
     chunk: dict[tuple[str, str], Work] = {}
     pending_dead: list[DeadLetter] = []
+    events: list[Outcome] = []
     n = 0
     for msg in messages:
         try:
             atype = registry.get(msg.aggregate_type)
         except UnknownAggregateType as exc:
-            pending_dead.append(DeadLetter(msg, None, Reason.UNKNOWN_AGGREGATE_TYPE, str(exc),
-                                           None, msg.aggregate_type, msg.aggregate_id))
+            if msg.headers.get(KIND_HEADER) == KIND_EVENT:
+                # An aggbox event (an untargeted emit fed back) is nobody's input, whatever
+                # its type: the fold's first check, here for a type this registry lacks.
+                events.append(Outcome(
+                    msg.message_id, msg.aggregate_type, msg.aggregate_id, "duplicate",
+                    Reason.AGGBOX_EVENT, f"an event {msg.aggregate_type}/{msg.aggregate_id} "
+                    f"published (header {KIND_HEADER}: {KIND_EVENT}); events are not input "
+                    "to aggregates (and this pipeline has no aggregate type "
+                    f"{msg.aggregate_type!r})"))
+            else:
+                pending_dead.append(DeadLetter(msg, None, Reason.UNKNOWN_AGGREGATE_TYPE,
+                                               str(exc), None, msg.aggregate_type,
+                                               msg.aggregate_id))
             continue
         key = (atype.name, msg.aggregate_id)
         work = chunk.get(key)
         if work is None:
             if len(chunk) >= s.chunk_aggregates or n >= s.chunk_messages:
-                yield list(chunk.values()), pending_dead
-                chunk, pending_dead, n = {}, [], 0
+                yield list(chunk.values()), pending_dead, events
+                chunk, pending_dead, events, n = {}, [], [], 0
             work = chunk[key] = Work(atype, msg.aggregate_id)
         work.messages.append(msg)
         n += 1
         if n >= s.chunk_messages * 4:
             # A hot aggregate: do not buffer without bound waiting for its end.
-            yield list(chunk.values()), pending_dead
-            chunk, pending_dead, n = {}, [], 0
-    if chunk or pending_dead:
-        yield list(chunk.values()), pending_dead
+            yield list(chunk.values()), pending_dead, events
+            chunk, pending_dead, events, n = {}, [], [], 0
+    if chunk or pending_dead or events:
+        yield list(chunk.values()), pending_dead, events

@@ -138,13 +138,15 @@ class StoreWriter:
         for it: per aggregate, writes stay strictly ordered."""
         depth = self.settings.pipeline_depth
         if depth <= 1:
-            for works, dead in chunks(messages, self.registry, self.settings):
+            for works, dead, events in chunks(messages, self.registry, self.settings):
+                yield from events  # aggbox events of types not registered here: duplicate
                 yield from self._flush(works, dead)
             return
         inflight: deque[tuple[Future[list[Outcome]], set[tuple[str, str]]]] = deque()
         with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="aggbox-writer") as pool:
             try:
-                for works, dead in chunks(messages, self.registry, self.settings):
+                for works, dead, events in chunks(messages, self.registry, self.settings):
+                    yield from events
                     keys = {(w.atype.name, w.aggregate_id) for w in works}
                     while inflight and (len(inflight) >= depth
                                         or any(keys & k for _, k in inflight)):

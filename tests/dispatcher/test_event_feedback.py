@@ -36,3 +36,21 @@ def test_published_events_fed_back_are_duplicates_not_dead_letters() -> None:
     # The addressed one is real input (its target has no "Ninefold" handler here: a dead
     # letter that names the type); the event is nobody's input and leaves no dead letter.
     assert [d["message_id"] for d in db.aggbox_dead_letters.find()] == [addressed.message_id]
+
+
+def test_an_event_of_an_aggregate_type_the_pipeline_lacks_is_a_duplicate_too() -> None:
+    """An event is nobody's input, whatever the receiving registry has: a writer without the
+    emitter's type reports it ``duplicate`` (``aggbox_event``), writes no dead letter — while
+    addressed input for a type it lacks stays an ``unknown_aggregate_type`` dead letter."""
+    from tests.spark.eventdomain import registry as other
+
+    h = AggregateHarness(counters, aggregate_id="a1")
+    h.when(message("Add", {"n": 9}, to=counters, id="a1"))
+    event, addressed = (_published(e) for e in h.dispatch())
+    assert "Counter" not in {t.name for t in other}
+    db = memory_database("events-unknown")
+    out = StoreWriter(db, other, settings=AggboxSettings()).process([event, addressed])
+    assert sorted((o.message_id, o.outcome, o.reason) for o in out) == sorted([
+        (event.message_id, "duplicate", Reason.AGGBOX_EVENT),
+        (addressed.message_id, "dead_lettered", Reason.UNKNOWN_AGGREGATE_TYPE)])
+    assert [d["message_id"] for d in db.aggbox_dead_letters.find()] == [addressed.message_id]
