@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.dispatcher.authserver import RefusingMongo
 from tests.dispatcher.helpers import dead_port
 
 #: The ``aggbox`` command of the interpreter running the tests (the project's .venv/bin).
@@ -112,3 +113,26 @@ def test_admin_commands_name_the_config_file_the_uri_came_from(tmp_path: Path) -
         f"MongoDB at mongodb://127.0.0.1:{port}/ not reachable within 1s ("), line
     assert line.endswith("; check that the server runs and that mongodb_uri in the [aggbox] "
                          "section of the config file names its host and port"), line
+
+
+def test_a_refused_login_is_one_line_too(tmp_path: Path) -> None:
+    """A server that answers but refuses the credentials (code 18, from a wire-protocol
+    stand-in: the local server has no authentication): one line naming where to fix it."""
+    messages = tmp_path / "in.jsonl"
+    messages.write_text('{"message_id": "m-1"}\n')
+    with RefusingMongo() as server:
+        uri = server.uri(password=PASSWORD)
+        run = _start(["run", "--input", str(messages), "--aggregates",
+                      "aggbox.examples.orders", "--no-progress", "--mongodb-uri", uri],
+                     {**_env(tmp_path), "JAVA_HOME": str(tmp_path / "no-java")}, tmp_path)
+        admin = _start(["deadletters", "list"], _env(tmp_path, AGGBOX_MONGODB_URI=uri),
+                       tmp_path)
+        results = [_one_line(run), _one_line(admin)]
+        assert "saslStart" in server.commands  # the driver really tried to log in
+    shown = f"mongodb://aggbox:***@127.0.0.1:{server.port}/?directConnection=true"
+    for (rc, line), source in zip(results, ["--mongodb-uri (AGGBOX_MONGODB_URI)",
+                                            "AGGBOX_MONGODB_URI"], strict=True):
+        assert rc == 1
+        assert _message(line).startswith(f"MongoDB at {shown} refused: "), line
+        assert "code 18" in line and "Authentication failed" in line, line
+        assert line.endswith(f"; check the user, password and options in {source}"), line
