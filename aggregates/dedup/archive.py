@@ -24,11 +24,12 @@ from typing import Any, Protocol
 
 from pymongo import ASCENDING
 from pymongo.database import Database
-from pymongo.errors import BulkWriteError
+from pymongo.errors import BulkWriteError, OperationFailure
 
 from aggregates.core.bulk import DUPLICATE_KEY, error_labels
 from aggregates.core.errors import StoreError
 from aggregates.core.keys import archive_key  # the archive ``_id`` (unambiguous)
+from aggregates.core.unsupported import UnsupportedByServer, not_implemented
 from aggregates.dedup.core import InboxEntry, RecordArchive
 
 __all__ = ["InboxArchive", "archive_collection", "archive_key"]
@@ -59,7 +60,18 @@ class InboxArchive(RecordArchive):
     def ensure_indexes(self) -> None:
         # TTL: MongoDB removes a document some time after ``x`` (never before), and never
         # one without ``x`` (undated ids). The dedup argument needs only "never before".
-        self.coll.create_index([("x", ASCENDING)], expireAfterSeconds=0, name="aggbox_ttl")
+        try:
+            self.coll.create_index([("x", ASCENDING)], expireAfterSeconds=0,
+                                   name="aggbox_ttl")
+        except OperationFailure as exc:
+            if not_implemented(exc):  # e.g. FerretDB 1.x: code 238 NotImplemented
+                raise UnsupportedByServer(
+                    f"the server does not support TTL indexes (expireAfterSeconds; code "
+                    f"{exc.code}): aggbox needs one on {self.coll.name} to forget the ids "
+                    "of Inbox dedup after the dedup horizon; use MongoDB (types with "
+                    "HighWater dedup need no archive), and run `aggbox check-store` to see "
+                    "what else this server lacks") from exc
+            raise
 
     def write(self, entries: Iterable[tuple[str, InboxEntry]], *, now: datetime) -> int:
         """Archive ``(aggregate_id, entry)`` pairs; returns how many were sent.
@@ -76,6 +88,8 @@ class InboxArchive(RecordArchive):
                 doc["t"] = e[1]
             if len(e) > 2 and e[2]:
                 doc["h"] = e[2]
+            if len(e) > 3:
+                doc["w"] = e[3]
             expire = self.inbox.expire_at(e, now)
             if expire is not None:
                 doc["x"] = expire
@@ -88,8 +102,6 @@ class InboxArchive(RecordArchive):
                 wc = exc.details.get("writeConcernErrors") or []
                 if wc:
                     raise StoreError(f"write concern not satisfied on {self.coll.name}; the "
-            if len(e) > 3:
-                doc["w"] = e[3]
                                      "batch fails so it is retried",
                                      code=_code(wc[0]), labels=labels) from exc
                 others = [e for e in exc.details.get("writeErrors", [])
@@ -103,7 +115,12 @@ class InboxArchive(RecordArchive):
     def lookup(self, pairs: Sequence[tuple[str, str]]) -> dict[str, dict[str, str | None]]:
         """Which of ``(aggregate_id, message_id)`` are archived: aggregate id → message id →
         payload hash."""
+        return self.lookup_tagged(pairs)[0]
+
+    def lookup_tagged(self, pairs: Sequence[tuple[str, str]]
+                      ) -> tuple[dict[str, dict[str, str | None]], dict[str, dict[str, int]]]:
         out: dict[str, dict[str, str | None]] = {}
+        tags: dict[str, dict[str, int]] = {}
         keys = {archive_key(a, m): (a, m) for a, m in pairs}
         ids = list(keys)
         for i in range(0, len(ids), LOOKUP_BATCH):
@@ -118,10 +135,5 @@ class InboxArchive(RecordArchive):
 
 
 def _code(err: dict[str, Any]) -> int | None:
-        return self.lookup_tagged(pairs)[0]
-
-    def lookup_tagged(self, pairs: Sequence[tuple[str, str]]
-                      ) -> tuple[dict[str, dict[str, str | None]], dict[str, dict[str, int]]]:
     code = err.get("code")
-        tags: dict[str, dict[str, int]] = {}
     return code if isinstance(code, int) else None
