@@ -304,6 +304,13 @@ def test_unreachable_with_json_prints_one_object(capsys: pytest.CaptureFixture[s
     assert "s3cret" not in out + err and len(err.strip().splitlines()) == 1
 
 
+def test_a_missing_config_file_with_json_is_one_object(
+        capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
+    rc, out, err = run(capsys, "--config", str(tmp_path / "missing.toml"), "--json")
+    assert rc == 1 and "does not exist" in err
+    assert json.loads(out)["error"] == f"config file {tmp_path / 'missing.toml'} does not exist"
+
+
 def test_without_any_mongodb_it_says_so_and_starts_nothing(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         tmp_path: Any) -> None:

@@ -100,7 +100,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         settings = AggboxSettings.load(config_file=args.config)
     except ValidationError as exc:
-        raise ConfigurationError(f"invalid settings: {exc}") from None
+        return _error(f"invalid settings: {exc}", EXIT_FAILED, args.json)
+    except ConfigurationError as exc:  # e.g. a config file that does not exist
+        return _error(str(exc), EXIT_FAILED, args.json)
     uri, source = _resolve(args.uri, settings.mongodb_uri, mongodb_uri_source)
     if uri is None:
         return _error("no MongoDB to check: pass --uri, set AGGBOX_MONGODB_URI (or "
