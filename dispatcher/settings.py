@@ -54,7 +54,8 @@ class DispatcherSettings(SectionSettings):
     topic_template: str = Field(
         "{aggregate_type}.events",
         description="Topic of an entry that names none. Placeholders: {aggregate_type} "
-        "(emitting aggregate type), {target_type} (addressed aggregate type, else the "
+        "(emitting aggregate type; for a fired timer the aggregate that scheduled it, never "
+        "`aggbox.timer`), {target_type} (addressed aggregate type, else the "
         "emitting one), {type} (message type), {collection}.",
     )
     kafka_bootstrap_servers: str = Field(
