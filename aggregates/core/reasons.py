@@ -89,7 +89,9 @@ _EFFECT_RETRY = "effect retried by the runner"
 #: One entry per :class:`Reason` member, in member order (a test checks it is complete).
 REASON_DOCS: Final[Mapping[Reason, ReasonDoc]] = {
     Reason.HANDLER_ERROR: ReasonDoc(
-        _DEAD, "a handler raised",
+        _DEAD, "a handler raised (not `RetryableError`, not `ImportError`: a handler or "
+        "upcaster that cannot import a module fails the run instead and dead-letters nothing, "
+        "docs/design.md \"Deployment errors\")",
         "Read the traceback (`aggbox deadletters show`). Fix the handler — or the data "
         "upstream — deploy, `aggbox deadletters replay`. With `on_handler_error=\"park\"` the "
         "aggregate is blocked: replay, then `aggbox parked release`. Raise `RetryableError` "
