@@ -109,8 +109,14 @@ def test_failed_tasks_are_retried_without_effect(pipeline: PipelineFactory, db: 
     assert applied == sorted({r["message_id"] for r in records if "-flaky" in r["message_id"]})
     assert len(applied) == 6
     assert result.ok and result.input_count == len(records)
-    # Whatever the failed attempts wrote is a duplicate now; each message applied once.
-    assert result.counts["applied"] + result.counts["duplicate"] == len(records)
+    # Each message applied once, and counted so: what a failed attempt wrote is `applied`
+    # (reason earlier_attempt) for the retry, not `duplicate` (docs/design.md "Counts that
+    # survive retries").
+    assert result.counts["applied"] == unique_count(records)
+    assert result.counts["duplicate"] == len(records) - unique_count(records)
+    earlier = [r for r in rows if r["reason"] == "earlier_attempt"]
+    assert earlier and {r["outcome"] for r in earlier} == {"applied"}
+    assert all(r["task_attempt"] >= 1 and "(TID " in r["detail"] for r in earlier)
     assert_matches_oracle(db, records)
 
 
