@@ -73,8 +73,14 @@ class InboxArchive(RecordArchive):
                     "what else this server lacks") from exc
             raise
 
-    def write(self, entries: Iterable[tuple[str, InboxEntry]], *, now: datetime) -> int:
+    def write(self, entries: Iterable[tuple[str, InboxEntry]], *, now: datetime,
+              store_now: datetime | None = None) -> int:
         """Archive ``(aggregate_id, entry)`` pairs; returns how many were sent.
+
+        ``x`` is read by the server's TTL monitor against the server's clock: with
+        ``store_now`` (a writer whose clock is not the wall clock: a test's fixed clock) it
+        is put as far ahead of ``store_now`` as the expiry is of ``now``; otherwise the
+        writer's clock is the store's, up to ``Inbox(clock_skew=...)``.
 
         Plain unordered inserts: an entry never changes, so an id archived before (a rerun,
         or a rival writer) is a duplicate-key error that means "already there" and is
@@ -92,7 +98,7 @@ class InboxArchive(RecordArchive):
                 doc["w"] = e[3]
             expire = self.inbox.expire_at(e, now)
             if expire is not None:
-                doc["x"] = expire
+                doc["x"] = expire if store_now is None else store_now + (expire - now)
             docs.append(doc)
         if docs:
             try:

@@ -175,8 +175,10 @@ class RecordArchive(ABC):
         """Create what the archive needs. Idempotent."""
 
     @abstractmethod
-    def write(self, entries: Iterable[tuple[str, InboxEntry]], *, now: datetime) -> int:
-        """Keep ``(aggregate_id, entry)`` pairs (idempotent); returns how many were sent."""
+    def write(self, entries: Iterable[tuple[str, InboxEntry]], *, now: datetime,
+              store_now: datetime | None = None) -> int:
+        """Keep ``(aggregate_id, entry)`` pairs (idempotent); returns how many were sent.
+        ``store_now``: the store's clock, when it is not ``now`` (for TTL fields)."""
 
     @abstractmethod
     def lookup(self, pairs: Sequence[tuple[str, str]]) -> dict[str, dict[str, str | None]]:

@@ -69,6 +69,8 @@ class PassContext:
     #: (aggregates.dedup.runs).
     run: RunStamp | None = None
     claims: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    #: The store's clock at the chunk's start, when it is not the writer's (TTL fields).
+    store_now: datetime | None = None
 
 
 @dataclass(slots=True)
@@ -204,7 +206,8 @@ class CollectionPass:
         if self.archive is not None:
             # Ids leaving the dedup record are archived before the write that evicts them.
             self.archive.write([(p.work.aggregate_id, e) for p in pending
-                                for e in p.result.changes.dedup.archive], now=self.now)
+                                for e in p.result.changes.dedup.archive], now=self.now,
+                               store_now=self.ctx.store_now)
         if self.ctx.before_write is not None:
             self.ctx.before_write(ops)
         errors = bulk_write_unordered(self.coll, ops)

@@ -70,6 +70,7 @@ class StoreWriter:
         before_write: Callable[[list[WriteOp]], None] | None = None,
         fault: Callable[[str], None] | None = None,
         run: RunStamp | None = None,
+        store_clock: Callable[[], datetime] | None = None,
     ) -> None:
         self.db = db
         self.registry = registry
@@ -84,6 +85,10 @@ class StoreWriter:
         #: message an earlier attempt of the same run applied is counted ``applied`` once
         #: (reason ``earlier_attempt``), not ``duplicate`` (aggregates.dedup.runs).
         self.run = run
+        #: The clock the store compares TTL fields with (its own): the inbox archive's
+        #: expiry is put as far ahead of it as of ``clock``. ``None``: ``clock`` (both are
+        #: the wall clock in production); a test with a fixed clock passes ``utc_now``.
+        self.store_clock = store_clock
         self._claims: dict[tuple[str, str], set[str]] = {}
         self.dead_letters = DeadLetterStore(db, collection=self.settings.dead_letter_collection)
         self.parking = ParkedStore(db, collection=self.settings.parked_collection)
@@ -187,7 +192,8 @@ class StoreWriter:
         for w in works:
             by_coll.setdefault(w.atype.collection, []).append(w)
         ctx = PassContext(self.settings, self.parking, self.sleep, self._rng.random,
-                          self.before_write, self.fault, self.run, self._claims)
+                          self.before_write, self.fault, self.run, self._claims,
+                          store_now=self.store_clock() if self.store_clock else None)
         st = WriterStats(chunks=1)
         side: dict[str, tuple[list[Parked], list[tuple[str, str]]]] = {}
         for cname, cworks in by_coll.items():

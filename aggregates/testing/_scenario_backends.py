@@ -135,7 +135,7 @@ class _LostWrite(Exception):
 class StoreBackend:
     def __init__(self, db: Any, registry: Registry, *, now: datetime) -> None:
         from aggregates.core.settings import AggboxSettings
-        from aggregates.store.writer import StoreWriter
+        from aggregates.store.writer import StoreWriter, utc_now
 
         self.db = db
         self.registry = registry
@@ -143,7 +143,10 @@ class StoreBackend:
         self._lose = False
         self.writer = StoreWriter(db, registry, settings=AggboxSettings.load(pipeline_depth=1),
                                   clock=lambda: self.now, sleep=lambda _s: None,
-                                  before_write=self._before_write)
+                                  before_write=self._before_write,
+                                  # TTL fields on the store's clock, not the fixed one: else
+                                  # the store expires archive entries at once (issue 33).
+                                  store_clock=utc_now)
         self.writer.ensure_indexes()
 
     def _before_write(self, _ops: Any) -> None:
