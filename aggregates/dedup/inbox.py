@@ -158,13 +158,9 @@ class Inbox(DedupStrategy):
         if run is None:
             return None
         mid = msg.message_id
-        version: object = rec.archived_tags.get(mid)
-        if version is None:
-            for e in reversed(rec.inbox):
-                if e[0] == mid:
-                    version = e[3] if len(e) > 3 else None
-                    break
-        label = run.by_version(version)
+        if run.inbox_tags is None:
+            run.inbox_tags = {str(e[0]): e[3] for e in rec.inbox if len(e) > 3}
+        label = run.by_version(run.inbox_tags.get(mid, rec.archived_tags.get(mid)))
         return None if label is None else (mid, label)
 
     def archive(self, db: Database[Any], collection: str) -> RecordArchive:

@@ -65,6 +65,9 @@ class RunState:
     before: dict[str, int] = field(default_factory=dict)
     unapplied: list[str] = field(default_factory=list)
     write_version: int = 0
+    #: The inbox entries' write versions by message id, built by the first lookup of a fold
+    #: (entries the fold adds have none yet: they are the writer's own).
+    inbox_tags: dict[str, object] | None = None
 
     @property
     def own(self) -> bool:

@@ -3,7 +3,8 @@ run stamp whose earlier attempt died after a partial write counts what that atte
 as ``applied`` once (reason ``earlier_attempt``, naming the attempt), a real duplicate
 stays ``duplicate``, and another run's redelivery of the same batch is all ``duplicate`` —
 on the in-memory database and on the local server, with the inbox (a window of 3, so ids
-go through the inbox archive) and high-water dedup."""
+go through the inbox archive) and high-water dedup; a timer's message recorded as handled
+without being applied is never claimed."""
 
 from __future__ import annotations
 
@@ -13,13 +14,16 @@ from typing import Any
 
 import pytest
 
-from aggregates import HighWater, Message, Registry, StoreWriter
+from aggregates import HighWater, Inbox, Message, Registry, StoreWriter
 from aggregates.core.reasons import Reason
 from aggregates.core.settings import AggboxSettings
+from aggregates.dedup import DedupStrategy
 from aggregates.dedup.runs import RunStamp
 from aggregates.message.outcomes import Outcome
-from aggregates.testing import memory_database
+from aggregates.testing import memory_database, message
+from aggregates.wire.outbound import entry_message
 from tests.aggregates.domain import make_counter, msg
+from tests.aggregates.test_timers import order_type
 
 T0 = datetime(2026, 1, 2, tzinfo=UTC)
 tally = make_counter("Tally", window=3)
@@ -157,3 +161,34 @@ def test_without_a_stamp_the_document_layout_is_unchanged() -> None:
     for d in db.tallys.find():
         assert "_run" not in d and all(len(e) == 3 for e in d["inbox"])
     assert all("w" not in d for d in db.tallys_inbox_archive.find())
+
+
+@pytest.mark.parametrize("dedup", [Inbox(), HighWater(mode="monotonic")],
+                         ids=["inbox", "highwater"])
+def test_a_timer_recorded_as_handled_is_not_claimed(store: Any, dedup: DedupStrategy) -> None:
+    """A handler cancels a stored timer that may be firing: its message is recorded as
+    handled without being applied ("Timers"). When it then arrives in the same run, it is a
+    duplicate in every attempt — never counted applied for the attempt that recorded it."""
+    orders = order_type(dedup)
+    reg = Registry([orders])
+
+    def w(run: RunStamp | None, fault: Any = None) -> StoreWriter:
+        sw = StoreWriter(store, reg, settings=SETTINGS.model_copy(update={"slice_messages": 1}),
+                         sleep=lambda _: None, clock=lambda: T0, fault=fault, run=run)
+        sw.ensure_indexes()
+        return sw
+
+    def send(mtype: str, seq: int) -> Message:
+        return message(mtype, {"ops": []} if mtype == "Op" else {}, to="Order", id="o-1",
+                       message_id=f"{mtype}-{seq}", occurred_at=T0,
+                       source=("Upstream", "u", seq))
+
+    assert kinds(w(None).process([send("Place", 1)])) == {"applied": 1}
+    (timer,) = store[orders.collection].find_one({"_id": "o-1"})["timers"]
+    in_flight = entry_message(timer, document_id="o-1", source_type="Order")
+    run = [send("CreditReserved", 2), in_flight, send("Op", 3)]
+    with pytest.raises(Died):  # wrote CreditReserved (and the timer as handled), then lost
+        w(RunStamp("r1", "task 0.0"), dies_after(1)).process(run)
+    out = w(RunStamp("r1", "task 0.1")).process(run)
+    assert [(o.outcome, o.reason) for o in out] == [
+        ("applied", Reason.EARLIER_ATTEMPT), ("duplicate", None), ("applied", None)]
