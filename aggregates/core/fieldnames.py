@@ -4,7 +4,6 @@ to become MongoDB operators or update paths."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from math import isfinite as _isfinite
 from typing import Any
 
 from aggregates.core.errors import EnvelopeError, InvalidFieldName
@@ -38,7 +37,7 @@ def check_field_names(value: Any, path: str, *, envelope: bool = False, depth: i
                     "field names must not start with '$' or contain '.' (operator injection)",
                 )
             if type(item) in _SCALARS:
-                if finite and type(item) is float and not _isfinite(item):
+                if finite and type(item) is float and item - item != 0.0:  # NaN, ±inf
                     _not_json(f"{path}.{key}", item, envelope)
                 continue
             if isinstance(item, dict | list | tuple | Mapping):
@@ -47,7 +46,7 @@ def check_field_names(value: Any, path: str, *, envelope: bool = False, depth: i
     elif isinstance(value, list | tuple):
         for i, item in enumerate(value):
             if type(item) in _SCALARS:
-                if finite and type(item) is float and not _isfinite(item):
+                if finite and type(item) is float and item - item != 0.0:  # NaN, ±inf
                     _not_json(f"{path}[{i}]", item, envelope)
                 continue
             if isinstance(item, dict | list | tuple | Mapping):

@@ -33,7 +33,6 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from datetime import datetime
-from math import isfinite as _isfinite
 from typing import Any, Final, TypeGuard
 
 from aggregates.core.errors import EnvelopeError
@@ -118,7 +117,7 @@ def plain_payload(value: Any, escapes: bool, depth: int = 0) -> bool:
             if not plain_payload(item, escapes, depth + 1):
                 return False
         elif t is float:
-            if not _isfinite(item):  # NaN or infinity: not JSON (from_dict names it)
+            if item - item != 0.0:  # NaN or infinity (inf - inf is NaN): not JSON
                 return False
         elif t is not bool and item is not None:
             return False
