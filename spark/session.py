@@ -6,9 +6,10 @@ Under ``spark-submit`` (or in a notebook) pass your own session to the pipeline 
 - ``spark.speculation=false`` — a speculative copy of a writer task writes the same
   aggregates concurrently with the original: the two attempts collide on every aggregate
   (version conflicts, doubled load on MongoDB, hot aggregates may exhaust their conflict
-  retries and get parked), and whichever attempt loses has its outcome rows discarded, so
-  the audit log shows as ``duplicate`` what the other attempt applied. Retries after a
-  *failure* are fine and stay on (``spark.task.maxFailures``).
+  retries and get parked), and whichever attempt loses has its outcome rows discarded.
+  Retries after a *failure* are fine and stay on (``spark.task.maxFailures``): the retry
+  counts what the failed attempt applied as ``applied`` once (run stamps,
+  :mod:`aggregates.dedup.runs`).
 - ``local[N]`` → ``local[N, F]``: plain ``local`` masters never retry a failed task.
 - ``PYSPARK_PYTHON`` = this interpreter: executors need the same packages (pymongo,
   aggregates, your aggregates module).
