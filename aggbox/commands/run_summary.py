@@ -105,9 +105,9 @@ def print_reason_rows(console: Any, rows: list[dict[str, Any]], problem: str | N
     """The rows of :func:`reason_rows` below the tables, details on lines of their own
     (never cut: the terminal wraps them), then why the run is not ok."""
     for r in rows:
-        console.print(f"{r['outcome']} {r['reason']}: {r['count']}, first "
-                      f"{r['first_message_id']}", markup=False, highlight=False,
-                      soft_wrap=True)
+        first = f", first {r['first_message_id']}" if r["first_message_id"] else ""
+        console.print(f"{r['outcome']} {r['reason']}: {r['count']}{first}", markup=False,
+                      highlight=False, soft_wrap=True)
         if r["first_error"]:
             console.print(f"    {r['first_error']}", markup=False, highlight=False,
                           soft_wrap=True)
