@@ -76,9 +76,14 @@ def test_batch_run_on_spark_connect(connect_server: str, db: Any, mongo_uri: str
     done = aggbox("run", "--remote", connect_server, "--input", str(tmp_path / "*.jsonl"),
                   "--aggregates", AGGREGATES, "--mongodb-uri", mongo_uri, "--database",
                   db.name, "--shuffle-partitions", "3", "--no-progress", "--json")
-    assert done.returncode == 0, done.stderr[-4000:]
+    # dead letters: not ok (docs/operations.md "Exit status and "ok""), each reason listed
+    assert done.returncode == 3, done.stderr[-4000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    assert summary["ok"] and summary["input"] == len(records) + bad
+    assert summary["ok"] is False and summary["input"] == len(records) + bad
+    assert sum(r["count"] for r in summary["by_reason"]) == bad
+    for row in summary["by_reason"]:
+        assert row["first_message_id"] and row["first_error"], row
+        assert row["command"].startswith(f"aggbox deadletters list --reason {row['reason']} ")
     assert summary["applied"] == unique and summary["dead_lettered"] == bad
     assert summary["duplicate"] == len(records) - unique
     assert_matches_oracle(db, records)
