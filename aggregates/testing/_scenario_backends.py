@@ -32,10 +32,11 @@ Entry = Mapping[str, Any]
 class Backend(Protocol):
     now: datetime
 
-    def deliver(self, msg: Message, *, lose_write: bool = False
+    def deliver(self, msg: Message, *, lose_write: bool = False, step: int | None = None
                 ) -> tuple[list[Outcome], list[Entry]]:
         """Apply ``msg``: its outcomes (with released parked ones) and the entries it
-        emitted; with ``lose_write`` the handling runs but nothing is stored."""
+        emitted; with ``lose_write`` the handling runs but nothing is stored. ``step``: the
+        timeline's step, for error messages."""
         ...
 
     def outbox(self, atype: AggregateType[Any], aggregate_id: str) -> list[Entry]: ...
@@ -85,7 +86,7 @@ class MemoryBackend:
         h.now = self.now
         return h
 
-    def deliver(self, msg: Message, *, lose_write: bool = False
+    def deliver(self, msg: Message, *, lose_write: bool = False, step: int | None = None
                 ) -> tuple[list[Outcome], list[Entry]]:
         unknown = _unknown(self.registry, msg)
         if unknown is not None:
@@ -100,8 +101,8 @@ class MemoryBackend:
             del h.dead_letters[saved[3]:]
             del h.history[n:]
             return [], []
-        step = h.when(msg)
-        return list(h.history[n:]), list(step.emitted)
+        handled = h.when(msg, step=step)
+        return list(h.history[n:]), list(handled.emitted)
 
     def outbox(self, atype: AggregateType[Any], aggregate_id: str) -> list[Entry]:
         return list(self._harness(atype.name, aggregate_id).outbox)
@@ -153,7 +154,7 @@ class StoreBackend:
         if self._lose:
             raise _LostWrite()
 
-    def deliver(self, msg: Message, *, lose_write: bool = False
+    def deliver(self, msg: Message, *, lose_write: bool = False, step: int | None = None
                 ) -> tuple[list[Outcome], list[Entry]]:
         unknown = _unknown(self.registry, msg)
         if unknown is not None:

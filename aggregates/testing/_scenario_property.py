@@ -10,6 +10,7 @@ from typing import Any
 from aggregates.core.errors import AggboxError, ConfigurationError
 from aggregates.domain.aggregate import Registry
 from aggregates.domain.effects import Effects
+from aggregates.testing._blame import effect_blame, first_difference
 from aggregates.testing._scenario_faults import (
     DELIVERY_FAULTS,
     EFFECT_FAULTS,
@@ -84,10 +85,13 @@ def check_fault_tolerance(
                 f"{exc}") from exc
         got = sc.states()
         if got != expected:
-            why = ("a handler is not safe under at-least-once delivery" if source.injected
-                   else "even without faults: a handler is not deterministic (does it read "
-                   "the clock, random numbers or global state? use msg.occurred_at, or "
-                   "derive values from the message)")
+            # An effect that answered the same call differently is to blame, not a handler.
+            why = effect_blame((baseline.effect_calls, baseline.timeline),
+                               (sc.effect_calls, sc.timeline)) or (
+                "a handler is not safe under at-least-once delivery" if source.injected
+                else "even without faults: a handler is not deterministic (does it read "
+                "the clock, random numbers or global state? use msg.occurred_at, or "
+                "derive values from the message)")
             raise FaultToleranceError(
                 f"under faults {_faults(source)} the final states differ from the "
                 f"undisturbed run's — {why}:\n"
@@ -111,6 +115,9 @@ def _diff(want: dict[tuple[str, str], Any], got: dict[tuple[str, str], Any]) -> 
     for key in sorted(set(want) | set(got)):
         a, b = want.get(key, "(absent)"), got.get(key, "(absent)")
         if a != b:
+            if key in want and key in got:  # the first field that differs, then both states
+                lines.append(f"  {key[0]}/{key[1]} first differs at " + first_difference(
+                    a, b, "state", ("undisturbed", "under faults")))
             lines.append(f"  {key[0]}/{key[1]}: undisturbed {a!r}\n"
                          f"  {' ' * len(key[0] + key[1])}   under faults {b!r}")
     return "\n".join(lines)

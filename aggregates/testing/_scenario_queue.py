@@ -7,12 +7,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aggregates.core.errors import AggboxError
+from aggregates.domain.aggregate import Registry
 from aggregates.fold.ordering import delivery_order
 from aggregates.message.envelope import Message
 from aggregates.testing._scenario_timeline import Exchange, ExchangeKind, Timeline, find_cycle
 
-__all__ = ["Delivery", "FlowDoesNotSettle", "ScenarioError", "batch_order", "key",
-           "not_settled"]
+__all__ = ["Delivery", "FlowDoesNotSettle", "ScenarioError", "batch_order", "check_known",
+           "key", "not_settled"]
 
 
 class ScenarioError(AggboxError):
@@ -66,3 +67,19 @@ def not_settled(timeline: Timeline, max_steps: int) -> FlowDoesNotSettle:
                 "Scenario(max_steps=...)")
     return FlowDoesNotSettle(f"the flow did not settle within max_steps={max_steps}: {what}"
                              f"\nlast exchanges:\n{timeline[-12:]}", cycle=cycle)
+
+
+def check_known(registry: Registry, delivered: Sequence[Message], type_name: str,
+                aggregate_id: str) -> None:
+    """Raise :class:`ScenarioError` unless the aggregate ``type_name``/``aggregate_id`` is
+    in ``registry`` and received one of the ``delivered`` messages (a typo in a test's id
+    would otherwise read the initial state: ``0 == 100``)."""
+    if type_name not in registry:
+        raise ScenarioError(f"state(): {type_name} is not in this scenario's registry "
+                            f"({', '.join(registry.names)})")
+    known = sorted({m.aggregate_id for m in delivered if m.aggregate_type == type_name})
+    if aggregate_id not in known:
+        shown = ", ".join(repr(i) for i in known[:20]) + (", …" if len(known) > 20 else "")
+        raise ScenarioError(f"state(): {type_name} {aggregate_id!r} never received a message "
+                            f"in this scenario; check the id — the {type_name} ids it knows "
+                            f"({len(known)}): {shown or 'none'}")

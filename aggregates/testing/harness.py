@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import dataclasses
 import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -20,6 +19,8 @@ from aggregates.fold import DeadLetter, Parked, fold
 from aggregates.fold.document import Snapshot
 from aggregates.message.envelope import Message
 from aggregates.message.outcomes import Outcome
+from aggregates.testing._blame import first_difference as _first_difference
+from aggregates.testing._blame import run_difference
 from aggregates.wire.outbound import entry_message
 
 S = TypeVar("S")
@@ -113,6 +114,8 @@ class AggregateHarness(Generic[S]):
         self.parked: list[Parked] = []
         self.dead_letters: list[DeadLetter] = []
         self.history: list[Outcome] = []
+        #: Messages handled so far (the step number of error messages).
+        self.steps = 0
         # The type as the fold sees it, with a codec that records each (state, document)
         # it dumps, for the round-trip check.
         self._dumped: list[tuple[Any, dict[str, Any]]] = []
@@ -136,7 +139,11 @@ class AggregateHarness(Generic[S]):
                                   f"({step.reason}: {step.detail})")
         return self
 
-    def when(self, msg: Message) -> Step:
+    def when(self, msg: Message, *, step: int | None = None) -> Step:
+        """Handle ``msg``. ``step``: how error messages number this handling (default:
+        this harness's count of handlings; a scenario passes its timeline step)."""
+        self.steps += 1
+        step = self.steps if step is None else step
         if msg.aggregate_id != self.snapshot.aggregate_id:
             raise AggboxError(f"message {msg.message_id} is for aggregate "
                               f"{msg.aggregate_id!r}, the harness holds "
@@ -148,13 +155,15 @@ class AggregateHarness(Generic[S]):
         res = fold(self._fold_type, self.snapshot, [msg], now=self.now, parked=self.parked)
         dumped = list(self._dumped)
         if self.check_determinism:
-            self._check_no_mutation(msg)
+            self._check_no_mutation(msg, step)
             again = fold(self.atype, self.snapshot, [msg], now=self.now, parked=self.parked)
-            if (again.changes.state != res.changes.state
-                    or again.changes.outbox != res.changes.outbox
-                    or again.changes.timers != res.changes.timers):
-                raise HandlerError(f"handler for {msg.type!r} is not deterministic: two runs "
-                                   "on the same input gave different results")
+            where = run_difference(res.changes, again.changes)
+            if where is not None:
+                raise HandlerError(
+                    f"{self._at(msg, step)}: the handler for {msg.type!r} is not "
+                    f"deterministic: two runs on the same input differ at {where}; derive "
+                    "values from the message (msg.occurred_at, its payload), not from the "
+                    "clock, random numbers, global state or the iteration order of a set")
         for state, doc in dumped:
             self._check_round_trip(state, doc)
         if not res.changes.empty:
@@ -191,7 +200,12 @@ class AggregateHarness(Generic[S]):
             raise HandlerError(f"{name}: the stored state changes when loaded and stored "
                                f"again: {where}")
 
-    def _check_no_mutation(self, msg: Message) -> None:
+    def _at(self, msg: Message, step: int) -> str:
+        """Where a handling happened, for error messages."""
+        return (f"{self.atype.name}/{self.snapshot.aggregate_id}, message {msg.message_id} "
+                f"(step {step})")
+
+    def _check_no_mutation(self, msg: Message, step: int) -> None:
         if msg.type not in self.atype.message_types:
             return
         codec = self.atype.codec
@@ -204,8 +218,9 @@ class AggregateHarness(Generic[S]):
         with contextlib.suppress(Exception):  # aggbox-allow: the fold reports it (above)
             self.atype.handler_for(msg.type)(probe, self.atype.upcast(msg))
         if _freeze(codec.dump(probe)) != before:
-            raise HandlerError(f"handler for {msg.type!r} mutated the state it was given; "
-                               "return a new state instead (frozen dataclasses help)")
+            raise HandlerError(f"{self._at(msg, step)}: the handler for {msg.type!r} "
+                               "mutated the state it was given; return a new state instead "
+                               "(frozen dataclasses help)")
 
     def effect_result(self, effect: Effect, *, result: Mapping[str, Any] | None = None,
                       failure: tuple[str, str] | None = None, attempts: int = 1) -> Step:
@@ -284,34 +299,6 @@ class _RecordingCodec:
         doc = self._atype.codec.dump_checked(state, check=check)
         self._seen.append((state, doc))
         return doc
-
-
-def _first_difference(a: Any, b: Any, path: str) -> str:
-    """Where ``a`` (before) and ``b`` (after the round trip) first differ, as text."""
-    if type(a) is not type(b):
-        return (f"{path}: {type(a).__name__} {a!r:.80} before, {type(b).__name__} {b!r:.80} "
-                "after")
-    if dataclasses.is_dataclass(a) and not isinstance(a, type):
-        for f in dataclasses.fields(a):
-            x, y = getattr(a, f.name), getattr(b, f.name)
-            if x != y or type(x) is not type(y):
-                return _first_difference(x, y, f"{path}.{f.name}")
-    elif hasattr(a, "model_fields") and hasattr(a, "model_dump"):
-        for k in type(a).model_fields:
-            x, y = getattr(a, k), getattr(b, k)
-            if x != y or type(x) is not type(y):
-                return _first_difference(x, y, f"{path}.{k}")
-    elif isinstance(a, Mapping):
-        for k in sorted(set(a) | set(b), key=str):
-            if k not in a or k not in b:
-                return f"{path}.{k}: {'missing after' if k in a else 'only after'}"
-            if a[k] != b[k] or type(a[k]) is not type(b[k]):
-                return _first_difference(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, list | tuple) and len(a) == len(b):
-        for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            if x != y or type(x) is not type(y):
-                return _first_difference(x, y, f"{path}[{i}]")
-    return f"{path}: {a!r:.80} before, {b!r:.80} after"
 
 
 def _freeze(value: Any) -> Any:

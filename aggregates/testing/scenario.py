@@ -40,6 +40,7 @@ from aggregates.testing._scenario_queue import (
     FlowDoesNotSettle,
     ScenarioError,
     batch_order,
+    check_known,
     not_settled,
 )
 from aggregates.testing._scenario_queue import key as _key
@@ -203,10 +204,9 @@ class Scenario:
 
     # -- what a test asserts on -----------------------------------------------------------
     def state(self, atype: AggregateType[S], aggregate_id: str) -> S:
-        """The typed state of one aggregate (the initial state if it never applied one)."""
-        if atype.name not in self.registry:
-            raise ScenarioError(f"state(): {atype.name} is not in this scenario's registry "
-                                f"({', '.join(self.registry.names)})")
+        """The typed state of one aggregate (the initial state if it received messages but
+        applied none); raises :class:`ScenarioError` for one that never received any."""
+        check_known(self.registry, [d.msg for d in self._delivered], atype.name, aggregate_id)
         state: S = self._backend.state(atype, aggregate_id)
         return state
 
@@ -284,7 +284,7 @@ class Scenario:
 
     def _apply(self, d: Delivery) -> None:
         self._delivered.append(d)
-        outcomes, emitted = self._backend.deliver(d.msg)
+        outcomes, emitted = self._backend.deliver(d.msg, step=len(self.timeline) + 1)
         for e in emitted:
             self._entries[str(e.get("id"))] = (d.msg.aggregate_type, d.msg.aggregate_id,
                                                dict(e))
