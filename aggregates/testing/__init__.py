@@ -20,12 +20,17 @@ from __future__ import annotations
 from aggregates.message.envelope import Source
 from aggregates.testing._scenario_effects import Answer, EffectCallRecord
 from aggregates.testing._scenario_faults import Fault, FaultSource, RandomFaults
-from aggregates.testing._scenario_property import FaultToleranceError, check_fault_tolerance
+from aggregates.testing._scenario_property import (
+    FaultToleranceError,
+    FaultToleranceReport,
+    check_fault_tolerance,
+)
 from aggregates.testing._scenario_timeline import Exchange, Timeline
 from aggregates.testing.harness import AggregateHarness, Step, memory_database, message
 from aggregates.testing.scenario import FlowDoesNotSettle, Scenario, ScenarioError
 
 __all__ = ["AggregateHarness", "Answer", "EffectCallRecord", "Exchange", "Fault", "FaultSource",
-           "FaultToleranceError", "FlowDoesNotSettle", "RandomFaults", "Scenario",
+           "FaultToleranceError", "FaultToleranceReport",
+           "FlowDoesNotSettle", "RandomFaults", "Scenario",
            "ScenarioError", "Source", "Step", "Timeline", "check_fault_tolerance",
            "memory_database", "message"]

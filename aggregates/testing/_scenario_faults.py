@@ -19,7 +19,9 @@ Effect faults (one call of an effect):
   if there is one, else the call is made again (at-least-once).
 
 :class:`Fault` names one fault for a scenario (``Fault.duplicate("OrderCreated")``);
-:class:`RandomFaults` draws them (the property helper, :func:`check_fault_tolerance`).
+:class:`RandomFaults` draws them point by point (for your own property tests);
+:func:`check_fault_tolerance` plans its faults over the whole flow instead
+(:mod:`aggregates.testing._scenario_plan`).
 """
 
 from __future__ import annotations
