@@ -1,7 +1,8 @@
 """A bank for the planted-bug tests of check_fault_tolerance (tests/aggregates/
-test_scenario_planted.py, issue 33): accounts opened with a balance, transfers debited on
-the source account (idempotent: the transfer ids are kept) and credited on the target by a
-``CreditRequested`` message, payouts through a ``Pay`` effect.
+test_scenario_planted.py, issue 33): accounts opened with a balance (and a monthly fee
+timer), transfers debited on the source account (idempotent: the transfer ids are kept)
+and credited on the target by a ``CreditRequested`` message, payouts through a ``Pay``
+effect.
 
 ``bank(bug)`` builds the registry with one planted bug (``""``: none):
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aggregates import (
@@ -33,6 +34,7 @@ from aggregates import (
     Message,
     NoDedup,
     Registry,
+    Schedule,
 )
 from aggregates.testing import Scenario, message
 
@@ -55,10 +57,15 @@ def bank(bug: str = "") -> Registry:
                              dedup=NoDedup() if bug == "double_credit" else None)
 
     @accounts.handles("OpenAccount")
-    def open_account(state: Account, msg: Message) -> Account:
+    def open_account(state: Account, msg: Message) -> Handled[Account]:
         if state.opened:
             return state
-        return replace(state, opened=True, balance=int(msg.payload["balance"]))
+        return replace(state, opened=True, balance=int(msg.payload["balance"])), [
+            Schedule(Emit("MonthlyFee", {"fee": 1}), key="fee", after=timedelta(days=30))]
+
+    @accounts.handles("MonthlyFee")
+    def fee(state: Account, msg: Message) -> Account:
+        return replace(state, balance=state.balance - int(msg.payload["fee"]))
 
     @accounts.handles("TransferRequested")
     def transfer(state: Account, msg: Message) -> Handled[Account]:
@@ -130,6 +137,12 @@ def bank_flow(sc: Scenario, *, accounts: int = 12, transfers: int = 30,
 
 def payout_flow(sc: Scenario) -> None:
     bank_flow(sc, payout=True)
+
+
+def fee_flow(sc: Scenario) -> None:
+    """A few transfers, then a month: every account's ``MonthlyFee`` timer fires."""
+    bank_flow(sc, accounts=4, transfers=8)
+    sc.advance(timedelta(days=31))
 
 
 # -- string-set order ----------------------------------------------------------------------

@@ -79,3 +79,10 @@ def test_emits_in_the_order_of_a_string_set_are_found_with_hash_seeds() -> None:
 def test_hash_seeds_needs_importable_names() -> None:
     with pytest.raises(ConfigurationError, match="top level of an importable"):
         check_fault_tolerance(functools.partial(pd.watch_flow), pd.watch, hash_seeds=True)
+
+
+def test_timer_firings_are_fault_points_of_their_own() -> None:
+    report = check_fault_tolerance(pd.fee_flow, pd.bank())
+    assert report.coverage.points[("deliver", "MonthlyFee")] == 4
+    assert report.coverage.tried[("deliver", "MonthlyFee")]
+    assert "MonthlyFee " in str(report.coverage)
