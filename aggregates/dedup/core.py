@@ -19,7 +19,7 @@ from aggregates.message.envelope import Message
 if TYPE_CHECKING:
     from pymongo.database import Database
 
-    from aggregates.dedup.runs import RunState
+    from aggregates.dedup.runstate import RunState
 
 Verdict = Literal["apply", "duplicate", "dead_letter", "park"]
 
