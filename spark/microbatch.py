@@ -16,18 +16,24 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aggregates.core.errors import ConfigurationError
 from spark.results import RunResult, StreamResult
 from spark.sources import add_line_order
 
-if TYPE_CHECKING:
-    from spark.pipeline import Pipeline
-
 __all__ = ["BatchViews", "MicroBatch", "with_trigger"]
 
 log = logging.getLogger("aggbox.spark")
+
+
+class Processor(Protocol):
+    """What a micro-batch runs: :meth:`spark.pipeline.Pipeline.process` (a protocol, so this
+    module does not import the pipeline, which imports it)."""
+
+    def process(self, raw: Any, *, run_id: str, batch_id: int | None = ...,
+                outcomes_path: str | None = ..., input_count: int | None = ...,
+                keep_outcomes: bool = ...) -> RunResult: ...
 
 
 class MicroBatch:
@@ -38,7 +44,7 @@ class MicroBatch:
     pickle: no session, no client-side callbacks (``sink`` is None), and the result is
     published as the temporary view ``<view_prefix><batch_id>`` of the shared session."""
 
-    def __init__(self, pipeline: Pipeline, *, run_id: str, outcomes_path: str | None,
+    def __init__(self, pipeline: Processor, *, run_id: str, outcomes_path: str | None,
                  sink: Callable[[RunResult], None] | None,
                  view_prefix: str | None) -> None:
         self.pipeline = pipeline
