@@ -31,7 +31,7 @@ def section_models() -> list[type[SectionSettings]]:
         models.append(SparkSettings)
     except ImportError:  # pragma: no cover - spark extra not installed
         pass
-    from dispatcher.settings import DispatcherSettings
+    from dispatcher.core.settings import DispatcherSettings
 
     models.append(DispatcherSettings)
     return models

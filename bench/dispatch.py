@@ -75,10 +75,10 @@ from aggbox.servers import (
 )
 from aggregates import AggboxSettings, AggregateType, Emit, Handled, Message, Registry, StoreWriter
 from aggregates.core.partitions import PARTITIONS
+from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.kafka import KafkaPublisher
 from dispatcher.record import OutboundRecord, build_record
-from dispatcher.settings import DispatcherSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 # (d): the instances are frozen (SIGSTOP) while the backlog is written; their partition

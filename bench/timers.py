@@ -88,10 +88,10 @@ from aggregates import (
     Schedule,
     StoreWriter,
 )
+from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.base import PublishResult
 from dispatcher.record import OutboundRecord
-from dispatcher.settings import DispatcherSettings
 
 DATABASE = "bench_timers"
 COLLECTION = "tjobs"

@@ -8,7 +8,7 @@ publishes each document's entries in order keyed by aggregate id, ``$pull``s exa
 acknowledged ids and saves the stream's resume token. At-least-once with stable ids: a crash
 anywhere republishes, never loses. See docs/design.md "The dispatcher".
 
-Modules: :mod:`~dispatcher.settings` (section ``[dispatcher]``), :mod:`~dispatcher.record`
+Modules: :mod:`~dispatcher.core.settings` (section ``[dispatcher]``), :mod:`~dispatcher.record`
 (entry → envelope + headers/key/topic), :mod:`~dispatcher.publishers` (Kafka, JSON Lines,
 stdout; the interface for more), :mod:`~dispatcher.cycle` (publish → dead-letter → pull),
 :mod:`~dispatcher.inflight`, :mod:`~dispatcher.sweep` (sweeps and their schedule),
@@ -20,18 +20,18 @@ heartbeats as stored), :mod:`~dispatcher.balancer` (the lease rounds),
 :mod:`~dispatcher.retries` (backoff and documents to retry), :mod:`~dispatcher.worker`
 (one collection: what comes next),
 :mod:`~dispatcher.backlog` (backlog gauges), :mod:`~dispatcher.metrics` (Prometheus +
-``/healthz`` over aiohttp), :mod:`~dispatcher.errors` (fatal store errors),
-:mod:`~dispatcher.timing` (injected clock, sleep and jitter), :mod:`~dispatcher.faults`
+``/healthz`` over aiohttp), :mod:`~dispatcher.core.errors` (fatal store errors),
+:mod:`~dispatcher.core.timing` (injected clock, sleep and jitter), :mod:`~dispatcher.core.faults`
 (crash-test hooks), :mod:`~dispatcher.daemon` (lifecycle, signals). The command line is
 ``aggbox.commands.dispatch``.
 
 Imports here are light (no broker client); publishers load theirs when started.
 """
 
+from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers import Publisher, PublisherError, PublishResult, create_publisher
 from dispatcher.record import OutboundRecord, build_record
-from dispatcher.settings import DispatcherSettings
 
 __all__ = [
     "Dispatcher",

@@ -10,7 +10,7 @@ handed over — and restarts its stream and sweep whenever that set changes.
 
 A store error in a round is logged and the round tried again at the next interval; the
 leases then lapse by themselves (the worker stops publishing what it no longer holds). A
-fatal one (:func:`dispatcher.errors.check_fatal`) ends the round loop, and the worker with
+fatal one (:func:`dispatcher.core.errors.check_fatal`) ends the round loop, and the worker with
 it.
 """
 
@@ -25,10 +25,10 @@ from pymongo.errors import PyMongoError
 
 from aggregates.core.storeerrors import is_fatal
 from dispatcher.balance import plan
-from dispatcher.errors import RateLimitedLog, check_fatal, describe_store_error
+from dispatcher.core.errors import RateLimitedLog, check_fatal, describe_store_error
+from dispatcher.core.timing import Timing
 from dispatcher.metrics import Health, Metrics
 from dispatcher.partlease import HeartbeatLapsed, PartitionLeases
-from dispatcher.timing import Timing
 
 __all__ = ["Balancer"]
 

@@ -29,13 +29,13 @@ from aggregates.core.reasons import Reason
 from aggregates.fold import DeadLetter
 from aggregates.fold.document import F_OUTBOX, F_TYPE
 from aggregates.store.deadletters import dead_letter_update
-from dispatcher.faults import Faults
+from dispatcher.core.faults import Faults
+from dispatcher.core.timing import REAL_TIME, Timing
 from dispatcher.inflight import InFlight
 from dispatcher.metrics import Metrics
 from dispatcher.publishers.base import Publisher, PublishResult
 from dispatcher.pull import pull_entries
 from dispatcher.record import H_FENCE, InvalidEntry, OutboundRecord, build_record
-from dispatcher.timing import REAL_TIME, Timing
 from dispatcher.tracing import publish_spans
 
 __all__ = ["INVALID_OUTBOX_ENTRY", "Cycle", "CycleResult"]

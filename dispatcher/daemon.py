@@ -19,7 +19,7 @@ fetched, once a delivery failed) ends it sooner, as :class:`NeverReached`.
 
 A store error no retry can fix — wrong password, missing privilege, bad URI
 (:mod:`aggregates.core.storeerrors`) — stops every worker within seconds and :meth:`run` raises
-:class:`~dispatcher.errors.FatalStoreError`: one line for the command line to print (exit
+:class:`~dispatcher.core.errors.FatalStoreError`: one line for the command line to print (exit
 status 1), the full trace in the ``aggbox.trace`` log (the log file, ``AGGBOX_LOG_FILE``).
 
 The MongoDB URI is the store settings' ``mongodb_uri`` (or a ``client`` passed in): the
@@ -41,21 +41,21 @@ from pymongo.errors import PyMongoError
 from aggregates.core.errors import AggboxError, ConfigurationError
 from aggregates.core.settings import AggboxSettings
 from aggregates.domain.effects import Effects
-from dispatcher.effects.guard import EffectGuard, FleetEffects
-from dispatcher.errors import (
+from dispatcher.core.errors import (
     TRACE_LOGGER,
     FatalStoreError,
     check_fatal,
     is_unreachable,
     never_reached,
 )
-from dispatcher.faults import Faults
+from dispatcher.core.faults import Faults
+from dispatcher.core.settings import DispatcherSettings
+from dispatcher.core.timing import REAL_TIME, Timing
+from dispatcher.effects.guard import EffectGuard, FleetEffects
 from dispatcher.metrics import Health, Metrics, MetricsServer
 from dispatcher.partlease import default_instance_id
 from dispatcher.publishers import Publisher, create_publisher
 from dispatcher.record import check_template
-from dispatcher.settings import DispatcherSettings
-from dispatcher.timing import REAL_TIME, Timing
 from dispatcher.wiring import check_replies, effect_router, load_effects, resolve_collections
 from dispatcher.worker import CollectionWorker
 

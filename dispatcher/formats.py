@@ -19,8 +19,8 @@ from typing import Any, Final
 from aggregates.core.tracecontext import TRACEPARENT, TRACESTATE
 from aggregates.message.envelope import KIND_HEADER
 from aggregates.wire import cloudevents
+from dispatcher.core.settings import RecordFormat
 from dispatcher.record import HEADER_NAMES, OutboundRecord, envelope_json
-from dispatcher.settings import RecordFormat
 
 __all__ = ["json_line", "kafka_record", "structured"]
 

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 from pymongo.errors import PyMongoError
 
+from dispatcher.core.errors import RateLimitedLog, describe_store_error, one_line
+from dispatcher.core.timing import Timing
 from dispatcher.cycle import CycleResult
-from dispatcher.errors import RateLimitedLog, describe_store_error, one_line
 from dispatcher.metrics import Health, Metrics
 from dispatcher.retries import Retries
-from dispatcher.timing import Timing
 
 __all__ = ["LeaseLost", "Outcomes", "WorkerStats"]
 

@@ -13,8 +13,8 @@ from pymongo.errors import PyMongoError
 from aggregates.core.backoff import Backoff
 from aggregates.core.storeerrors import is_fatal
 from aggregates.fold.document import F_OUTBOX
-from dispatcher.errors import describe_store_error
-from dispatcher.timing import Timing, pause
+from dispatcher.core.errors import describe_store_error
+from dispatcher.core.timing import Timing, pause
 
 __all__ = ["PULL_ATTEMPTS", "pull_entries"]
 

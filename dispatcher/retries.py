@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from aggregates.core.backoff import Backoff
-from dispatcher.timing import Timing
+from dispatcher.core.timing import Timing
 
 __all__ = ["Retries"]
 

@@ -36,8 +36,8 @@ from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
 
 from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TYPE
-from dispatcher.errors import describe_store_error
-from dispatcher.timing import REAL_TIME, Timing, pause
+from dispatcher.core.errors import describe_store_error
+from dispatcher.core.timing import REAL_TIME, Timing, pause
 
 __all__ = [
     "CHANGE_STREAMS_UNSUPPORTED",

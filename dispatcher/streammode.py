@@ -22,8 +22,9 @@ from typing import Any
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import OperationFailure, PyMongoError
 
-from dispatcher.errors import describe_store_error
-from dispatcher.faults import Faults, InjectedInvalidate
+from dispatcher.core.errors import describe_store_error
+from dispatcher.core.faults import Faults, InjectedInvalidate
+from dispatcher.core.timing import Timing
 from dispatcher.metrics import Metrics
 from dispatcher.stream import (
     CHANGE_STREAMS_UNSUPPORTED,
@@ -34,7 +35,6 @@ from dispatcher.stream import (
     latest_documents,
     server_time,
 )
-from dispatcher.timing import Timing
 
 __all__ = ["StreamMode"]
 

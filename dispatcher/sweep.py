@@ -17,9 +17,9 @@ from typing import Any
 from pymongo.asynchronous.collection import AsyncCollection
 
 from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TYPE
+from dispatcher.core.timing import Timing
 from dispatcher.cycle import Cycle, CycleResult
 from dispatcher.metrics import Metrics
-from dispatcher.timing import Timing
 
 __all__ = ["PENDING", "SweepResult", "Sweeps", "sweep"]
 

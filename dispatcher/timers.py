@@ -35,11 +35,11 @@ from aggregates.fold import DeadLetter
 from aggregates.fold.document import F_PARTITION, F_TIMERS, F_TYPE, F_VERSION
 from aggregates.store.deadletters import dead_letter_update
 from aggregates.wire.outbound import InvalidEntry
-from dispatcher.faults import Faults
+from dispatcher.core.faults import Faults
+from dispatcher.core.timing import REAL_TIME, pause
 from dispatcher.metrics import Metrics
 from dispatcher.publishers.base import Publisher, PublishResult
 from dispatcher.record import H_FENCE, OutboundRecord, build_record
-from dispatcher.timing import REAL_TIME, pause
 
 __all__ = ["FireResult", "TimerFirer"]
 

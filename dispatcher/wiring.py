@@ -12,10 +12,10 @@ from aggregates.core.errors import ConfigurationError
 from aggregates.core.settings import AggboxSettings
 from aggregates.domain.aggregate import Registry
 from aggregates.domain.effects import Effects
-from dispatcher.faults import Faults
+from dispatcher.core.faults import Faults
+from dispatcher.core.settings import DispatcherSettings
 from dispatcher.metrics import Metrics
 from dispatcher.publishers import Publisher
-from dispatcher.settings import DispatcherSettings
 
 __all__ = ["check_replies", "effect_router", "load_effects", "resolve_collections"]
 

@@ -20,9 +20,9 @@ none (codes in :data:`~dispatcher.stream.CHANGE_STREAMS_UNSUPPORTED`); polling m
 publishes and pauses when idle. Both back off after failures without pulling anything and
 stop publishing as soon as the lease is lost. A fatal store error (wrong password, missing
 privilege: :mod:`aggregates.core.storeerrors`) ends the worker with
-:class:`~dispatcher.errors.FatalStoreError`; every other failure is retried after backoff.
+:class:`~dispatcher.core.errors.FatalStoreError`; every other failure is retried after backoff.
 
-Time is injected (:class:`~dispatcher.timing.Timing`: clock, pauses, backoff jitter). Each
+Time is injected (:class:`~dispatcher.core.timing.Timing`: clock, pauses, backoff jitter). Each
 MongoDB round trip is reported to :class:`~dispatcher.metrics.Health`; ``--once`` watches
 ``progress_at``.
 """
@@ -41,13 +41,15 @@ from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TYPE
 from aggregates.wire.fence import fence_scope
 from dispatcher.backlog import measure_backlog
 from dispatcher.balancer import Balancer
-from dispatcher.cycle import Cycle
-from dispatcher.effects.guard import FleetEffects
-from dispatcher.errors import (
+from dispatcher.core.errors import (
     FatalStoreError,
     check_fatal,
 )
-from dispatcher.faults import Faults
+from dispatcher.core.faults import Faults
+from dispatcher.core.settings import DispatcherSettings
+from dispatcher.core.timing import REAL_TIME, Timing, pause
+from dispatcher.cycle import Cycle
+from dispatcher.effects.guard import FleetEffects
 from dispatcher.inflight import InFlight
 from dispatcher.metrics import Health, Metrics
 from dispatcher.outcomes import LeaseLost, Outcomes, WorkerStats
@@ -55,12 +57,10 @@ from dispatcher.partlease import PartitionLeases
 from dispatcher.publishers.base import Publisher
 from dispatcher.retries import Retries
 from dispatcher.selection import Selection
-from dispatcher.settings import DispatcherSettings
 from dispatcher.stream import CHANGE_STREAMS_UNSUPPORTED, Checkpoints, StreamFollower
 from dispatcher.streammode import StreamMode
 from dispatcher.sweep import PENDING, Sweeps, sweep
 from dispatcher.timers import TimerFirer
-from dispatcher.timing import REAL_TIME, Timing, pause
 
 __all__ = ["CollectionWorker", "WorkerStats"]
 

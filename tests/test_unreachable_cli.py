@@ -1,5 +1,5 @@
 """An unreachable MongoDB, outside the dispatcher (issue 32, item 6): ``aggbox run`` and the
-admin commands end with the dispatcher's one line (``dispatcher.errors.never_reached``) —
+admin commands end with the dispatcher's one line (``dispatcher.core.errors.never_reached``) —
 no pymongo topology description, no password, the trace in the log file — and ``aggbox run``
 says it before it starts Spark. Real processes of the ``aggbox`` command, a loopback port
 nobody listens on.

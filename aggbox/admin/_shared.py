@@ -91,7 +91,7 @@ def _database(args: argparse.Namespace) -> Iterator[tuple[AggboxSettings, Databa
 
     from aggbox.commands.preflight import ping, store_problem
     from aggbox.servers import local_mongodb_uri
-    from dispatcher.errors import describe_store_error
+    from dispatcher.core.errors import describe_store_error
 
     settings = _settings(args)
     uri = settings.mongodb_uri or local_mongodb_uri()  # `aggbox local start`'s server, if up

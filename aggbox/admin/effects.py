@@ -43,7 +43,7 @@ def _collection(args: argparse.Namespace) -> str:
         return str(args.collection)
     from pydantic import ValidationError
 
-    from dispatcher.settings import DispatcherSettings
+    from dispatcher.core.settings import DispatcherSettings
 
     try:
         return DispatcherSettings.load(config_file=args.config).effect_collection

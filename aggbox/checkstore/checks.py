@@ -202,7 +202,7 @@ def bson_types(ctx: Context) -> Outcome:
 
 def _refused_values(coll: Any, values: Mapping[str, Any]) -> dict[str, str]:
     from aggregates.codec.bson import to_bson
-    from dispatcher.errors import describe_store_error
+    from dispatcher.core.errors import describe_store_error
 
     refused = {}
     for key, value in values.items():
@@ -263,7 +263,7 @@ def indexes(ctx: Context) -> Outcome:
                 "dead-letter and parked indexes",
                 "`aggbox indexes` / the pipeline create them; the archive's entries expire "
                 "after the dedup horizon (TTL removal itself was not waited for)")
-    from dispatcher.errors import describe_store_error
+    from dispatcher.core.errors import describe_store_error
 
     said = str(error) if isinstance(error, UnsupportedByServer) else \
         describe_store_error(error) if error else ""

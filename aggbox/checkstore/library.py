@@ -175,8 +175,8 @@ def outbox_pull(ctx: Any) -> Outcome:
 async def _pull(uri: str, options: Mapping[str, Any], database: str, ids: list[str]) -> None:
     from pymongo import AsyncMongoClient
 
+    from dispatcher.core.timing import REAL_TIME
     from dispatcher.pull import pull_entries
-    from dispatcher.timing import REAL_TIME
 
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, **options)
     try:

@@ -31,7 +31,7 @@ from aggregates.core.errors import AggboxError
 from aggregates.core.settings import AggboxSettings
 from aggregates.core.unsupported import not_implemented
 from aggregates.core.uri import redact_uri
-from dispatcher.errors import TRACE_LOGGER, describe_store_error, is_unreachable, one_line
+from dispatcher.core.errors import TRACE_LOGGER, describe_store_error, is_unreachable, one_line
 
 __all__ = ["NotEmpty", "NotMongoDB", "Target", "Unreachable", "check_store", "seen_in"]
 

@@ -24,7 +24,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import OperationFailure
 
 from aggbox.checkstore.report import CHANGE_STREAM, CheckResult, Status
-from dispatcher.errors import describe_store_error
+from dispatcher.core.errors import describe_store_error
 from dispatcher.stream import (
     CHANGE_STREAMS_UNSUPPORTED,
     TOKEN_UNUSABLE,

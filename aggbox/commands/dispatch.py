@@ -24,7 +24,7 @@ from aggbox.commands.options import (
     overrides,
 )
 from aggregates.core.settings import AggboxSettings, SectionSettings
-from dispatcher.settings import DispatcherSettings
+from dispatcher.core.settings import DispatcherSettings
 
 __all__ = ["main", "register", "run"]
 

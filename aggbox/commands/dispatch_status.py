@@ -63,8 +63,8 @@ def register(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from aggbox.admin._shared import _database, _print_json
+    from dispatcher.core.settings import DispatcherSettings
     from dispatcher.daemon import resolve_collections
-    from dispatcher.settings import DispatcherSettings
     from dispatcher.status import format_status, read_status
 
     overrides: dict[str, Any] = {}

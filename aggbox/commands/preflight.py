@@ -3,9 +3,9 @@
 ``aggbox run`` / ``aggbox stream`` ping the server before Spark starts, the admin commands
 (:mod:`aggbox.admin`) before they read or write: a server that does not answer within the
 server selection timeout ends the command with the dispatcher's line
-(:func:`dispatcher.errors.never_reached`, docs/design.md "The dispatcher", step 7) — never
+(:func:`dispatcher.core.errors.never_reached`, docs/design.md "The dispatcher", step 7) — never
 pymongo's topology description, never a password; the full error goes to the log file
-(:data:`dispatcher.errors.TRACE_LOGGER`). A server that answers with a refusal no retry can
+(:data:`dispatcher.core.errors.TRACE_LOGGER`). A server that answers with a refusal no retry can
 fix (wrong password, missing privilege: :func:`aggregates.core.storeerrors.is_fatal`) is one
 line too. Anything else the server answers is left to the command.
 """
@@ -17,7 +17,7 @@ from typing import Any, Final
 
 from aggregates.core.errors import AggboxError
 from aggregates.core.uri import redact_uri
-from dispatcher.errors import TRACE_LOGGER, URI_OPTIONS, describe_store_error, never_reached
+from dispatcher.core.errors import TRACE_LOGGER, URI_OPTIONS, describe_store_error, never_reached
 
 __all__ = ["DEFAULT_TIMEOUT_S", "StoreNotReached", "ping", "reach_mongodb", "run_uri_source",
            "store_problem"]
@@ -33,7 +33,7 @@ class StoreNotReached(AggboxError):
 
 def run_uri_source(option_given: bool) -> str:
     """Where ``aggbox run``'s URI came from, as the line names it: the dispatcher's words
-    (:data:`~dispatcher.errors.URI_OPTIONS`) for the option or the environment variable,
+    (:data:`~dispatcher.core.errors.URI_OPTIONS`) for the option or the environment variable,
     else the config file."""
     from aggbox.admin import mongodb_uri_source
 
@@ -47,7 +47,7 @@ def store_problem(uri: str, exc: BaseException, *, timeout_s: float | None,
     the log file); ``None`` when the server answered with something the command should
     handle itself."""
     from aggregates.core.storeerrors import is_fatal
-    from dispatcher.errors import is_unreachable
+    from dispatcher.core.errors import is_unreachable
 
     if is_unreachable(exc):
         message = never_reached(uri, exc, timeout_s, source=source)

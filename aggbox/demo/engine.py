@@ -90,8 +90,8 @@ class DispatcherDrain:
         self.store = settings
 
     def __call__(self, directory: Path) -> tuple[int, int]:
+        from dispatcher.core.settings import DispatcherSettings
         from dispatcher.daemon import Dispatcher
-        from dispatcher.settings import DispatcherSettings
 
         settings = DispatcherSettings.load(aggregates=self.aggregates, collections=[],
                                            publisher="jsonl", jsonl_dir=str(directory),

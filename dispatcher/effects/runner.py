@@ -21,7 +21,7 @@ For an outbox entry whose type has an :class:`~aggregates.domain.effects.Effect`
 
 A crash anywhere leaves the entry in the outbox and repeats from step 1 with what was
 recorded. Fault points ``effect_before_call``, ``effect_after_call``,
-``effect_after_result`` (:mod:`dispatcher.faults`) mark the three crash windows.
+``effect_after_result`` (:mod:`dispatcher.core.faults`) mark the three crash windows.
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ from aggregates.domain.effects import (
 from aggregates.message.envelope import Message
 from aggregates.message.outcomes import Outcome
 from aggregates.store.tracing import format_traceparent
+from dispatcher.core.faults import Faults
 from dispatcher.effects.attempts import FAILED, SUCCEEDED, AttemptRecord, Attempts, attempt_key
-from dispatcher.faults import Faults
 from dispatcher.metrics import Metrics
 from dispatcher.publishers.base import PublishResult
 from dispatcher.record import OutboundRecord

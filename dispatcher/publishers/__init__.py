@@ -3,8 +3,8 @@ interface (and how to add one)."""
 
 from __future__ import annotations
 
+from dispatcher.core.settings import DispatcherSettings
 from dispatcher.publishers.base import Publisher, PublisherError, PublishResult, PublishStatus
-from dispatcher.settings import DispatcherSettings
 
 __all__ = [
     "PublishResult",

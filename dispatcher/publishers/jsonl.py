@@ -25,10 +25,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from aggregates.core.reasons import Reason
+from dispatcher.core.settings import RecordFormat
 from dispatcher.formats import json_line
 from dispatcher.publishers.base import PublisherError, PublishResult
 from dispatcher.record import OutboundRecord
-from dispatcher.settings import RecordFormat
 
 __all__ = ["TMP_PREFIX", "JsonLinesPublisher"]
 

@@ -32,10 +32,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final
 
 from aggregates.core.reasons import Reason
+from dispatcher.core.settings import RecordFormat
 from dispatcher.formats import kafka_record
 from dispatcher.publishers.base import PublisherError, PublishResult
 from dispatcher.record import OutboundRecord
-from dispatcher.settings import RecordFormat
 
 __all__ = ["LOG_INTERVAL_S", "KafkaPublisher", "RateLimitedLog", "valid_topic_name"]
 

@@ -8,10 +8,10 @@ import sys
 from collections.abc import Sequence
 from typing import IO
 
+from dispatcher.core.settings import RecordFormat
 from dispatcher.formats import structured
 from dispatcher.publishers.base import PublishResult
 from dispatcher.record import OutboundRecord
-from dispatcher.settings import RecordFormat
 
 __all__ = ["StdoutPublisher"]
 

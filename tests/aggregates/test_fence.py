@@ -11,7 +11,7 @@ from aggregates import AggboxError, Fence, InvalidFence, parse_fence
 from aggregates.core.errors import ConfigurationError
 from aggregates.core.partitions import PARTITIONS
 from aggregates.wire.fence import fence_scope, format_fence
-from dispatcher.faults import FaultRule, Faults
+from dispatcher.core.faults import FaultRule, Faults
 
 # What MongoDB allows (docs "Naming Restrictions"), and more: a database name has no
 # / \ . space " $ NUL; a collection name anything but $ and NUL — dots, slashes, colons,
@@ -113,7 +113,7 @@ def test_a_long_value_is_shortened_in_the_message() -> None:
     assert len(str(info.value)) < 400
 
 
-# -- the fault action that produces late copies (dispatcher/faults.py) ----------------------
+# -- the fault action that produces late copies (dispatcher/core/faults.py) ----------------------
 
 def test_pause_takes_its_duration() -> None:
     faults = Faults.parse("before_publish:pause=2.5@3, after_publish:kill")
@@ -131,7 +131,7 @@ def test_bad_pause_rules_are_refused(rule: str) -> None:
 
 def test_pause_stops_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
     slept: list[float] = []
-    monkeypatch.setattr("dispatcher.faults.time.sleep", slept.append)
+    monkeypatch.setattr("dispatcher.core.faults.time.sleep", slept.append)
     faults = Faults.parse("before_publish:pause=4@2")
     faults.hit("before_publish")
     assert slept == []

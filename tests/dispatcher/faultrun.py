@@ -2,7 +2,7 @@
 
     python -m tests.dispatcher.faultrun RULES [aggbox dispatch options]
 
-``RULES`` as in :meth:`dispatcher.faults.Faults.parse` (e.g. ``after_publish:kill@2``).
+``RULES`` as in :meth:`dispatcher.core.faults.Faults.parse` (e.g. ``after_publish:kill@2``).
 Production code never reads fault rules; this wrapper hands them to every
 :class:`~dispatcher.daemon.Dispatcher` the command creates, then runs the ordinary command
 line (``aggbox.commands.dispatch``).
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import dispatcher.daemon as daemon
-from dispatcher.faults import Faults
+from dispatcher.core.faults import Faults
 
 
 def main(argv: Sequence[str]) -> int:

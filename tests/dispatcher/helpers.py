@@ -21,11 +21,11 @@ from typing import Any
 from pymongo.database import Database
 
 from aggregates import Message, StoreWriter
+from dispatcher.core.settings import DispatcherSettings
+from dispatcher.core.timing import Timing
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.base import PublishResult
 from dispatcher.record import OutboundRecord
-from dispatcher.settings import DispatcherSettings
-from dispatcher.timing import Timing
 
 ROOT = Path(__file__).resolve().parents[2]
 _seq = itertools.count(1)
@@ -201,7 +201,7 @@ def spawn(args: Sequence[str], *, mongodb_uri: str, database: str, log: Path,
 
 
 class FakeTime:
-    """Injected time (:class:`dispatcher.timing.Timing`) for deterministic tests: the clock
+    """Injected time (:class:`dispatcher.core.timing.Timing`) for deterministic tests: the clock
     moves only when the dispatcher pauses; each pause is recorded. After ``hold_after``
     pauses the next one blocks until :meth:`release` — the worker is then parked at a known
     point, and what it did so far can be asserted exactly."""

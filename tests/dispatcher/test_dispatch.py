@@ -24,11 +24,11 @@ from aggbox.servers import LocalMongo
 from aggregates import AggboxSettings, StoreWriter
 from aggregates.core.partitions import PARTITIONS, partition_of
 from aggregates.ops import DeadLetterStore
+from dispatcher.core.faults import Faults
+from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
-from dispatcher.faults import Faults
 from dispatcher.publishers.base import PublishResult
 from dispatcher.record import OutboundRecord
-from dispatcher.settings import DispatcherSettings
 from tests.dispatcher.domain import registry
 from tests.dispatcher.helpers import (
     FakeTime,

@@ -28,8 +28,8 @@ from pymongo.database import Database
 from aggbox.servers import LocalMongo
 from aggregates import AggboxSettings, Message, Source, StoreWriter
 from aggregates.ops import DeadLetterStore
+from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
-from dispatcher.settings import DispatcherSettings
 from tests.dispatcher.effectdomain import registry
 from tests.dispatcher.effectservers import MailServer, ShippingServer
 from tests.dispatcher.helpers import spawn

@@ -30,9 +30,9 @@ from aggregates.domain.effects import (
 )
 from aggregates.message.envelope import Source
 from aggregates.ops import DeadLetterStore
+from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
 from dispatcher.effects.attempts import attempt_key
-from dispatcher.settings import DispatcherSettings
 from tests.dispatcher.effectdomain import registry
 from tests.dispatcher.helpers import ListPublisher, quick_settings
 

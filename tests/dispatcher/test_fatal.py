@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 
 from aggregates import AggboxSettings
+from dispatcher.core.errors import FatalStoreError
+from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
-from dispatcher.errors import FatalStoreError
-from dispatcher.settings import DispatcherSettings
 from tests.dispatcher.authserver import RefusingMongo
 from tests.dispatcher.helpers import ROOT, ListPublisher
 

@@ -15,10 +15,10 @@ from pymongo.database import Database
 
 from aggregates import AggboxSettings, StoreWriter, parse_fence
 from aggregates.core.partitions import partition_of
+from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.base import PublishResult
 from dispatcher.record import H_FENCE
-from dispatcher.settings import DispatcherSettings
 from tests.dispatcher.helpers import (
     ListPublisher,
     check_delivery,

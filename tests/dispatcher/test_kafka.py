@@ -28,10 +28,10 @@ from aggregates import AggboxSettings, Message, StoreWriter, parse_fence
 from aggregates.core.partitions import PARTITIONS, partition_of
 from aggregates.ops import DeadLetterStore
 from dispatcher.balance import fair
+from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.kafka import KafkaPublisher
 from dispatcher.record import H_FENCE, HEADER_NAMES
-from dispatcher.settings import DispatcherSettings
 from tests.dispatcher.helpers import (
     check_delivery,
     emit,

@@ -195,9 +195,9 @@ def test_instances_starting_together_claim_their_fair_share_from_the_first_claim
     half — before, the first to finish a round claimed all 256 and the other idled until
     hand-overs at later rounds."""
     from dispatcher.balancer import Balancer
+    from dispatcher.core.timing import REAL_TIME
     from dispatcher.metrics import Health, Metrics
     from dispatcher.partlease import PartitionLeases
-    from dispatcher.timing import REAL_TIME
 
     async def main() -> dict[str, Any]:
         client: AsyncMongoClient[Any] = AsyncMongoClient(dmongo.uri, tz_aware=True)

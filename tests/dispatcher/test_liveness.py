@@ -18,9 +18,9 @@ from pymongo.database import Database
 
 from aggbox.servers import LocalMongo
 from aggregates import AggboxSettings, StoreWriter
+from dispatcher.core.faults import Faults
+from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
-from dispatcher.faults import Faults
-from dispatcher.settings import DispatcherSettings
 from tests.dispatcher.helpers import (
     ListPublisher,
     check_delivery,

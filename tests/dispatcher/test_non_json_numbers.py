@@ -16,9 +16,9 @@ from pymongo.database import Database
 from aggregates import AggboxSettings, StoreWriter
 from aggregates.core.jsonnumbers import loads
 from aggregates.ops import DeadLetterStore
+from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
 from dispatcher.record import InvalidEntry, build_record, envelope_json
-from dispatcher.settings import DispatcherSettings
 from tests.dispatcher.helpers import emit, pending_entries
 
 pytestmark = [pytest.mark.mongo]

@@ -14,11 +14,11 @@ from pymongo.errors import AutoReconnect, OperationFailure
 
 from dispatcher.balance import LeaseView
 from dispatcher.balancer import Balancer
-from dispatcher.errors import FatalStoreError, check_fatal, one_line
-from dispatcher.faults import Faults
+from dispatcher.core.errors import FatalStoreError, check_fatal, one_line
+from dispatcher.core.faults import Faults
+from dispatcher.core.settings import DispatcherSettings
 from dispatcher.metrics import Health, Metrics
 from dispatcher.partlease import Claimed
-from dispatcher.settings import DispatcherSettings
 from dispatcher.sweep import Sweeps
 from dispatcher.worker import CollectionWorker
 from tests.dispatcher.helpers import FakeTime, ListPublisher

@@ -18,9 +18,9 @@ from aggbox.examples.orders import customers, orders, registry
 from aggregates import AggboxSettings, Message, StoreWriter
 from aggregates.testing import AggregateHarness, Scenario, message
 from aggregates.wire.outbound import entry_message
+from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
 from dispatcher.record import build_record
-from dispatcher.settings import DispatcherSettings
 from tests.aggregates.scenario_domain import shipments
 
 

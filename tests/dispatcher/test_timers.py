@@ -21,10 +21,10 @@ from pymongo.database import Database
 from aggbox.servers import LocalMongo
 from aggregates import TIMER_HEADER, AggboxSettings, Message, Source, StoreWriter
 from aggregates.core.partitions import PARTITIONS, partition_of
+from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.base import PublishResult
 from dispatcher.record import H_KIND, KIND_INPUT, OutboundRecord
-from dispatcher.settings import DispatcherSettings
 from tests.dispatcher.helpers import (
     ListPublisher,
     jsonl_envelopes,

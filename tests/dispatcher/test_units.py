@@ -18,7 +18,9 @@ from pymongo.errors import OperationFailure
 
 from aggbox.commands.dispatch import _OPTIONS, _overrides, register
 from aggregates import ConfigurationError, Message
-from dispatcher.faults import Faults
+from dispatcher.core.faults import Faults
+from dispatcher.core.settings import DispatcherSettings
+from dispatcher.core.timing import Timing
 from dispatcher.inflight import InFlight
 from dispatcher.publishers.jsonl import JsonLinesPublisher
 from dispatcher.publishers.kafka import classify, valid_topic_name
@@ -31,8 +33,6 @@ from dispatcher.record import (
     envelope_json,
 )
 from dispatcher.retries import Retries
-from dispatcher.settings import DispatcherSettings
-from dispatcher.timing import Timing
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, 123000, tzinfo=UTC)
 
@@ -393,7 +393,7 @@ def test_follower_reports_the_end_of_an_invalidated_stream(how: str) -> None:
 
 
 def test_invalidate_fault_rule() -> None:
-    from dispatcher.faults import InjectedInvalidate
+    from dispatcher.core.faults import InjectedInvalidate
 
     f = Faults.parse("stream_read:invalidate@2")
     f.hit("stream_read")

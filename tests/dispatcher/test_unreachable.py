@@ -26,16 +26,16 @@ from pymongo.errors import AutoReconnect, OperationFailure, PyMongoError
 
 from aggbox.servers import LocalMongo
 from aggregates import AggboxSettings, StoreWriter
-from dispatcher.daemon import Dispatcher, NeverReached, OnceGaveUp
-from dispatcher.errors import (
+from dispatcher.core.errors import (
     TRACE_LOGGER,
     RateLimitedLog,
     describe_store_error,
     is_unreachable,
     never_reached,
 )
+from dispatcher.core.settings import DispatcherSettings
+from dispatcher.daemon import Dispatcher, NeverReached, OnceGaveUp
 from dispatcher.publishers import PublishResult
-from dispatcher.settings import DispatcherSettings
 from tests.dispatcher.helpers import (
     ROOT,
     ListPublisher,
