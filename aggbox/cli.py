@@ -13,8 +13,10 @@ confluent_kafka) happen inside ``func`` so ``aggbox --help`` stays fast.
 
 Errors: an :class:`AggboxError` is printed as one line on stderr (exit status 1); any other
 exception too, with its traceback written to the log file (:mod:`aggbox.logs`), whose path
-the line names. Unknown config file sections and ``AGGBOX_*`` environment variables are
-warned about (one line each, with the closest known name).
+the line names. Unknown ``AGGBOX_*`` environment variables are warned about (one line each,
+with the closest known name); an unknown config file section is an error (with the closest
+known one). A command whose extra (pyproject.toml optional dependencies) is not installed
+says which in one line (:data:`COMMAND_EXTRAS`).
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ import difflib
 import importlib
 import logging
 import os
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any
 
-from aggregates.core.errors import AggboxError
+from aggregates.core.errors import AggboxError, ConfigurationError
 
 SUBCOMMAND_MODULES = (
     "aggbox.commands.run", "aggbox.commands.dispatch", "aggbox.commands.dispatch_status",
@@ -37,14 +40,61 @@ SUBCOMMAND_MODULES = (
     "aggbox.reasonref",
     "aggbox.local",
     "aggbox.migrate",
+    "aggbox.commands.show",
 )
 
 
+#: reStructuredText in help texts taken from docstrings: ``x``, :mod:`x`, :func:`~a.b`.
+_RST_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
+_RST_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def plain_text(text: str) -> str:
+    """Help text as a terminal shows it: reStructuredText markup removed."""
+    return _RST_LITERAL.sub(r"\1", _RST_ROLE.sub(r"\1", text))
+
+
+class AggboxParser(argparse.ArgumentParser):
+    """Every parser of the command (sub-commands inherit the class): help as plain text, and
+    an unknown option is reported by the sub-command that received it, with its own usage
+    and the closest option (argparse reports it at the top level, with ``aggbox``'s usage)."""
+
+    #: False for the top-level parser, which keeps argparse's own handling
+    strict_extras = True
+
+    def format_help(self) -> str:
+        return plain_text(super().format_help())
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None,
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        if extras and self.strict_extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}"
+                       f"{_closest(extras[0], self._option_names(), '{}')}")
+        return parsed, extras
+
+    def _option_names(self) -> list[str]:
+        return sorted(o for a in self._actions for o in a.option_strings if o.startswith("--"))
+
+
+def aggbox_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("aggbox")
+    except PackageNotFoundError:  # imported from a checkout that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = AggboxParser(
         prog="aggbox",
         description="Exactly-once-effect message processing on MongoDB aggregates.",
     )
+    parser.strict_extras = False
+    parser.add_argument("--version", action="version",
+                        version=f"aggbox {aggbox_version()} (Python {sys.version.split()[0]})")
     parser.add_argument("--log-level", default="INFO",
                         help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
     parser.add_argument("--log-json", action="store_true", help="structured JSON logs")
@@ -75,8 +125,9 @@ def _closest(name: str, known: Sequence[str], form: str = "{}") -> str:
 
 
 def warn_unknown_settings(config_file: str | None) -> None:
-    """Warn about config file sections and ``AGGBOX_*`` environment variables that no
-    settings model reads (a typo is otherwise silently ignored)."""
+    """Warn about ``AGGBOX_*`` environment variables and top-level config file keys that no
+    settings model reads (a typo is otherwise silently ignored); an unknown config file
+    section is a :class:`ConfigurationError` with the closest known section."""
     from aggbox.configref import section_models
     from aggregates.core.settings import read_config_file
 
@@ -95,19 +146,23 @@ def warn_unknown_settings(config_file: str | None) -> None:
     except AggboxError:
         return  # the command itself reports a missing or invalid file
     path = config_file or os.environ.get("AGGBOX_CONFIG")
+    bad_sections = []
     for key, value in data.items():
         if key in sections:
             continue
         if isinstance(value, dict):
-            log.warning("config file %s: unknown section [%s] is ignored%s (sections: %s)",
-                        path, key, _closest(key, sorted(sections), "[{}]"),
-                        ", ".join(f"[{s}]" for s in sections))
+            bad_sections.append(f"unknown section [{key}]"
+                                f"{_closest(key, sorted(sections), '[{}]')}")
             continue
         owners = [s for s, m in sections.items() if key in m.model_fields]
         hint = (f"; put it in [{owners[0]}]" if owners else _closest(key, sorted(
             {f for m in models for f in m.model_fields})))
         log.warning("config file %s: setting %r outside any [section] is ignored%s",
                     path, key, hint)
+    if bad_sections:  # its settings would be silently ignored: an error, as a misspelt key
+        raise ConfigurationError(
+            f"config file {path}: {'; '.join(bad_sections)} (sections: "
+            f"{', '.join(f'[{s}]' for s in sections)})")
 
 
 def _one_line(exc: BaseException, limit: int = 300) -> str:
@@ -127,12 +182,47 @@ def configure_logging(level: str, json_logs: bool) -> None:
     configure(level=level, json_logs=json_logs)
 
 
+#: The optional dependencies (pyproject.toml [project.optional-dependencies]) by the top-level
+#: module whose absence means the extra is not installed.
+MODULE_EXTRAS = {
+    "pyspark": "spark", "pyarrow": "spark", "pandas": "spark", "grpc": "spark",
+    "aiohttp": "dispatcher", "prometheus_client": "dispatcher",
+    "confluent_kafka": "kafka", "mongomock": "testing", "opentelemetry": "otel",
+    "nbclient": "notebook", "nbformat": "notebook",
+}
+#: The extras a command cannot start without, checked before it runs.
+COMMAND_EXTRAS = {
+    "run": ("pyspark", "pyarrow"), "stream": ("pyspark", "pyarrow"),
+    "dispatch": ("aiohttp", "prometheus_client"), "dispatch-status": ("aiohttp",),
+    "demo": ("pyspark", "pyarrow", "aiohttp", "prometheus_client"),
+}
+
+
+def _extra_line(command: str, modules: Sequence[str]) -> str:
+    extras = sorted({MODULE_EXTRAS[m] for m in modules})
+    names = " and ".join(extras)
+    return (f"aggbox {command} needs the {names} extra{'s' if len(extras) > 1 else ''}: "
+            f"pip install 'aggbox[{','.join(extras)}]'")
+
+
+def missing_extra(command: str) -> str | None:
+    """One line naming the extra ``command`` needs and how to install it (None: installed)."""
+    from importlib.util import find_spec
+
+    missing = [m for m in COMMAND_EXTRAS.get(command, ()) if find_spec(m) is None]
+    return _extra_line(command, missing) if missing else None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    needs = missing_extra(args.command)
+    if needs:
+        print(f"aggbox: error: {needs}", file=sys.stderr)
+        return 1
     try:
         configure_logging(args.log_level, args.log_json)
     except ValueError as exc:  # an unknown --log-level
@@ -141,6 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         try:
             warn_unknown_settings(getattr(args, "config", None))
+        except ConfigurationError:
+            raise  # an unknown config file section
         except Exception:  # a warning must never stop the command
             log.debug("checking for unknown settings failed", exc_info=True)
         rc: int = args.func(args)
@@ -153,6 +245,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug or an unforeseen failure: one line, trace in the file
         from aggbox.logs import write_trace
 
+        extra = _missing_module_extra(exc)
+        if extra:  # an optional dependency a command imported without a pre-check
+            print(f"aggbox: error: {_extra_line(args.command, [extra])}", file=sys.stderr)
+            log.debug("missing optional dependency", exc_info=True)
+            return 1
+
         if _is_uri_error(exc):  # its text may quote the password: neither shown nor logged
             print(f"aggbox {args.command}: error: {_uri_message(args)}", file=sys.stderr)
             return 1
@@ -163,6 +261,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"aggbox {args.command}: error: {message}{where}", file=sys.stderr)
         log.debug("uncaught exception", exc_info=True)
         return 1
+
+
+def _missing_module_extra(exc: BaseException) -> str | None:
+    """The module of an extra that ``exc`` says is not installed (None: another error)."""
+    if not isinstance(exc, ModuleNotFoundError):
+        return None
+    top = (exc.name or "").partition(".")[0]
+    return top if top in MODULE_EXTRAS else None
 
 
 def _one_line_message(exc: AggboxError) -> str:
