@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from aggbox.admin._shared import _console, _database, _print_json, _registry, _table
-from aggregates.fold.document import F_TIMERS
+from aggregates.fold.document import F_TIMERS, F_TYPE
 
 __all__ = ["cmd_timers_list", "timer_rows"]
 
@@ -48,23 +48,41 @@ def timer_rows(atype: str, docs: list[Mapping[str, Any]], *, now: datetime,
                                        str(r["aggregate_id"]), str(r["key"])))
 
 
+def _stored_types(db: Any) -> list[tuple[str, str]]:
+    """``(aggregate type, collection)`` of every collection whose documents hold timers, read
+    from the store (no ``--aggregates`` needed): the type is the documents' ``_type``, which
+    the writer sets at insert; a document without one is named by its collection."""
+    found = []
+    for name in sorted(db.list_collection_names()):
+        pending = {_DUE: {"$exists": True}}
+        if name.startswith("system.") or db[name].find_one(pending, {"_id": 1}) is None:
+            continue
+        types = sorted(str(t) for t in db[name].distinct(F_TYPE, pending) if t)
+        found.append((", ".join(types) or name, name))
+    return found
+
+
 def cmd_timers_list(args: argparse.Namespace) -> int:
-    registry = _registry(args.aggregates)
     now = datetime.now(UTC)
     overdue_after = timedelta(seconds=args.overdue_after)
-    types = [t for t in registry if args.aggregate_type in (None, t.name)]
     summary: list[dict[str, Any]] = []
     items: list[dict[str, Any]] = []
     with _database(args) as (_settings, db):
-        for atype in types:
-            coll = db[atype.collection]
+        if args.aggregates:
+            known = [(t.name, t.collection) for t in _registry(args.aggregates)]
+        else:
+            known = _stored_types(db)
+        for name, collection in known:
+            if args.aggregate_type not in (None, name):
+                continue
+            coll = db[collection]
             pending = coll.count_documents({_DUE: {"$exists": True}})
             overdue = coll.count_documents({_DUE: {"$lt": now - overdue_after}})
             docs = list(coll.find({_DUE: {"$exists": True}}, {F_TIMERS: 1})
                         .sort([(_DUE, 1)]).limit(args.limit))
-            rows = timer_rows(atype.name, docs, now=now, overdue_after=overdue_after)
+            rows = timer_rows(name, docs, now=now, overdue_after=overdue_after)
             items.extend(rows)
-            summary.append({"aggregate_type": atype.name, "collection": atype.collection,
+            summary.append({"aggregate_type": name, "collection": collection,
                             "documents_with_timers": pending, "overdue_documents": overdue,
                             "next_due": rows[0]["due"] if rows else None})
     items = sorted(items, key=lambda r: str(r["due"]))[:args.limit]
@@ -103,7 +121,8 @@ def register(sub: Any, *, store_options: Any, aggregates_option: Any, positive: 
         description="Per aggregate type: documents holding timers and how many of them are "
         "overdue; then the next timers due, earliest first (overdue ones lead).")
     store_options(p)
-    aggregates_option(p, required=True)
+    aggregates_option(p, required=False, extra="; without it, every collection of the "
+                      "database whose documents hold timers")
     p.add_argument("--type", metavar="T", dest="aggregate_type",
                    help="only this aggregate type, e.g. Order")
     p.add_argument("--overdue-after", metavar="SECONDS", type=float, default=60.0,

@@ -53,3 +53,18 @@ def test_timers_list_counts_overdue_documents_and_lists_the_earliest_first(
     code, out, _err = cli("timers", "list", "--aggregates", DOMAIN, "--limit", "1")
     assert code == 0
     assert "Order/late/1" in out and "soon" not in out and "Pending timers" in out
+
+
+def test_timers_list_without_aggregates_reads_the_types_from_the_store(
+        db: Any, cli: Run) -> None:
+    """Like ``parked list`` and ``deadletters list``, no ``--aggregates`` needed: the
+    collections whose documents hold timers, named by the documents' ``_type``."""
+    place(db, ["a", "b"], ms=3_600_000)
+    code, out, _err = cli("timers", "list", "--json")
+    assert code == 0, _err
+    report = json.loads(out)
+    assert [(t["aggregate_type"], t["collection"], t["documents_with_timers"])
+            for t in report["types"]] == [("Order", "torders", 2)]
+    assert [r["aggregate_id"] for r in report["items"]] == ["a", "b"]
+    code, out, _err = cli("timers", "list", "--type", "Order")
+    assert code == 0 and "Order/a" in out
