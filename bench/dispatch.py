@@ -78,7 +78,7 @@ from aggregates.core.partitions import PARTITIONS
 from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.kafka import KafkaPublisher
-from dispatcher.record import OutboundRecord, build_record
+from dispatcher.publishers.record import OutboundRecord, build_record
 
 ROOT = Path(__file__).resolve().parents[1]
 # (d): the instances are frozen (SIGSTOP) while the backlog is written; their partition

@@ -91,7 +91,7 @@ from aggregates import (
 from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.base import PublishResult
-from dispatcher.record import OutboundRecord
+from dispatcher.publishers.record import OutboundRecord
 
 DATABASE = "bench_timers"
 COLLECTION = "tjobs"

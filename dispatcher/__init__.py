@@ -8,9 +8,10 @@ publishes each document's entries in order keyed by aggregate id, ``$pull``s exa
 acknowledged ids and saves the stream's resume token. At-least-once with stable ids: a crash
 anywhere republishes, never loses. See docs/design.md "The dispatcher".
 
-Modules: :mod:`~dispatcher.core.settings` (section ``[dispatcher]``), :mod:`~dispatcher.record`
-(entry → envelope + headers/key/topic), :mod:`~dispatcher.publishers` (Kafka, JSON Lines,
-stdout; the interface for more), :mod:`~dispatcher.cycle` (publish → dead-letter → pull),
+Modules: :mod:`~dispatcher.core.settings` (section ``[dispatcher]``),
+:mod:`~dispatcher.publishers.record` (entry → envelope + headers/key/topic),
+:mod:`~dispatcher.publishers` (Kafka, JSON Lines, stdout; the interface for more),
+:mod:`~dispatcher.cycle` (publish → dead-letter → pull),
 :mod:`~dispatcher.inflight`, :mod:`~dispatcher.sweep` (sweeps and their schedule),
 :mod:`~dispatcher.stream` (change stream + checkpoints), :mod:`~dispatcher.streammode`
 (stream mode: restarts, invalidations, checkpoints), :mod:`~dispatcher.balance`
@@ -31,7 +32,7 @@ Imports here are light (no broker client); publishers load theirs when started.
 from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers import Publisher, PublisherError, PublishResult, create_publisher
-from dispatcher.record import OutboundRecord, build_record
+from dispatcher.publishers.record import OutboundRecord, build_record
 
 __all__ = [
     "Dispatcher",

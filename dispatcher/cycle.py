@@ -34,8 +34,8 @@ from dispatcher.core.timing import REAL_TIME, Timing
 from dispatcher.inflight import InFlight
 from dispatcher.metrics import Metrics
 from dispatcher.publishers.base import Publisher, PublishResult
+from dispatcher.publishers.record import H_FENCE, InvalidEntry, OutboundRecord, build_record
 from dispatcher.pull import pull_entries
-from dispatcher.record import H_FENCE, InvalidEntry, OutboundRecord, build_record
 from dispatcher.tracing import publish_spans
 
 __all__ = ["INVALID_OUTBOX_ENTRY", "Cycle", "CycleResult"]

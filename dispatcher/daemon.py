@@ -55,7 +55,7 @@ from dispatcher.effects.guard import EffectGuard, FleetEffects
 from dispatcher.metrics import Health, Metrics, MetricsServer
 from dispatcher.partlease import default_instance_id
 from dispatcher.publishers import Publisher, create_publisher
-from dispatcher.record import check_template
+from dispatcher.publishers.record import check_template
 from dispatcher.wiring import check_replies, effect_router, load_effects, resolve_collections
 from dispatcher.worker import CollectionWorker
 

@@ -4,8 +4,8 @@ instance holds, while it holds them.
 Each round reads the documents with a timer due by now — ``{timers.due: {$lte: now}}`` in
 the worker's partitions, served by the index ``{_p: 1, timers.due: 1}`` (no scan) — in
 pages, publishes their due timers as records built exactly like outbox entries'
-(:func:`dispatcher.record.build_record`, with the ``fence`` header of the lease), and only
-for the records the publisher acknowledged removes them::
+(:func:`dispatcher.publishers.record.build_record`, with the ``fence`` header of the lease),
+and only for the records the publisher acknowledged removes them::
 
     update_one({_id}, {$pull: {timers: {id: {$in: acked}}}, $inc: {_v: 1}})
 
@@ -39,7 +39,7 @@ from dispatcher.core.faults import Faults
 from dispatcher.core.timing import REAL_TIME, pause
 from dispatcher.metrics import Metrics
 from dispatcher.publishers.base import Publisher, PublishResult
-from dispatcher.record import H_FENCE, OutboundRecord, build_record
+from dispatcher.publishers.record import H_FENCE, OutboundRecord, build_record
 
 __all__ = ["FireResult", "TimerFirer"]
 

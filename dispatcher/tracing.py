@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from aggregates.domain.effects import Effect
 from aggregates.store.tracing import format_traceparent, parent_context, tracer
 from dispatcher.publishers.base import Publisher, PublishResult
-from dispatcher.record import OutboundRecord
+from dispatcher.publishers.record import OutboundRecord
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer

@@ -1,5 +1,5 @@
 """Outbox entry → input envelope (pure): how the dispatcher turns a stored outbox entry into
-the message it publishes, shared by the dispatcher (:mod:`dispatcher.record`) and the
+the message it publishes, shared by the dispatcher (:mod:`dispatcher.publishers.record`) and the
 in-memory scenarios of :mod:`aggregates.testing`, so both deliver the same message.
 
 - ``message_id`` = entry id, ``type``, ``payload``;

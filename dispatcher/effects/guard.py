@@ -19,7 +19,7 @@ from datetime import datetime
 
 from aggregates.core.reasons import Reason
 from dispatcher.publishers.base import Publisher, PublishResult
-from dispatcher.record import OutboundRecord
+from dispatcher.publishers.record import OutboundRecord
 
 __all__ = ["EffectGuard", "FleetEffects"]
 

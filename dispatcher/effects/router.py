@@ -25,7 +25,7 @@ from aggregates.core.reasons import Reason
 from aggregates.domain.effects import Effects
 from dispatcher.effects.runner import EffectRunner
 from dispatcher.publishers.base import Publisher, PublishResult
-from dispatcher.record import OutboundRecord
+from dispatcher.publishers.record import OutboundRecord
 
 __all__ = ["EffectRouter"]
 

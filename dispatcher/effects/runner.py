@@ -58,7 +58,7 @@ from dispatcher.core.faults import Faults
 from dispatcher.effects.attempts import FAILED, SUCCEEDED, AttemptRecord, Attempts, attempt_key
 from dispatcher.metrics import Metrics
 from dispatcher.publishers.base import PublishResult
-from dispatcher.record import OutboundRecord
+from dispatcher.publishers.record import OutboundRecord
 from dispatcher.tracing import effect_span, end_with
 
 __all__ = ["EffectRunner", "ReplyWriter"]

@@ -1,5 +1,8 @@
-"""Publishers: where outbox entries go. See :mod:`dispatcher.publishers.base` for the
-interface (and how to add one)."""
+"""Publishers: where outbox entries go, and what goes — the outbound record (entry →
+envelope, key, headers, topic: :mod:`~dispatcher.publishers.record`), its formats per
+destination (:mod:`~dispatcher.publishers.formats`) and the publishers (Kafka, JSON Lines,
+stdout). See :mod:`dispatcher.publishers.base` for the interface (and how to add one).
+Imports only ``core``."""
 
 from __future__ import annotations
 

@@ -38,7 +38,7 @@ from typing import Literal, Protocol, runtime_checkable
 
 from aggregates.core.errors import AggboxError
 from aggregates.core.reasons import Reason
-from dispatcher.record import OutboundRecord
+from dispatcher.publishers.record import OutboundRecord
 
 __all__ = ["PublishResult", "PublishStatus", "Publisher", "PublisherError"]
 

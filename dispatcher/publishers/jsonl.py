@@ -1,7 +1,7 @@
 """JSON Lines files in a directory: one file per batch, one envelope per line — the input
 format of the Spark pipeline, so a pipeline can consume the dispatcher's output. With
 ``record_format`` ``cloudevents`` each line is a structured-mode CloudEvent instead
-(:mod:`dispatcher.formats`), which the pipeline reads as well.
+(:mod:`dispatcher.publishers.formats`), which the pipeline reads as well.
 
 Files appear atomically: written as ``.tmp-<uuid>.jsonl`` (hidden, ignored by Spark's file
 sources), fsynced, renamed to ``<UTC timestamp>-<uuid>.jsonl``, and the directory fsynced.
@@ -26,9 +26,9 @@ from pathlib import Path
 
 from aggregates.core.reasons import Reason
 from dispatcher.core.settings import RecordFormat
-from dispatcher.formats import json_line
 from dispatcher.publishers.base import PublisherError, PublishResult
-from dispatcher.record import OutboundRecord
+from dispatcher.publishers.formats import json_line
+from dispatcher.publishers.record import OutboundRecord
 
 __all__ = ["TMP_PREFIX", "JsonLinesPublisher"]
 

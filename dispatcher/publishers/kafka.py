@@ -33,9 +33,9 @@ from typing import Any, Final
 
 from aggregates.core.reasons import Reason
 from dispatcher.core.settings import RecordFormat
-from dispatcher.formats import kafka_record
 from dispatcher.publishers.base import PublisherError, PublishResult
-from dispatcher.record import OutboundRecord
+from dispatcher.publishers.formats import kafka_record
+from dispatcher.publishers.record import OutboundRecord
 
 __all__ = ["LOG_INTERVAL_S", "KafkaPublisher", "RateLimitedLog", "valid_topic_name"]
 
@@ -153,7 +153,7 @@ class _Batch:
 class KafkaPublisher:
     """See the module documentation. ``config`` adds librdkafka settings (e.g. security);
     ``record_format`` ``cloudevents`` sends CloudEvents in binary content mode
-    (:mod:`dispatcher.formats`)."""
+    (:mod:`dispatcher.publishers.formats`)."""
 
     name = "kafka"
 

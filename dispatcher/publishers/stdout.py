@@ -9,9 +9,9 @@ from collections.abc import Sequence
 from typing import IO
 
 from dispatcher.core.settings import RecordFormat
-from dispatcher.formats import structured
 from dispatcher.publishers.base import PublishResult
-from dispatcher.record import OutboundRecord
+from dispatcher.publishers.formats import structured
+from dispatcher.publishers.record import OutboundRecord
 
 __all__ = ["StdoutPublisher"]
 

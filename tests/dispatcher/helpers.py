@@ -25,7 +25,7 @@ from dispatcher.core.settings import DispatcherSettings
 from dispatcher.core.timing import Timing
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.base import PublishResult
-from dispatcher.record import OutboundRecord
+from dispatcher.publishers.record import OutboundRecord
 
 ROOT = Path(__file__).resolve().parents[2]
 _seq = itertools.count(1)

@@ -28,7 +28,7 @@ from dispatcher.core.faults import Faults
 from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.base import PublishResult
-from dispatcher.record import OutboundRecord
+from dispatcher.publishers.record import OutboundRecord
 from tests.dispatcher.domain import registry
 from tests.dispatcher.helpers import (
     FakeTime,

@@ -13,7 +13,7 @@ import pytest
 
 from aggregates.core.reasons import Reason
 from dispatcher.effects.guard import EffectGuard, FleetEffects
-from dispatcher.record import OutboundRecord, build_record
+from dispatcher.publishers.record import OutboundRecord, build_record
 from tests.dispatcher.helpers import ListPublisher
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)

@@ -18,7 +18,7 @@ from aggregates.core.partitions import partition_of
 from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.base import PublishResult
-from dispatcher.record import H_FENCE
+from dispatcher.publishers.record import H_FENCE
 from tests.dispatcher.helpers import (
     ListPublisher,
     check_delivery,

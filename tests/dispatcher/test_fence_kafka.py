@@ -35,7 +35,7 @@ from aggregates import (
     parse_fence,
 )
 from aggregates.core.partitions import partition_of
-from dispatcher.record import H_FENCE
+from dispatcher.publishers.record import H_FENCE
 from tests.dispatcher import domain
 from tests.dispatcher.domain import Ticker
 from tests.dispatcher.helpers import pending_entries, spawn, wait_sync

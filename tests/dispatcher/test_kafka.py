@@ -31,7 +31,7 @@ from dispatcher.balance import fair
 from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.kafka import KafkaPublisher
-from dispatcher.record import H_FENCE, HEADER_NAMES
+from dispatcher.publishers.record import H_FENCE, HEADER_NAMES
 from tests.dispatcher.helpers import (
     check_delivery,
     emit,
@@ -339,7 +339,7 @@ def test_too_large_and_invalid_topic_are_dead_lettered_and_unblock_the_aggregate
 
 
 def test_kafka_publisher_reports_each_record(kafka_server: LocalKafka, topic: str) -> None:
-    from dispatcher.record import build_record
+    from dispatcher.publishers.record import build_record
 
     entries = [{"id": f"k-{i}", "type": "Tick", "payload": {"i": i}, "key": "x",
                 "source": {"type": "Emitter", "id": "x", "seq": i + 1}} for i in range(3)]

@@ -24,7 +24,7 @@ from aggregates.core.partitions import PARTITIONS, partition_of
 from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
 from dispatcher.publishers.base import PublishResult
-from dispatcher.record import H_KIND, KIND_INPUT, OutboundRecord
+from dispatcher.publishers.record import H_KIND, KIND_INPUT, OutboundRecord
 from tests.dispatcher.helpers import (
     ListPublisher,
     jsonl_envelopes,

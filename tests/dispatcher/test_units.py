@@ -24,14 +24,14 @@ from dispatcher.core.timing import Timing
 from dispatcher.inflight import InFlight
 from dispatcher.publishers.jsonl import JsonLinesPublisher
 from dispatcher.publishers.kafka import classify, valid_topic_name
-from dispatcher.publishers.stdout import StdoutPublisher
-from dispatcher.record import (
+from dispatcher.publishers.record import (
     HEADER_NAMES,
     InvalidEntry,
     build_record,
     check_template,
     envelope_json,
 )
+from dispatcher.publishers.stdout import StdoutPublisher
 from dispatcher.retries import Retries
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, 123000, tzinfo=UTC)
@@ -88,7 +88,7 @@ def test_record_addressed_to_another_aggregate_uses_the_target() -> None:
     {"source": {"type": "Emitter", "id": "agg-1", "seq": 7.0}},  # unusual: validated path
 ])
 def test_fast_envelope_equals_the_validated_one(over: dict[str, Any]) -> None:
-    from dispatcher.record import _fast_envelope, _slow_envelope
+    from dispatcher.publishers.record import _fast_envelope, _slow_envelope
 
     e = entry(2, **over)
     target = e.get("target") or {"type": "Emitter", "id": "agg-1"}

@@ -1,7 +1,7 @@
 """A published record in the configured ``record_format`` (pure; used by the publishers).
 
 - ``aggbox``: the value is the envelope as JSON (:attr:`OutboundRecord.value`), the headers
-  :data:`dispatcher.record.HEADER_NAMES` plus the entry's own.
+  :data:`dispatcher.publishers.record.HEADER_NAMES` plus the entry's own.
 - ``cloudevents``: CloudEvents 1.0 (:mod:`aggregates.wire.cloudevents`). Kafka: binary content
   mode — the payload as JSON, the attributes as ``ce_*`` headers and ``content-type``, the
   trace context as plain ``traceparent``/``tracestate`` headers (the entry's, or the
@@ -20,7 +20,7 @@ from aggregates.core.tracecontext import TRACEPARENT, TRACESTATE
 from aggregates.message.envelope import KIND_HEADER
 from aggregates.wire import cloudevents
 from dispatcher.core.settings import RecordFormat
-from dispatcher.record import HEADER_NAMES, OutboundRecord, envelope_json
+from dispatcher.publishers.record import HEADER_NAMES, OutboundRecord, envelope_json
 
 __all__ = ["json_line", "kafka_record", "structured"]
 
