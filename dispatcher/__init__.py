@@ -20,7 +20,7 @@ heartbeats as stored), :mod:`~dispatcher.balancer` (the lease rounds),
 :mod:`~dispatcher.selection` (the partitions as query filters),
 :mod:`~dispatcher.retries` (backoff and documents to retry), :mod:`~dispatcher.worker`
 (one collection: what comes next),
-:mod:`~dispatcher.backlog` (backlog gauges), :mod:`~dispatcher.metrics` (Prometheus +
+:mod:`~dispatcher.backlog` (backlog gauges), :mod:`~dispatcher.observe.metrics` (Prometheus +
 ``/healthz`` over aiohttp), :mod:`~dispatcher.core.errors` (fatal store errors),
 :mod:`~dispatcher.core.timing` (injected clock, sleep and jitter), :mod:`~dispatcher.core.faults`
 (crash-test hooks), :mod:`~dispatcher.daemon` (lifecycle, signals). The command line is

@@ -10,7 +10,7 @@ from typing import Any
 from pymongo.asynchronous.collection import AsyncCollection
 
 from aggregates.fold.document import F_OUTBOX
-from dispatcher.metrics import Metrics
+from dispatcher.observe.metrics import Metrics
 from dispatcher.sweep import PENDING
 
 __all__ = ["measure_backlog"]

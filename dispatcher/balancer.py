@@ -27,7 +27,7 @@ from aggregates.core.storeerrors import is_fatal
 from dispatcher.balance import plan
 from dispatcher.core.errors import RateLimitedLog, check_fatal, describe_store_error
 from dispatcher.core.timing import Timing
-from dispatcher.metrics import Health, Metrics
+from dispatcher.observe.metrics import Health, Metrics
 from dispatcher.partlease import HeartbeatLapsed, PartitionLeases
 
 __all__ = ["Balancer"]

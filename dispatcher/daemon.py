@@ -52,7 +52,7 @@ from dispatcher.core.faults import Faults
 from dispatcher.core.settings import DispatcherSettings
 from dispatcher.core.timing import REAL_TIME, Timing
 from dispatcher.effects.guard import EffectGuard, FleetEffects
-from dispatcher.metrics import Health, Metrics, MetricsServer
+from dispatcher.observe.metrics import Health, Metrics, MetricsServer
 from dispatcher.partlease import default_instance_id
 from dispatcher.publishers import Publisher, create_publisher
 from dispatcher.publishers.record import check_template

@@ -25,7 +25,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 from dispatcher.core.errors import describe_store_error
 from dispatcher.core.faults import Faults, InjectedInvalidate
 from dispatcher.core.timing import Timing
-from dispatcher.metrics import Metrics
+from dispatcher.observe.metrics import Metrics
 from dispatcher.stream import (
     CHANGE_STREAMS_UNSUPPORTED,
     TOKEN_UNUSABLE,

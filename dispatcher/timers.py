@@ -37,7 +37,7 @@ from aggregates.store.deadletters import dead_letter_update
 from aggregates.wire.outbound import InvalidEntry
 from dispatcher.core.faults import Faults
 from dispatcher.core.timing import REAL_TIME, pause
-from dispatcher.metrics import Metrics
+from dispatcher.observe.metrics import Metrics
 from dispatcher.publishers.base import Publisher, PublishResult
 from dispatcher.publishers.record import H_FENCE, OutboundRecord, build_record
 

@@ -14,7 +14,7 @@ from aggregates.domain.aggregate import Registry
 from aggregates.domain.effects import Effects
 from dispatcher.core.faults import Faults
 from dispatcher.core.settings import DispatcherSettings
-from dispatcher.metrics import Metrics
+from dispatcher.observe.metrics import Metrics
 from dispatcher.publishers import Publisher
 
 __all__ = ["check_replies", "effect_router", "load_effects", "resolve_collections"]

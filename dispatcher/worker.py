@@ -23,7 +23,7 @@ privilege: :mod:`aggregates.core.storeerrors`) ends the worker with
 :class:`~dispatcher.core.errors.FatalStoreError`; every other failure is retried after backoff.
 
 Time is injected (:class:`~dispatcher.core.timing.Timing`: clock, pauses, backoff jitter). Each
-MongoDB round trip is reported to :class:`~dispatcher.metrics.Health`; ``--once`` watches
+MongoDB round trip is reported to :class:`~dispatcher.observe.metrics.Health`; ``--once`` watches
 ``progress_at``.
 """
 
@@ -51,7 +51,7 @@ from dispatcher.core.timing import REAL_TIME, Timing, pause
 from dispatcher.cycle import Cycle
 from dispatcher.effects.guard import FleetEffects
 from dispatcher.inflight import InFlight
-from dispatcher.metrics import Health, Metrics
+from dispatcher.observe.metrics import Health, Metrics
 from dispatcher.outcomes import LeaseLost, Outcomes, WorkerStats
 from dispatcher.partlease import PartitionLeases
 from dispatcher.publishers.base import Publisher

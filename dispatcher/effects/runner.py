@@ -56,10 +56,10 @@ from aggregates.message.outcomes import Outcome
 from aggregates.store.tracing import format_traceparent
 from dispatcher.core.faults import Faults
 from dispatcher.effects.attempts import FAILED, SUCCEEDED, AttemptRecord, Attempts, attempt_key
-from dispatcher.metrics import Metrics
+from dispatcher.observe.metrics import Metrics
+from dispatcher.observe.tracing import effect_span, end_with
 from dispatcher.publishers.base import PublishResult
 from dispatcher.publishers.record import OutboundRecord
-from dispatcher.tracing import effect_span, end_with
 
 __all__ = ["EffectRunner", "ReplyWriter"]
 

@@ -5,8 +5,8 @@
 - ``cloudevents``: CloudEvents 1.0 (:mod:`aggregates.wire.cloudevents`). Kafka: binary content
   mode — the payload as JSON, the attributes as ``ce_*`` headers and ``content-type``, the
   trace context as plain ``traceparent``/``tracestate`` headers (the entry's, or the
-  producer span's when tracing replaced them: dispatcher/tracing.py); the entry's other headers
-  (and the dispatcher's ``fence``) stay plain headers as in the aggbox format, for
+  producer span's when tracing replaced them: dispatcher/observe/tracing.py); the entry's
+  other headers (and the dispatcher's ``fence``) stay plain headers as in the aggbox format, for
   consumers that read headers, while ``ce_aggboxheaders`` carries them for the envelope
   (plain copies of ``ce_*`` and ``content-type`` names are left out: they would clash).
   JSON Lines and stdout: structured content mode, one event object.
@@ -41,7 +41,7 @@ def kafka_record(record: OutboundRecord, record_format: RecordFormat
                cloudevents.to_binary(record.envelope, emitter=_emitter(record))]
     own = (record.envelope.get("headers") or {}).get(TRACEPARENT)
     if record.headers.get(TRACEPARENT, own) != own:
-        # A producer span replaced the record's trace context (dispatcher/tracing.py): the
+        # A producer span replaced the record's trace context (dispatcher/observe/tracing.py): the
         # plain headers carry the span's, as in the aggbox format.
         headers = [(k, v) for k, v in headers if k not in (TRACEPARENT, TRACESTATE)]
         headers += [(k, record.headers[k].encode()) for k in (TRACEPARENT, TRACESTATE)

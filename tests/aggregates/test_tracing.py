@@ -228,7 +228,7 @@ def test_the_library_and_the_dispatcher_import_without_opentelemetry() -> None:
 
     code = (
         "import sys; sys.modules['opentelemetry'] = None\n"
-        "import aggregates.store.tracing, dispatcher.tracing, dispatcher.daemon\n"
+        "import aggregates.store.tracing, dispatcher.observe.tracing, dispatcher.daemon\n"
         "from tests.aggregates.contract import msg, writer\n"
         "from aggregates.testing import memory_database\n"
         "import dataclasses\n"

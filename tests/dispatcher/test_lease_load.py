@@ -196,7 +196,7 @@ def test_instances_starting_together_claim_their_fair_share_from_the_first_claim
     hand-overs at later rounds."""
     from dispatcher.balancer import Balancer
     from dispatcher.core.timing import REAL_TIME
-    from dispatcher.metrics import Health, Metrics
+    from dispatcher.observe.metrics import Health, Metrics
     from dispatcher.partlease import PartitionLeases
 
     async def main() -> dict[str, Any]:

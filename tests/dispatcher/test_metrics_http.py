@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from dispatcher.metrics import Health, Metrics, MetricsServer
+from dispatcher.observe.metrics import Health, Metrics, MetricsServer
 
 
 def serve(body: Callable[[MetricsServer], Any]) -> Any:

@@ -17,7 +17,7 @@ from dispatcher.balancer import Balancer
 from dispatcher.core.errors import FatalStoreError, check_fatal, one_line
 from dispatcher.core.faults import Faults
 from dispatcher.core.settings import DispatcherSettings
-from dispatcher.metrics import Health, Metrics
+from dispatcher.observe.metrics import Health, Metrics
 from dispatcher.partlease import Claimed
 from dispatcher.sweep import Sweeps
 from dispatcher.worker import CollectionWorker

@@ -2,7 +2,7 @@
 publishes (real broker, real MongoDB stand-in): with a tracer provider (the SDK's in-memory
 exporter) the chain input → handling span → producer span → record header, a duplicate
 redelivery an event and no second handling span; without a provider the input's own
-``traceparent`` reaches the records (aggregates/store/tracing.py, dispatcher/tracing.py)."""
+``traceparent`` reaches the records (aggregates/store/tracing.py, dispatcher/observe/tracing.py)."""
 
 from __future__ import annotations
 

@@ -330,7 +330,7 @@ def test_librdkafka_lines_are_rate_limited_per_distinct_message() -> None:
 def test_health_needs_recent_server_contact(monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    from dispatcher import metrics
+    from dispatcher.observe import metrics
 
     now = [1000.0]
     monkeypatch.setattr(time, "monotonic", lambda: now[0])
