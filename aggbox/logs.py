@@ -1,7 +1,9 @@
 """Logging set-up shared by the command line, the pipeline and the dispatcher.
 
 Log records go to stderr. Full tracebacks go to a log file instead, ``$AGGBOX_LOG_FILE`` or
-``aggbox.log`` in the working directory, created only when a trace is written to it: the
+``logs/aggbox.log`` in the aggbox state directory (``$AGGBOX_HOME``, default ``~/.aggbox``,
+as the local server's), created only when a trace is written to it — never in the working
+directory unless asked (docs/operations.md "Errors and logs"): the
 command line prints one line per error and says where the full trace is (:func:`write_trace`);
 a Spark session started by the command line logs the JVM's errors there too."""
 
@@ -15,9 +17,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-#: Environment variable naming the log file; default ``aggbox.log`` in the working directory.
+#: Environment variable naming the log file; default :data:`DEFAULT_LOG_FILE` under the state
+#: directory (:func:`aggbox.servers.persistent.home_dir`'s rule, not imported: it is heavier).
 LOG_FILE_ENV = "AGGBOX_LOG_FILE"
-DEFAULT_LOG_FILE = "aggbox.log"
+DEFAULT_LOG_FILE = "logs/aggbox.log"
 
 #: Records of this logger go to the log file only (never to stderr): full tracebacks.
 TRACE_LOGGER = "aggbox.trace"
@@ -49,11 +52,15 @@ class _LogFileHandler(logging.FileHandler):
     stderr instead of logging's own multi-line error."""
 
     failed = False
+    #: create the file's directory (the default location); a configured path must exist
+    make_parent = False
 
     def emit(self, record: logging.LogRecord) -> None:
         if self.failed:
             return
         try:
+            if self.stream is None and self.make_parent:  # the default file's first record
+                Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
             super().emit(record)  # opens the file at the first record (an error is raised)
         except OSError as exc:
             self._turn_off(exc)
@@ -73,9 +80,14 @@ _file_handler: _LogFileHandler | None = None
 
 
 def log_file_path() -> Path:
-    """Where traces are written: ``$AGGBOX_LOG_FILE``, else ``aggbox.log`` in the working
-    directory."""
-    return Path(os.environ.get(LOG_FILE_ENV) or DEFAULT_LOG_FILE).expanduser().absolute()
+    """Where traces are written: ``$AGGBOX_LOG_FILE`` (relative: to the working directory),
+    else ``logs/aggbox.log`` under ``$AGGBOX_HOME`` (default ``~/.aggbox``)."""
+    configured = os.environ.get(LOG_FILE_ENV, "").strip()
+    if configured:
+        return Path(configured).expanduser().absolute()
+    home = os.environ.get("AGGBOX_HOME", "").strip()
+    state = Path(home).expanduser() if home else Path.home() / ".aggbox"
+    return (state / DEFAULT_LOG_FILE).absolute()
 
 
 def current_log_file() -> Path | None:
@@ -104,6 +116,7 @@ def configure(*, level: str = "INFO", json_logs: bool = False, log_file: bool = 
     trace.setLevel(logging.DEBUG)
     if log_file:
         _file_handler = _LogFileHandler(log_file_path(), delay=True, encoding="utf-8")
+        _file_handler.make_parent = not os.environ.get(LOG_FILE_ENV, "").strip()
         _file_handler.setFormatter(logging.Formatter(
             "%(asctime)s %(levelname)s %(name)s: %(message)s"))
         trace.handlers[:] = [_file_handler]

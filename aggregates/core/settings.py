@@ -9,6 +9,7 @@ every setting with its default and is checked against these models by the test s
 from __future__ import annotations
 
 import contextvars
+import difflib
 import json
 import os
 import re
@@ -52,6 +53,19 @@ def read_config_file(path: Path | str | None) -> dict[str, Any]:
         raise ConfigurationError(f"config file {p} is not valid TOML: {exc}") from None
 
 
+def _unknown_settings(section: str, unknown: list[str], known: list[str]) -> str:
+    """One line per misspelt setting: the closest known name, or the known ones when none
+    is close."""
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hints.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+    text = f"config section [{section}]: unknown setting {', '.join(hints)}"
+    if all("did you mean" in h for h in hints):
+        return text
+    return f"{text}; known: {', '.join(known)}"
+
+
 class _FileSource(PydanticBaseSettingsSource):
     def __init__(self, settings_cls: type[BaseSettings]) -> None:
         super().__init__(settings_cls)
@@ -60,12 +74,10 @@ class _FileSource(PydanticBaseSettingsSource):
         values = data.get(section, {})
         if not isinstance(values, dict):
             raise ConfigurationError(f"config section [{section}] must be a table")
-        unknown = set(values) - set(settings_cls.model_fields)
+        unknown = sorted(set(values) - set(settings_cls.model_fields))
         if unknown:
-            raise ConfigurationError(
-                f"config section [{section}]: unknown setting(s) {sorted(unknown)}; known: "
-                f"{sorted(settings_cls.model_fields)}"
-            )
+            raise ConfigurationError(_unknown_settings(section, unknown,
+                                                       sorted(settings_cls.model_fields)))
         self._values = values
 
     def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
