@@ -14,9 +14,9 @@ Modules: :mod:`~dispatcher.core.settings` (section ``[dispatcher]``),
 :mod:`~dispatcher.cycle` (publish → dead-letter → pull),
 :mod:`~dispatcher.inflight`, :mod:`~dispatcher.sweep` (sweeps and their schedule),
 :mod:`~dispatcher.stream` (change stream + checkpoints), :mod:`~dispatcher.streammode`
-(stream mode: restarts, invalidations, checkpoints), :mod:`~dispatcher.balance`
-(which partitions to hold: the pure rule), :mod:`~dispatcher.partlease` (partition leases and
-heartbeats as stored), :mod:`~dispatcher.balancer` (the lease rounds),
+(stream mode: restarts, invalidations, checkpoints), :mod:`~dispatcher.leases.balance`
+(which partitions to hold: the pure rule), :mod:`~dispatcher.leases.partlease` (partition leases and
+heartbeats as stored), :mod:`~dispatcher.leases.balancer` (the lease rounds),
 :mod:`~dispatcher.selection` (the partitions as query filters),
 :mod:`~dispatcher.retries` (backoff and documents to retry), :mod:`~dispatcher.worker`
 (one collection: what comes next),
@@ -26,13 +26,38 @@ heartbeats as stored), :mod:`~dispatcher.balancer` (the lease rounds),
 (crash-test hooks), :mod:`~dispatcher.daemon` (lifecycle, signals). The command line is
 ``aggbox.commands.dispatch``.
 
-Imports here are light (no broker client); publishers load theirs when started.
+Imports here are light (no broker client); publishers load theirs when started. The names
+below are imported at first use (PEP 562): ``import dispatcher.core.settings`` works without the
+``dispatcher`` extra (aiohttp, prometheus-client), which only :mod:`~dispatcher.daemon` needs.
 """
 
-from dispatcher.core.settings import DispatcherSettings
-from dispatcher.daemon import Dispatcher
-from dispatcher.publishers import Publisher, PublisherError, PublishResult, create_publisher
-from dispatcher.publishers.record import OutboundRecord, build_record
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dispatcher.core.settings import DispatcherSettings
+    from dispatcher.daemon import Dispatcher
+    from dispatcher.publishers import (
+        Publisher,
+        PublisherError,
+        PublishResult,
+        create_publisher,
+    )
+    from dispatcher.publishers.record import OutboundRecord, build_record
+
+_LAZY = {"Dispatcher": "dispatcher.daemon", "DispatcherSettings": "dispatcher.core.settings",
+         "OutboundRecord": "dispatcher.publishers.record",
+         "build_record": "dispatcher.publishers.record",
+         "PublishResult": "dispatcher.publishers", "Publisher": "dispatcher.publishers",
+         "PublisherError": "dispatcher.publishers", "create_publisher": "dispatcher.publishers"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'dispatcher' has no attribute {name!r}")
 
 __all__ = [
     "Dispatcher",
