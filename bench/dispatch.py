@@ -309,7 +309,7 @@ def spawn_dispatcher(mongo: LocalMongo, bootstrap: str, database: str, prefix: s
 
 def lease_owners(db: Any) -> dict[str, int]:
     """Partitions of ``emitters`` per owner whose heartbeat has not expired (a lease is
-    live while its owner's heartbeat is: dispatcher/partlease.py)."""
+    live while its owner's heartbeat is: dispatcher/leases/partlease.py)."""
     now, scope = datetime.now(UTC), f"{db.name}.emitters"
     live = {m["member"] for m in db.aggbox_dispatcher_members.find(
         {"scope": scope, "expires_at": {"$gt": now}}, {"member": 1})}

@@ -52,8 +52,8 @@ from dispatcher.core.faults import Faults
 from dispatcher.core.settings import DispatcherSettings
 from dispatcher.core.timing import REAL_TIME, Timing
 from dispatcher.effects.guard import EffectGuard, FleetEffects
+from dispatcher.leases.partlease import default_instance_id
 from dispatcher.observe.metrics import Health, Metrics, MetricsServer
-from dispatcher.partlease import default_instance_id
 from dispatcher.publishers import Publisher, create_publisher
 from dispatcher.publishers.record import check_template
 from dispatcher.wiring import check_replies, effect_router, load_effects, resolve_collections

@@ -21,7 +21,7 @@ from pymongo.database import Database
 
 from aggregates.core.partitions import F_PARTITION, PARTITIONS
 from aggregates.fold.document import F_OUTBOX
-from dispatcher.balance import fair
+from dispatcher.leases.balance import fair
 from dispatcher.status_text import columns, compress_ranges, format_age, pending_text
 from dispatcher.sweep import PENDING
 
@@ -242,7 +242,7 @@ _LEASE_FIELDS: Final = {f: 1 for f in ("partition", "owner", "epoch", "previous"
 def _read_leases(coll: Collection[Any], scope: str, instances: Mapping[str, InstanceStatus],
                  partitions: int) -> tuple[dict[int, str], Handover | None]:
     """Read 2: the owner of each partition whose lease is live — a lease is live while its
-    owner's heartbeat is (dispatcher/partlease.py) — and the latest handover."""
+    owner's heartbeat is (dispatcher/leases/partlease.py) — and the latest handover."""
     owners: dict[int, str] = {}  # partition → owner of its live lease
     latest: Handover | None = None
     for doc in coll.find({"scope": scope}, _LEASE_FIELDS):

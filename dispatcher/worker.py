@@ -3,8 +3,8 @@ on them, started over whenever its set of partitions changes.
 
 The worker only decides *what* to do next; each part is its own object, testable alone:
 
-- :class:`~dispatcher.balancer.Balancer` — the partition leases: heartbeat, renewal,
-  claims and hand-overs (the worker publishes :meth:`~dispatcher.balancer.Balancer.active`,
+- :class:`~dispatcher.leases.balancer.Balancer` — the partition leases: heartbeat, renewal,
+  claims and hand-overs (the worker publishes :meth:`~dispatcher.leases.balancer.Balancer.active`,
   selected by :class:`~dispatcher.selection.Selection`, and starts over when it changes);
 - :class:`~dispatcher.streammode.StreamMode` — the change stream, its restarts and the
   resume-token checkpoints (docs/design.md "The dispatcher", steps 1, 3, 4);
@@ -40,7 +40,6 @@ from pymongo.errors import OperationFailure, PyMongoError
 from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TYPE
 from aggregates.wire.fence import fence_scope
 from dispatcher.backlog import measure_backlog
-from dispatcher.balancer import Balancer
 from dispatcher.core.errors import (
     FatalStoreError,
     check_fatal,
@@ -51,9 +50,10 @@ from dispatcher.core.timing import REAL_TIME, Timing, pause
 from dispatcher.cycle import Cycle
 from dispatcher.effects.guard import FleetEffects
 from dispatcher.inflight import InFlight
+from dispatcher.leases.balancer import Balancer
+from dispatcher.leases.partlease import PartitionLeases
 from dispatcher.observe.metrics import Health, Metrics
 from dispatcher.outcomes import LeaseLost, Outcomes, WorkerStats
-from dispatcher.partlease import PartitionLeases
 from dispatcher.publishers.base import Publisher
 from dispatcher.retries import Retries
 from dispatcher.selection import Selection

@@ -1,4 +1,4 @@
-"""The partition balancing rule (:mod:`dispatcher.balance`): hand-made cases, then a model of
+"""The partition balancing rule (:mod:`dispatcher.leases.balance`): hand-made cases, then a model of
 the instances' rounds checked with hypothesis.
 
 The model (:class:`Cluster`) simulates, in memory, the I/O around :func:`plan` described in
@@ -32,7 +32,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dispatcher.balance import LeaseView, Plan, fair, plan, quota, valid_until
+from dispatcher.leases.balance import LeaseView, Plan, fair, plan, quota, valid_until
 from tests.hypo import examples
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -259,14 +259,14 @@ class ModelError(AssertionError):
 
 
 class Cluster:
-    """The store as dispatcher/partlease.py uses it: one heartbeat per member, extended
+    """The store as dispatcher/leases/partlease.py uses it: one heartbeat per member, extended
     only while more than ``margin · ttl`` is left on the member's clock; leases with an
     owner and an epoch, live while the owner's heartbeat is; claims are compare-and-sets on
     (owner, epoch) as read, possibly sent long after the read (``begin`` / ``finish``)."""
 
     def __init__(self, partitions: int, *, renew_margin: float = MARGIN) -> None:
         self.partitions = partitions
-        #: the margin the heartbeat's renewal condition keeps (dispatcher/partlease.py);
+        #: the margin the heartbeat's renewal condition keeps (dispatcher/leases/partlease.py);
         #: 0 only in the test that shows the model catches its absence
         self.renew_margin = renew_margin
         self.t = 0  # ticks of true time

@@ -258,7 +258,7 @@ def test_two_instances_share_the_partitions_and_a_lost_lease_stops_publishing(
     members = ddb.aggbox_dispatcher_members
 
     def owned() -> dict[str, int]:
-        # A lease is live while its owner's heartbeat is (dispatcher/partlease.py).
+        # A lease is live while its owner's heartbeat is (dispatcher/leases/partlease.py).
         live = {m["member"] for m in members.find({"scope": scope,
                                                    "expires_at": {"$gt": _in(0)}})}
         return dict(Counter(d["owner"] for d in leases.find(
@@ -318,7 +318,7 @@ def test_two_instances_share_the_partitions_and_a_lost_lease_stops_publishing(
     assert all(d["owner"] is None and d["released_by"] in ("A", "B")
                for d in leases.find({"scope": scope}))
     # the intruder's heartbeat is still there (expired): only its own instance removes it,
-    # or anyone once it expired for longer than the retention (dispatcher/partlease.py)
+    # or anyone once it expired for longer than the retention (dispatcher/leases/partlease.py)
     assert {m["member"] for m in members.find({"scope": scope})} == {"intruder"}
 
 

@@ -27,9 +27,9 @@ from aggbox.servers import LocalKafka, LocalMongo, create_topic
 from aggregates import AggboxSettings, Message, StoreWriter, parse_fence
 from aggregates.core.partitions import PARTITIONS, partition_of
 from aggregates.ops import DeadLetterStore
-from dispatcher.balance import fair
 from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
+from dispatcher.leases.balance import fair
 from dispatcher.publishers.kafka import KafkaPublisher
 from dispatcher.publishers.record import H_FENCE, HEADER_NAMES
 from tests.dispatcher.helpers import (
@@ -190,7 +190,7 @@ def test_kill_9_between_publish_pull_and_checkpoint_loses_nothing(
 def _owners(ddb: Database[Any]) -> dict[str, int]:
     """Live partition leases per instance."""
     now, scope = datetime.now(UTC), f"{ddb.name}.emitters"
-    # A lease is live while its owner's heartbeat is (dispatcher/partlease.py).
+    # A lease is live while its owner's heartbeat is (dispatcher/leases/partlease.py).
     live = [m["member"] for m in ddb.aggbox_dispatcher_members.find(
         {"scope": scope, "expires_at": {"$gt": now}})]
     return dict(Counter(d["owner"] for d in ddb.aggbox_dispatcher_partitions.find(

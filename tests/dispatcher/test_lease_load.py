@@ -194,10 +194,10 @@ def test_instances_starting_together_claim_their_fair_share_from_the_first_claim
     """The first round only announces an instance, so two that start together each claim
     half — before, the first to finish a round claimed all 256 and the other idled until
     hand-overs at later rounds."""
-    from dispatcher.balancer import Balancer
     from dispatcher.core.timing import REAL_TIME
+    from dispatcher.leases.balancer import Balancer
+    from dispatcher.leases.partlease import PartitionLeases
     from dispatcher.observe.metrics import Health, Metrics
-    from dispatcher.partlease import PartitionLeases
 
     async def main() -> dict[str, Any]:
         client: AsyncMongoClient[Any] = AsyncMongoClient(dmongo.uri, tz_aware=True)

@@ -12,13 +12,13 @@ import pytest
 from pymongo import AsyncMongoClient
 from pymongo.errors import AutoReconnect, OperationFailure
 
-from dispatcher.balance import LeaseView
-from dispatcher.balancer import Balancer
 from dispatcher.core.errors import FatalStoreError, check_fatal, one_line
 from dispatcher.core.faults import Faults
 from dispatcher.core.settings import DispatcherSettings
+from dispatcher.leases.balance import LeaseView
+from dispatcher.leases.balancer import Balancer
+from dispatcher.leases.partlease import Claimed
 from dispatcher.observe.metrics import Health, Metrics
-from dispatcher.partlease import Claimed
 from dispatcher.sweep import Sweeps
 from dispatcher.worker import CollectionWorker
 from tests.dispatcher.helpers import FakeTime, ListPublisher

@@ -2,7 +2,7 @@
 (docs/design.md "Scale-out: partitions and leases").
 
 A round, every renewal interval (sooner while the share is not settled): heartbeat, renew
-the leases this instance owns, read members and leases, apply :func:`dispatcher.balance.plan`
+the leases this instance owns, read members and leases, apply :func:`dispatcher.leases.balance.plan`
 — claim free partitions up to the quota, or ask the worker to stop publishing the surplus
 and release it once stopped (:meth:`Balancer.handover`). The worker publishes
 :meth:`Balancer.active` — the partitions held, past their takeover grace and not being
@@ -24,11 +24,11 @@ from collections.abc import Callable
 from pymongo.errors import PyMongoError
 
 from aggregates.core.storeerrors import is_fatal
-from dispatcher.balance import plan
 from dispatcher.core.errors import RateLimitedLog, check_fatal, describe_store_error
 from dispatcher.core.timing import Timing
+from dispatcher.leases.balance import plan
+from dispatcher.leases.partlease import HeartbeatLapsed, PartitionLeases
 from dispatcher.observe.metrics import Health, Metrics
-from dispatcher.partlease import HeartbeatLapsed, PartitionLeases
 
 __all__ = ["Balancer"]
 

@@ -1,6 +1,6 @@
 """Partition leases and member heartbeats of one collection, as stored (docs/design.md
 "Scale-out: partitions and leases"; the rule deciding what to claim or release is
-:mod:`dispatcher.balance`).
+:mod:`dispatcher.leases.balance`).
 
 Two collections, one document per (collection, partition) and per (collection, member):
 
@@ -24,7 +24,7 @@ epoch) as read, made only when the owner is not a live member: as long as the ho
 clocks agree within ``margin · ttl``, a member whose heartbeat a claimer saw expired can no
 longer extend it (docs/design.md gives the argument), so the store never has two live
 owners for one partition. The holder counts its leases as held until ``ttl`` after it
-*sent* its last successful heartbeat, minus the margin (:func:`dispatcher.balance.
+*sent* its last successful heartbeat, minus the margin (:func:`dispatcher.leases.balance.
 valid_until`), so it stops before a claimer may take them over. A lease taken over from a
 member whose heartbeat expired (not released) is published only ``grace_s`` after the
 claim: time for whatever the previous holder had already handed to its producer to settle.
@@ -48,7 +48,7 @@ from pymongo.errors import BulkWriteError
 
 from aggregates.core.keys import join_parts
 from aggregates.core.partitions import F_PARTITION, PARTITIONS
-from dispatcher.balance import LeaseView, valid_until
+from dispatcher.leases.balance import LeaseView, valid_until
 
 __all__ = ["Claimed", "HeartbeatLapsed", "PartitionLeases", "default_instance_id"]
 

@@ -34,7 +34,7 @@ __all__ = ["LeaseView", "Plan", "fair", "plan", "quota", "valid_until"]
 class LeaseView:
     """One partition lease as read: ``owner`` is ``None`` after a graceful release;
     ``expires_at`` is the owner's heartbeat expiry (``None``: the owner has no heartbeat
-    document) — a lease is live while its owner's heartbeat is (dispatcher/partlease.py)."""
+    document) — a lease is live while its owner's heartbeat is (dispatcher/leases/partlease.py)."""
 
     partition: int
     owner: str | None
