@@ -11,16 +11,16 @@ anywhere republishes, never loses. See docs/design.md "The dispatcher".
 Modules: :mod:`~dispatcher.core.settings` (section ``[dispatcher]``),
 :mod:`~dispatcher.publishers.record` (entry → envelope + headers/key/topic),
 :mod:`~dispatcher.publishers` (Kafka, JSON Lines, stdout; the interface for more),
-:mod:`~dispatcher.cycle` (publish → dead-letter → pull),
-:mod:`~dispatcher.inflight`, :mod:`~dispatcher.sweep` (sweeps and their schedule),
-:mod:`~dispatcher.stream` (change stream + checkpoints), :mod:`~dispatcher.streammode`
+:mod:`~dispatcher.outbox.cycle` (publish → dead-letter → pull),
+:mod:`~dispatcher.outbox.inflight`, :mod:`~dispatcher.outbox.sweep` (sweeps and their schedule),
+:mod:`~dispatcher.outbox.stream` (change stream + checkpoints), :mod:`~dispatcher.outbox.streammode`
 (stream mode: restarts, invalidations, checkpoints), :mod:`~dispatcher.leases.balance`
 (which partitions to hold: the pure rule), :mod:`~dispatcher.leases.partlease` (partition leases and
 heartbeats as stored), :mod:`~dispatcher.leases.balancer` (the lease rounds),
-:mod:`~dispatcher.selection` (the partitions as query filters),
-:mod:`~dispatcher.retries` (backoff and documents to retry), :mod:`~dispatcher.worker`
+:mod:`~dispatcher.outbox.selection` (the partitions as query filters),
+:mod:`~dispatcher.outbox.retries` (backoff and documents to retry), :mod:`~dispatcher.worker`
 (one collection: what comes next),
-:mod:`~dispatcher.backlog` (backlog gauges), :mod:`~dispatcher.observe.metrics` (Prometheus +
+:mod:`~dispatcher.outbox.backlog` (backlog gauges), :mod:`~dispatcher.observe.metrics` (Prometheus +
 ``/healthz`` over aiohttp), :mod:`~dispatcher.core.errors` (fatal store errors),
 :mod:`~dispatcher.core.timing` (injected clock, sleep and jitter), :mod:`~dispatcher.core.faults`
 (crash-test hooks), :mod:`~dispatcher.daemon` (lifecycle, signals). The command line is

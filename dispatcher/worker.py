@@ -5,18 +5,18 @@ The worker only decides *what* to do next; each part is its own object, testable
 
 - :class:`~dispatcher.leases.balancer.Balancer` — the partition leases: heartbeat, renewal,
   claims and hand-overs (the worker publishes :meth:`~dispatcher.leases.balancer.Balancer.active`,
-  selected by :class:`~dispatcher.selection.Selection`, and starts over when it changes);
-- :class:`~dispatcher.streammode.StreamMode` — the change stream, its restarts and the
+  selected by :class:`~dispatcher.outbox.selection.Selection`, and starts over when it changes);
+- :class:`~dispatcher.outbox.streammode.StreamMode` — the change stream, its restarts and the
   resume-token checkpoints (docs/design.md "The dispatcher", steps 1, 3, 4);
-- :class:`~dispatcher.sweep.Sweeps` — start-up, recovery, periodic and ``--once`` sweeps;
-- :class:`~dispatcher.retries.Retries` — backoff and the documents kept for a retry;
-- :class:`~dispatcher.cycle.Cycle` — publishing, dead letters, ``$pull``;
+- :class:`~dispatcher.outbox.sweep.Sweeps` — start-up, recovery, periodic and ``--once`` sweeps;
+- :class:`~dispatcher.outbox.retries.Retries` — backoff and the documents kept for a retry;
+- :class:`~dispatcher.outbox.cycle.Cycle` — publishing, dead letters, ``$pull``;
 - :class:`~dispatcher.timers.TimerFirer` — due timers, beside the outbox;
-- :class:`~dispatcher.outcomes.Outcomes` — counts, backoff and one line per failure;
-- :func:`~dispatcher.backlog.measure_backlog` — the backlog gauges.
+- :class:`~dispatcher.outbox.outcomes.Outcomes` — counts, backoff and one line per failure;
+- :func:`~dispatcher.outbox.backlog.measure_backlog` — the backlog gauges.
 
 Mode choice: ``auto`` opens a change stream and falls back to polling when the server has
-none (codes in :data:`~dispatcher.stream.CHANGE_STREAMS_UNSUPPORTED`); polling mode sweeps,
+none (codes in :data:`~dispatcher.outbox.stream.CHANGE_STREAMS_UNSUPPORTED`); polling mode sweeps,
 publishes and pauses when idle. Both back off after failures without pulling anything and
 stop publishing as soon as the lease is lost. A fatal store error (wrong password, missing
 privilege: :mod:`aggregates.core.storeerrors`) ends the worker with
@@ -39,7 +39,6 @@ from pymongo.errors import OperationFailure, PyMongoError
 
 from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TYPE
 from aggregates.wire.fence import fence_scope
-from dispatcher.backlog import measure_backlog
 from dispatcher.core.errors import (
     FatalStoreError,
     check_fatal,
@@ -47,19 +46,20 @@ from dispatcher.core.errors import (
 from dispatcher.core.faults import Faults
 from dispatcher.core.settings import DispatcherSettings
 from dispatcher.core.timing import REAL_TIME, Timing, pause
-from dispatcher.cycle import Cycle
 from dispatcher.effects.guard import FleetEffects
-from dispatcher.inflight import InFlight
 from dispatcher.leases.balancer import Balancer
 from dispatcher.leases.partlease import PartitionLeases
 from dispatcher.observe.metrics import Health, Metrics
-from dispatcher.outcomes import LeaseLost, Outcomes, WorkerStats
+from dispatcher.outbox.backlog import measure_backlog
+from dispatcher.outbox.cycle import Cycle
+from dispatcher.outbox.inflight import InFlight
+from dispatcher.outbox.outcomes import LeaseLost, Outcomes, WorkerStats
+from dispatcher.outbox.retries import Retries
+from dispatcher.outbox.selection import Selection
+from dispatcher.outbox.stream import CHANGE_STREAMS_UNSUPPORTED, Checkpoints, StreamFollower
+from dispatcher.outbox.streammode import StreamMode
+from dispatcher.outbox.sweep import PENDING, Sweeps, sweep
 from dispatcher.publishers.base import Publisher
-from dispatcher.retries import Retries
-from dispatcher.selection import Selection
-from dispatcher.stream import CHANGE_STREAMS_UNSUPPORTED, Checkpoints, StreamFollower
-from dispatcher.streammode import StreamMode
-from dispatcher.sweep import PENDING, Sweeps, sweep
 from dispatcher.timers import TimerFirer
 
 __all__ = ["CollectionWorker", "WorkerStats"]

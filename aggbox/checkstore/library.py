@@ -9,7 +9,7 @@ relies on fails here:
   the writer's unordered bulk (:func:`aggregates.core.bulk.bulk_write_unordered`);
 - **$setOnInsert** — :class:`aggregates.store.deadletters.DeadLetterStore` records one dead
   letter twice: ``first_seen`` only on insert, ``last_seen`` and ``attempts`` on both;
-- **$pull** — :func:`dispatcher.pull.pull_entries`, the dispatcher's removal of published
+- **$pull** — :func:`dispatcher.outbox.pull.pull_entries`, the dispatcher's removal of published
   outbox entries: exactly the ids given, ``_v`` untouched.
 
 :func:`window_outcome` and :func:`pull_outcome` judge what was read back (pure)."""
@@ -176,7 +176,7 @@ async def _pull(uri: str, options: Mapping[str, Any], database: str, ids: list[s
     from pymongo import AsyncMongoClient
 
     from dispatcher.core.timing import REAL_TIME
-    from dispatcher.pull import pull_entries
+    from dispatcher.outbox.pull import pull_entries
 
     client: AsyncMongoClient[dict[str, Any]] = AsyncMongoClient(uri, **options)
     try:

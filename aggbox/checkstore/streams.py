@@ -1,7 +1,8 @@
 """The change-stream checks, through the dispatcher's own stream code
-(:class:`dispatcher.stream.StreamFollower`: its ``$match``/``$project`` pipeline,
-``full_document="updateLookup"``, paced ``try_next`` reads; :class:`dispatcher.stream.Checkpoints`
-for the stored resume token). I/O, in the scratch database only.
+(:class:`dispatcher.outbox.stream.StreamFollower`: its ``$match``/``$project`` pipeline,
+``full_document="updateLookup"``, paced ``try_next`` reads;
+:class:`dispatcher.outbox.stream.Checkpoints` for the stored resume token). I/O, in the
+scratch database only.
 
 1. **change stream**: a stream opened at the server's time sees an insert of a document
    with an outbox, then an update that appends to the outbox — with the looked-up document,
@@ -25,7 +26,7 @@ from pymongo.errors import OperationFailure
 
 from aggbox.checkstore.report import CHANGE_STREAM, CheckResult, Status
 from dispatcher.core.errors import describe_store_error
-from dispatcher.stream import (
+from dispatcher.outbox.stream import (
     CHANGE_STREAMS_UNSUPPORTED,
     TOKEN_UNUSABLE,
     Checkpoints,

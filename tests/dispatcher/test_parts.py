@@ -19,7 +19,7 @@ from dispatcher.leases.balance import LeaseView
 from dispatcher.leases.balancer import Balancer
 from dispatcher.leases.partlease import Claimed
 from dispatcher.observe.metrics import Health, Metrics
-from dispatcher.sweep import Sweeps
+from dispatcher.outbox.sweep import Sweeps
 from dispatcher.worker import CollectionWorker
 from tests.dispatcher.helpers import FakeTime, ListPublisher
 
@@ -261,7 +261,7 @@ class MemoryCheckpoints:
 
 def stream_mode(follower: ScriptedFollower, checkpoints: MemoryCheckpoints,
                 retry_pending: bool = False) -> tuple[Any, list[str], list[Any]]:
-    from dispatcher.streammode import StreamMode
+    from dispatcher.outbox.streammode import StreamMode
 
     sweeps: list[str] = []
     published: list[Any] = []
@@ -277,7 +277,7 @@ def stream_mode(follower: ScriptedFollower, checkpoints: MemoryCheckpoints,
 
 
 def test_stream_starts_from_the_checkpoint_and_saves_after_a_published_batch() -> None:
-    from dispatcher.stream import StreamBatch
+    from dispatcher.outbox.stream import StreamBatch
 
     async def main() -> None:
         doc = {"_id": "o1", "outbox": [{"id": "m1"}]}
@@ -294,7 +294,7 @@ def test_stream_starts_from_the_checkpoint_and_saves_after_a_published_batch() -
 
 
 def test_no_checkpoint_while_a_retry_is_pending() -> None:
-    from dispatcher.stream import StreamBatch
+    from dispatcher.outbox.stream import StreamBatch
 
     async def main() -> None:
         follower = ScriptedFollower(StreamBatch([{"_id": "o1", "outbox": [{}]}], 1, None))
@@ -322,7 +322,7 @@ def test_history_lost_while_reading_means_a_new_stream_and_a_full_sweep() -> Non
 
 
 def test_invalidate_reopens_after_the_event_with_a_sweep() -> None:
-    from dispatcher.stream import StreamBatch
+    from dispatcher.outbox.stream import StreamBatch
 
     async def main() -> None:
         ended = StreamBatch([], 1, None, ended=True, end_token={"_data": "inv"})
@@ -337,8 +337,8 @@ def test_invalidate_reopens_after_the_event_with_a_sweep() -> None:
 
 
 def test_with_drain_a_batch_token_is_saved_only_after_its_pull() -> None:
-    from dispatcher.stream import StreamBatch
-    from dispatcher.streammode import StreamMode
+    from dispatcher.outbox.stream import StreamBatch
+    from dispatcher.outbox.streammode import StreamMode
 
     async def main() -> None:
         doc = {"_id": "o1", "outbox": [{"id": "m1"}]}
@@ -376,7 +376,7 @@ def test_with_drain_a_batch_token_is_saved_only_after_its_pull() -> None:
 def test_a_read_returns_what_one_getmore_brought() -> None:
     from collections import deque
 
-    from dispatcher.stream import StreamFollower
+    from dispatcher.outbox.stream import StreamFollower
 
     class Stream:  # pymongo's AsyncChangeStream, as far as read() looks
         def __init__(self, *batches: list[dict[str, Any]]) -> None:

@@ -21,7 +21,8 @@ from aggregates import ConfigurationError, Message
 from dispatcher.core.faults import Faults
 from dispatcher.core.settings import DispatcherSettings
 from dispatcher.core.timing import Timing
-from dispatcher.inflight import InFlight
+from dispatcher.outbox.inflight import InFlight
+from dispatcher.outbox.retries import Retries
 from dispatcher.publishers.jsonl import JsonLinesPublisher
 from dispatcher.publishers.kafka import classify, valid_topic_name
 from dispatcher.publishers.record import (
@@ -32,7 +33,6 @@ from dispatcher.publishers.record import (
     envelope_json,
 )
 from dispatcher.publishers.stdout import StdoutPublisher
-from dispatcher.retries import Retries
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, 123000, tzinfo=UTC)
 
@@ -372,7 +372,7 @@ class _FakeStream:
 
 @pytest.mark.parametrize("how", ["invalidate_event", "cursor_closed"])
 def test_follower_reports_the_end_of_an_invalidated_stream(how: str) -> None:
-    from dispatcher.stream import StreamFollower
+    from dispatcher.outbox.stream import StreamFollower
 
     insert = {"_id": {"_data": "1"}, "operationType": "insert",
               "fullDocument": {"_id": "d1", "outbox": [entry(1)]}}

@@ -18,8 +18,8 @@ from pymongo.asynchronous.collection import AsyncCollection
 
 from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TYPE
 from dispatcher.core.timing import Timing
-from dispatcher.cycle import Cycle, CycleResult
 from dispatcher.observe.metrics import Metrics
+from dispatcher.outbox.cycle import Cycle, CycleResult
 
 __all__ = ["PENDING", "SweepResult", "Sweeps", "sweep"]
 

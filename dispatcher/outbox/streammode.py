@@ -3,7 +3,7 @@ stream (docs/design.md "The dispatcher", steps 1, 3 and 4).
 
 The stream is opened *before* the sweep that accompanies it (from the saved resume token,
 else at the server's current time), so nothing written meanwhile is missed. An unusable
-token (codes in :data:`~dispatcher.stream.TOKEN_UNUSABLE`) means a new stream at the current
+token (codes in :data:`~dispatcher.outbox.stream.TOKEN_UNUSABLE`) means a new stream at the current
 time and a full sweep; an ``invalidate`` event a new stream ``start_after`` it and a full
 sweep at once; a read error a reopen from the last token (rewound before the failed read).
 After each published batch with no retry pending, the resume token is saved — once the
@@ -26,7 +26,7 @@ from dispatcher.core.errors import describe_store_error
 from dispatcher.core.faults import Faults, InjectedInvalidate
 from dispatcher.core.timing import Timing
 from dispatcher.observe.metrics import Metrics
-from dispatcher.stream import (
+from dispatcher.outbox.stream import (
     CHANGE_STREAMS_UNSUPPORTED,
     TOKEN_UNUSABLE,
     Checkpoints,

@@ -1,5 +1,5 @@
 """What a collection worker (:mod:`dispatcher.worker`) makes of each cycle's result and of
-each failure: the counts, the backoff (:class:`~dispatcher.retries.Retries`), the metrics,
+each failure: the counts, the backoff (:class:`~dispatcher.outbox.retries.Retries`), the metrics,
 the health entry, one rate-limited line per failure, and when it last got anywhere
 (``progress_at``, what ``--once`` watches)."""
 
@@ -12,9 +12,9 @@ from pymongo.errors import PyMongoError
 
 from dispatcher.core.errors import RateLimitedLog, describe_store_error, one_line
 from dispatcher.core.timing import Timing
-from dispatcher.cycle import CycleResult
 from dispatcher.observe.metrics import Health, Metrics
-from dispatcher.retries import Retries
+from dispatcher.outbox.cycle import CycleResult
+from dispatcher.outbox.retries import Retries
 
 __all__ = ["LeaseLost", "Outcomes", "WorkerStats"]
 

@@ -11,7 +11,7 @@ from pymongo.asynchronous.collection import AsyncCollection
 
 from aggregates.fold.document import F_OUTBOX
 from dispatcher.observe.metrics import Metrics
-from dispatcher.sweep import PENDING
+from dispatcher.outbox.sweep import PENDING
 
 __all__ = ["measure_backlog"]
 

@@ -31,12 +31,12 @@ from aggregates.fold.document import F_OUTBOX, F_TYPE
 from aggregates.store.deadletters import dead_letter_update
 from dispatcher.core.faults import Faults
 from dispatcher.core.timing import REAL_TIME, Timing
-from dispatcher.inflight import InFlight
 from dispatcher.observe.metrics import Metrics
 from dispatcher.observe.tracing import publish_spans
+from dispatcher.outbox.inflight import InFlight
+from dispatcher.outbox.pull import pull_entries
 from dispatcher.publishers.base import Publisher, PublishResult
 from dispatcher.publishers.record import H_FENCE, InvalidEntry, OutboundRecord, build_record
-from dispatcher.pull import pull_entries
 
 __all__ = ["INVALID_OUTBOX_ENTRY", "Cycle", "CycleResult"]
 
