@@ -11,7 +11,7 @@ The worker only decides *what* to do next; each part is its own object, testable
 - :class:`~dispatcher.outbox.sweep.Sweeps` — start-up, recovery, periodic and ``--once`` sweeps;
 - :class:`~dispatcher.outbox.retries.Retries` — backoff and the documents kept for a retry;
 - :class:`~dispatcher.outbox.cycle.Cycle` — publishing, dead letters, ``$pull``;
-- :class:`~dispatcher.timers.TimerFirer` — due timers, beside the outbox;
+- :class:`~dispatcher.timers.firer.TimerFirer` — due timers, beside the outbox;
 - :class:`~dispatcher.outbox.outcomes.Outcomes` — counts, backoff and one line per failure;
 - :func:`~dispatcher.outbox.backlog.measure_backlog` — the backlog gauges.
 
@@ -60,7 +60,7 @@ from dispatcher.outbox.stream import CHANGE_STREAMS_UNSUPPORTED, Checkpoints, St
 from dispatcher.outbox.streammode import StreamMode
 from dispatcher.outbox.sweep import PENDING, Sweeps, sweep
 from dispatcher.publishers.base import Publisher
-from dispatcher.timers import TimerFirer
+from dispatcher.timers.firer import TimerFirer
 
 __all__ = ["CollectionWorker", "WorkerStats"]
 
@@ -268,7 +268,7 @@ class CollectionWorker:
         log.info("%s: active (%s mode) on %s", self.name, mode,
                  "every partition" if self.selection.full else f"{n} partition(s)",
                  extra={"collection": self.name, "mode": mode, "partitions": n})
-        # Due timers fire beside the outbox, for the same partitions (dispatcher/timers.py).
+        # Due timers fire beside the outbox, for the same partitions (dispatcher/timers/firer.py).
         async with self.timers.firing(lambda: not self.stop.is_set()
                                       and self.balancer.active() == self.selection.partitions):
             if mode == "stream":

@@ -116,7 +116,7 @@ class StoreWriter:
             # document is indexed when any key exists, i.e. every document with a _p.
             coll.create_index([(F_PARTITION, ASCENDING), (f"{F_OUTBOX}.0", ASCENDING)],
                               sparse=True, name="aggbox_partition_pending")
-            # The dispatcher's due timers (dispatcher/timers.py), of all documents and of
+            # The dispatcher's due timers (dispatcher/timers/firer.py), of all documents and of
             # one partition's: multikey on each pending timer's due time.
             coll.create_index([(f"{F_TIMERS}.due", ASCENDING)], sparse=True,
                               name="aggbox_timers_due")

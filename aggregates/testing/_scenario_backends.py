@@ -186,7 +186,7 @@ class StoreBackend:
 
     def pull_timers(self, atype: AggregateType[Any], aggregate_id: str,
                     ids: Sequence[str]) -> None:
-        # As the dispatcher (dispatcher/timers.py): these ids, and _v moved on.
+        # As the dispatcher (dispatcher/timers/firer.py): these ids, and _v moved on.
         self.db[atype.collection].update_one(
             {"_id": aggregate_id}, {"$pull": {F_TIMERS: {"id": {"$in": list(ids)}}},
                                     "$inc": {F_VERSION: 1}})

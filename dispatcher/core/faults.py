@@ -21,7 +21,7 @@ Points of the effect runner (:mod:`dispatcher.effects.runner`), per effect entry
 - ``effect_after_call`` — the call returned, its result not recorded yet;
 - ``effect_after_result`` — the result is recorded, the reply message not written yet.
 
-Points of the timer firer (:mod:`dispatcher.timers`), per round that publishes:
+Points of the timer firer (:mod:`dispatcher.timers.firer`), per round that publishes:
 
 - ``timer_before_publish`` — due timers are about to go to the publisher;
 - ``timer_after_publish`` — the broker acknowledged them, nothing removed yet.

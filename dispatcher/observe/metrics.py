@@ -116,7 +116,7 @@ class Metrics:
             p + "stream_invalidations", "Change streams ended by an invalidate event "
             "(collection dropped or renamed); each is followed by a new stream and a sweep.",
             ["collection"], registry=r)
-        # Timers (dispatcher.timers).
+        # Timers (dispatcher.timers.firer).
         self.timers_fired = Counter(p + "timers_fired", "Due timers published (acknowledged "
                                     "by the broker; removed next).", ["collection"], registry=r)
         self.timer_lag = Histogram(p + "timer_lag_seconds", "Time from a timer's due time to "
