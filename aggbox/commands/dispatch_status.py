@@ -1,6 +1,6 @@
 """``aggbox dispatch-status``: the dispatcher instances of each collection, the partitions
 each holds, the lag per partition (oldest pending entry) and the last hand-over
-(:mod:`dispatcher.status`; docs/operations.md, "Dispatcher status").
+(:mod:`dispatcher.status.report`; docs/operations.md, "Dispatcher status").
 
 Like the admin commands it reads the MongoDB of ``AGGBOX_MONGODB_URI`` (or ``mongodb_uri``
 in the ``[aggbox]`` section of ``--config``), else the server of ``aggbox local start``, and
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from aggbox.admin._shared import _database, _print_json
     from dispatcher.core.settings import DispatcherSettings
     from dispatcher.daemon import resolve_collections
-    from dispatcher.status import format_status, read_status
+    from dispatcher.status.report import format_status, read_status
 
     overrides: dict[str, Any] = {}
     if args.collections:

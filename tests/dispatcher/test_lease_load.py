@@ -30,7 +30,7 @@ from aggbox.servers import LocalMongo
 from aggregates import AggboxSettings, StoreWriter
 from aggregates.core.partitions import PARTITIONS
 from dispatcher.daemon import Dispatcher
-from dispatcher.status import format_status, read_status
+from dispatcher.status.report import format_status, read_status
 from tests.dispatcher.helpers import (
     ListPublisher,
     check_delivery,

@@ -1,4 +1,4 @@
-"""``aggbox dispatch-status`` (:mod:`dispatcher.status`): lease, member and aggregate
+"""``aggbox dispatch-status`` (:mod:`dispatcher.status.report`): lease, member and aggregate
 documents written directly in the stored layout, then read back — owned partitions,
 unowned ones, lag per partition, the last hand-over, the fairness flag — and the command's
 text and JSON output. The range compression and the text form are also tested pure."""
@@ -15,7 +15,7 @@ from pymongo.database import Database
 
 from aggbox.servers import LocalMongo
 from aggregates.core.keys import join_parts
-from dispatcher.status import (
+from dispatcher.status.report import (
     DispatchStatus,
     Handover,
     InstanceStatus,

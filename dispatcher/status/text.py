@@ -1,5 +1,5 @@
 """The text pieces of ``aggbox dispatch-status`` (pure): partition ranges, ages, pending
-counts and aligned columns; :func:`dispatcher.status.format_status` puts them together."""
+counts and aligned columns; :func:`dispatcher.status.report.format_status` puts them together."""
 
 from __future__ import annotations
 

@@ -23,7 +23,7 @@ from aggregates.core.partitions import F_PARTITION, PARTITIONS
 from aggregates.fold.document import F_OUTBOX
 from dispatcher.leases.balance import fair
 from dispatcher.outbox.sweep import PENDING
-from dispatcher.status_text import columns, compress_ranges, format_age, pending_text
+from dispatcher.status.text import columns, compress_ranges, format_age, pending_text
 
 __all__ = [
     "DEFAULT_MEMBER_COLLECTION",
