@@ -8,19 +8,28 @@ pymongo's topology description, never a password; the full error goes to the log
 (:data:`dispatcher.core.errors.TRACE_LOGGER`). A server that answers with a refusal no retry can
 fix (wrong password, missing privilege: :func:`aggregates.core.storeerrors.is_fatal`) is one
 line too. Anything else the server answers is left to the command.
+
+Before the ping, :func:`check_before_spark` checks without a JVM what would otherwise fail
+seconds into Spark (issue 34, item 2): the aggregates module (the current folder on the path),
+the input, ``--master`` and Java — each failure one line saying what to do.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import re
+import sys
+from pathlib import Path
 from typing import Any, Final
 
 from aggregates.core.errors import AggboxError
 from aggregates.core.uri import redact_uri
 from dispatcher.core.errors import TRACE_LOGGER, URI_OPTIONS, describe_store_error, never_reached
 
-__all__ = ["DEFAULT_TIMEOUT_S", "StoreNotReached", "ping", "reach_mongodb", "run_uri_source",
-           "store_problem"]
+__all__ = ["DEFAULT_TIMEOUT_S", "JAVA_MAJOR", "PreflightError", "StoreNotReached",
+           "check_aggregates", "check_before_spark", "check_inputs", "check_java", "check_master",
+           "ping", "reach_mongodb", "run_uri_source", "store_problem"]
 
 #: The server selection timeout of the pre-flight ping when the URI sets none (``aggbox
 #: check-store``'s default too; pymongo's own 30 s would hide a typo in the port for that long).
@@ -97,3 +106,136 @@ def ping(client: Any, uri: str, *, source: str) -> None:
                                 source=source)
         if message is not None:
             raise StoreNotReached(message) from None
+
+
+# -- before Spark starts (issue 34, item 2) ---------------------------------------------------
+
+#: The Java that Spark 4 needs.
+JAVA_MAJOR: Final = 17
+_JAVA_HINT = (f"aggbox needs Java {JAVA_MAJOR} or later: install openjdk-{JAVA_MAJOR} or set "
+              "JAVA_HOME")
+_MASTER = re.compile(r"local(\[(\d+|\*)(,\s*\d+)?\])?|local-cluster\[\d+,\s*\d+,\s*\d+\]"
+                     r"|spark://[^/:,\s]+:\d+(,[^/:,\s]+:\d+)*|yarn|k8s://\S+")
+_VERSION = re.compile(r'version "(\d+)(?:\.(\d+))?')
+
+
+class PreflightError(AggboxError):
+    """A check before Spark failed: ``str()`` is the one line for the user."""
+
+
+def check_before_spark(spark_settings: Any, args: Any, *, remote: str | None,
+                       session_exists: bool) -> None:
+    """Everything ``aggbox run`` / ``aggbox stream`` can check without a JVM, cheapest first
+    (docs/operations.md "Pre-flight"): the aggregates module, the input, the master, Java.
+    MongoDB is pinged afterwards (:func:`reach_mongodb`). ``session_exists``: a SparkSession
+    runs already (spark-submit, tests): its master and Java are not checked."""
+    local = remote is None and not session_exists and spark_settings.master.startswith("local")
+    check_aggregates(spark_settings.aggregates, executors_path=local)
+    check_inputs(getattr(args, "input", None) or [])
+    directory = getattr(args, "directory", None)
+    if directory and "://" not in directory and not Path(directory).is_dir():
+        raise PreflightError(f"--directory {directory}: no such directory (in {Path.cwd()}): "
+                             "create it or give the folder the JSON Lines files arrive in")
+    if remote is None and not session_exists:
+        check_master(spark_settings.master)
+        check_java()
+
+
+def check_aggregates(module: str, *, executors_path: bool = False) -> None:
+    """Import the aggregates module (the current folder first on ``sys.path``, as pytest and
+    uvicorn do) and check it defines aggregate types. ``executors_path``: local mode, whose
+    Python workers are started by this process's JVM: the current folder goes on their
+    ``PYTHONPATH`` too (a cluster's executors need ``--py-files``)."""
+    import importlib
+    import importlib.util
+
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    if executors_path:
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if cwd not in paths:
+            os.environ["PYTHONPATH"] = os.pathsep.join([cwd, *paths])
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):  # a parent package that is missing, or ".x"
+        found = None
+    if found is None:
+        raise PreflightError(
+            f"--aggregates {module}: no module named {module!r} in the current folder "
+            f"({cwd}) or the installed packages: check the name, or pip install the "
+            "package that defines it")
+    from aggregates.domain.aggregate import AggregateType, Registry
+
+    try:
+        loaded = importlib.import_module(module)
+    except Exception as exc:
+        line = " ".join(f"{type(exc).__name__}: {exc}".split())
+        logging.getLogger(TRACE_LOGGER).error("importing %s failed", module, exc_info=True)
+        raise PreflightError(f"--aggregates {module}: importing it failed: {line}") from None
+    if not isinstance(getattr(loaded, "registry", None), Registry) and not any(
+            isinstance(v, AggregateType) for v in vars(loaded).values()):
+        where = getattr(loaded, "__file__", None) or module
+        raise PreflightError(
+            f"--aggregates {module}: module {module} ({where}) defines no aggregate types "
+            "(no AggregateType at its top level, no `registry`): name the module of your "
+            "domain that defines them")
+
+
+def check_inputs(inputs: list[str]) -> None:
+    """Each local ``--input`` exists (a glob matches at least one file); URLs (``s3a://``,
+    ``hdfs://`` …) are left to Spark."""
+    import glob
+
+    for path in inputs:
+        if "://" in path and not path.startswith("file://"):
+            continue
+        local = path.removeprefix("file://")
+        if glob.has_magic(local):
+            if not glob.glob(os.path.expanduser(local), recursive=True):
+                raise PreflightError(f"--input {path}: matches no file (in {Path.cwd()}): "
+                                     "check the pattern")
+        elif not Path(local).expanduser().exists():
+            raise PreflightError(f"--input {path}: no such file or directory (in "
+                                 f"{Path.cwd()}): check the path")
+
+
+def check_master(master: str) -> None:
+    """``master`` is a form Spark knows; else one line naming ``--master``."""
+    if not _MASTER.fullmatch(master.strip()):
+        raise PreflightError(
+            f"--master {master}: not a Spark master URL: use local, local[N], local[*], "
+            "spark://HOST:PORT, yarn or k8s://https://HOST:PORT (or --remote sc://HOST:PORT "
+            "for Spark Connect)")
+
+
+def check_java() -> int:
+    """Java of ``$JAVA_HOME``, else of ``PATH``, is there and recent enough; its major
+    version."""
+    import shutil
+    import subprocess
+
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        java: str | None = str(Path(home) / "bin" / "java")
+        if not Path(java or "").is_file():
+            raise PreflightError(f"JAVA_HOME={home} holds no bin/java: {_JAVA_HINT} to a "
+                                 f"JDK {JAVA_MAJOR}+")
+    else:
+        java = shutil.which("java")
+        if java is None:
+            raise PreflightError(f"no Java found (JAVA_HOME is not set, no java on PATH): "
+                                 f"{_JAVA_HINT}")
+    assert java is not None
+    try:
+        done = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=30,
+                              check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise PreflightError(f"{java} -version failed ({exc}): {_JAVA_HINT}") from None
+    m = _VERSION.search(done.stderr + done.stdout)
+    if done.returncode != 0 or m is None:
+        raise PreflightError(f"{java} -version did not say its version: {_JAVA_HINT}")
+    major = int(m.group(2) or 0) if m.group(1) == "1" else int(m.group(1))  # "1.8.0" is 8
+    if major < JAVA_MAJOR:
+        raise PreflightError(f"{java} is Java {major}: {_JAVA_HINT} to a JDK {JAVA_MAJOR}+")
+    return major

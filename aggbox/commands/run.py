@@ -202,11 +202,13 @@ class _Context:
     def start(self) -> Any:
         from pyspark.sql import SparkSession
 
-        from aggbox.commands.preflight import reach_mongodb, run_uri_source
+        from aggbox.commands.preflight import check_before_spark, reach_mongodb, run_uri_source
         from aggbox.logs import current_log_file
         from aggbox.session import build_session
         from spark.session import quiet_logs, remote_url
 
+        check_before_spark(self.spark_settings, self.args, remote=remote_url(
+            self.spark_settings), session_exists=SparkSession.getActiveSession() is not None)
         if self.settings.mongodb_uri:  # before Spark: an unreachable server is one line
             reach_mongodb(self.settings.mongodb_uri, appname="aggbox-run", source=
                           run_uri_source(bool(self.args.opt_aggbox_mongodb_uri)))
