@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from aggbox.commands.preflight import mongodb_uri_source as mongodb_uri_source
 from aggregates.core.errors import AggboxError, ConfigurationError
 from aggregates.core.uri import redact_uri
 
@@ -41,16 +42,6 @@ def _settings(args: argparse.Namespace) -> AggboxSettings:
         return AggboxSettings.load(config_file=args.config, **overrides)
     except ValidationError as exc:
         raise ConfigurationError(f"invalid settings: {exc}") from None
-
-
-def mongodb_uri_source(option: str | None = None) -> str:
-    """Where ``mongodb_uri`` came from, for messages: the option (when given), else
-    ``AGGBOX_MONGODB_URI`` when set, else the config file."""
-    if option:
-        return option
-    if any(k.upper() == "AGGBOX_MONGODB_URI" for k in os.environ):
-        return "AGGBOX_MONGODB_URI"
-    return "mongodb_uri in the [aggbox] section of the config file"
 
 
 def check_mongodb_uri(uri: str, source: str) -> None:

@@ -21,7 +21,7 @@ from pymongo.database import Database
 from pymongo.errors import DuplicateKeyError, OperationFailure, PyMongoError
 
 from aggbox.checkstore import library
-from aggbox.checkstore.logic import MIB, padded, retryable_writes
+from aggbox.checkstore.logic import MIB, Probe, padded, retryable_writes
 from aggbox.checkstore.report import Status
 from aggregates.core.bulk import DUPLICATE_KEY, WriteError, bulk_write_unordered
 from aggregates.core.settings import AggboxSettings
@@ -226,13 +226,6 @@ _SIDE_KEYS: Final = {
                      {"message_id": 1}],
     "parked": [{"collection": 1, "aggregate_id": 1}, {"reason": 1}],
 }
-
-
-@dataclass(frozen=True)
-class Probe:
-    """The state of the aggregate type whose indexes are created."""
-
-    n: int = 0
 
 
 def indexes(ctx: Context) -> Outcome:

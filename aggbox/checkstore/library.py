@@ -67,7 +67,7 @@ def window_outcome(stored: Mapping[str, Any] | None, expected: Mapping[str, Any]
 
 
 def inbox_window(ctx: Any) -> Outcome:
-    from aggbox.checkstore.checks import Probe
+    from aggbox.checkstore.logic import Probe
     from aggregates import AggregateType, Inbox
     from aggregates.core.bulk import bulk_write_unordered
     from aggregates.core.partitions import partition_of

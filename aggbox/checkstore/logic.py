@@ -7,13 +7,25 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Final
 from urllib.parse import parse_qsl
 
 import bson
 
-__all__ = ["DEFAULT_TIMEOUT_S", "MIB", "SCRATCH_PREFIX", "client_options", "database_problem",
-           "describe_server", "padded", "retryable_writes", "scratch_name", "uri_options"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "MIB",
+    "SCRATCH_PREFIX",
+    "Probe",
+    "client_options",
+    "database_problem",
+    "describe_server",
+    "padded",
+    "retryable_writes",
+    "scratch_name",
+    "uri_options",
+]
 
 #: ``serverSelectionTimeoutMS`` when neither ``--timeout`` nor the URI sets it.
 DEFAULT_TIMEOUT_S: Final = 5.0
@@ -22,6 +34,15 @@ MIB: Final = 1024 * 1024
 #: Databases a check never writes into, whatever ``--database`` says.
 RESERVED: Final = frozenset({"admin", "local", "config"})
 _BAD_NAME: Final = re.compile(r'[/\\. "$*<>:|?\x00]')
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The state of the scratch aggregate types the checks write (indexes, inbox window);
+    here, below both, so that :mod:`~aggbox.checkstore.library` need not import
+    :mod:`~aggbox.checkstore.checks`, which imports it."""
+
+    n: int = 0
 
 
 def uri_options(uri: str) -> dict[str, str]:

@@ -29,7 +29,7 @@ from dispatcher.core.errors import TRACE_LOGGER, URI_OPTIONS, describe_store_err
 
 __all__ = ["DEFAULT_TIMEOUT_S", "JAVA_MAJOR", "PreflightError", "StoreNotReached",
            "check_aggregates", "check_before_spark", "check_inputs", "check_java", "check_master",
-           "ping", "reach_mongodb", "run_uri_source", "store_problem"]
+           "mongodb_uri_source", "ping", "reach_mongodb", "run_uri_source", "store_problem"]
 
 #: The server selection timeout of the pre-flight ping when the URI sets none (``aggbox
 #: check-store``'s default too; pymongo's own 30 s would hide a typo in the port for that long).
@@ -40,12 +40,21 @@ class StoreNotReached(AggboxError):
     """MongoDB did not answer, or refused: ``str()`` is the one line for the user."""
 
 
+def mongodb_uri_source(option: str | None = None) -> str:
+    """Where ``mongodb_uri`` came from, for messages: the option (when given), else
+    ``AGGBOX_MONGODB_URI`` when set, else the config file. Re-exported by :mod:`aggbox.admin`;
+    it lives here so that preflight imports nothing of the admin commands (no cycle)."""
+    if option:
+        return option
+    if any(k.upper() == "AGGBOX_MONGODB_URI" for k in os.environ):
+        return "AGGBOX_MONGODB_URI"
+    return "mongodb_uri in the [aggbox] section of the config file"
+
+
 def run_uri_source(option_given: bool) -> str:
     """Where ``aggbox run``'s URI came from, as the line names it: the dispatcher's words
     (:data:`~dispatcher.core.errors.URI_OPTIONS`) for the option or the environment variable,
     else the config file."""
-    from aggbox.admin import mongodb_uri_source
-
     source = mongodb_uri_source("--mongodb-uri" if option_given else None)
     return URI_OPTIONS if source in ("--mongodb-uri", "AGGBOX_MONGODB_URI") else source
 
