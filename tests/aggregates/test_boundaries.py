@@ -15,14 +15,14 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.layering import FIRST_PARTY, import_cycles, imports, room_violations
 
-FIRST_PARTY = ("aggregates", "spark", "dispatcher", "aggbox")
+ROOT = Path(__file__).resolve().parents[2]
 
 #: package → first-party packages it may import (besides itself).
 ALLOWED: dict[str, frozenset[str]] = {
@@ -38,25 +38,6 @@ FORBIDDEN_THIRD_PARTY: dict[str, frozenset[str]] = {
     "dispatcher": frozenset({"pyspark"}),
 }
 
-_DYNAMIC = {"import_module", "__import__"}
-
-
-def _imports(tree: ast.AST) -> Iterator[tuple[int, str]]:
-    """(line, absolute module name) of every import in ``tree``; relative imports give ""."""
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            for alias in node.names:
-                yield node.lineno, alias.name
-        elif isinstance(node, ast.ImportFrom):
-            yield node.lineno, ("" if node.level else node.module or "")
-        elif isinstance(node, ast.Call):
-            func = node.func
-            name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
-            if (name in _DYNAMIC and node.args and isinstance(node.args[0], ast.Constant)
-                    and isinstance(node.args[0].value, str)):
-                yield node.lineno, node.args[0].value
-
-
 def layering_violations(root: Path, allowed: Mapping[str, frozenset[str]] = ALLOWED,
                         forbidden: Mapping[str, frozenset[str]] = FORBIDDEN_THIRD_PARTY,
                         ) -> list[str]:
@@ -69,7 +50,7 @@ def layering_violations(root: Path, allowed: Mapping[str, frozenset[str]] = ALLO
             continue
         for path in sorted(base.rglob("*.py")):
             tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-            for line, module in _imports(tree):
+            for line, module in imports(tree):
                 top = module.split(".")[0]
                 bad_first_party = top in allowed and top != package and top not in may
                 if bad_first_party or top in forbidden.get(package, frozenset()):
@@ -82,7 +63,7 @@ def test_every_package_imports_only_downwards() -> None:
     assert layering_violations(ROOT) == []
 
 
-def test_the_checker_fails_on_upward_imports(tmp_path: Path) -> None:
+def test_the_checker_fails_on_upwardimports(tmp_path: Path) -> None:
     spark = tmp_path / "spark"
     (spark / "sub").mkdir(parents=True)
     (spark / "__init__.py").write_text("import aggregates.core.settings\nfrom . import sub\n")
@@ -111,7 +92,7 @@ def test_the_checker_fails_on_upward_imports(tmp_path: Path) -> None:
 def test_the_checker_sees_the_real_tree(package: str) -> None:
     """The real packages import ``aggregates`` (so the walk does reach their files)."""
     found = {m.split(".")[0] for p in (ROOT / package).rglob("*.py")
-             for _, m in _imports(ast.parse(p.read_text(encoding="utf-8")))}
+             for _, m in imports(ast.parse(p.read_text(encoding="utf-8")))}
     assert "aggregates" in found
 
 
@@ -141,85 +122,8 @@ WRITES = frozenset({"insert_one", "insert_many", "update_one", "update_many", "r
                     "create_indexes", "drop_index", "rename"})
 
 
-def _module_name(path: Path, root: Path) -> str:
-    parts = list(path.relative_to(root).with_suffix("").parts)
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def room_violations(root: Path) -> list[str]:
-    """``path:line: room <a> imports <module> (room <b>)`` for imports up the room order."""
-    problems = []
-    for path in sorted((root / "aggregates").rglob("*.py")):
-        parts = path.relative_to(root / "aggregates").parts
-        if len(parts) < 2:
-            continue  # the package's own __init__: the public API
-        room = parts[0]
-        if room not in ROOMS:
-            problems.append(f"{path.relative_to(root)}: room {room!r} has no rank")
-            continue
-        for line, module in _imports(ast.parse(path.read_text(encoding="utf-8"))):
-            bits = module.split(".")
-            if bits[0] != "aggregates":
-                continue
-            target = bits[1] if len(bits) > 1 else ""
-            if target != room and ROOMS.get(target, 99) >= ROOMS[room]:
-                problems.append(f"{path.relative_to(root)}:{line}: room {room} imports "
-                                f"{module}")
-    return problems
-
-
-def import_cycles(root: Path) -> list[list[str]]:
-    """Cycles among the modules of ``aggregates`` (every import counts, also inside
-    functions): the strongly connected components of more than one module."""
-    modules = {_module_name(p, root): p for p in (root / "aggregates").rglob("*.py")}
-    graph: dict[str, set[str]] = {}
-    for name, path in modules.items():
-        deps = set()
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
-                base = node.module
-                for alias in node.names:  # ``from pkg import submodule`` names a module
-                    deps.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules
-                             else base)
-            elif isinstance(node, ast.Import):
-                deps.update(a.name for a in node.names)
-        graph[name] = {d for d in deps if d in modules and d != name}
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on: set[str] = set()
-    out: list[list[str]] = []
-
-    def visit(v: str) -> None:  # Tarjan
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on.add(v)
-        for w in sorted(graph[v]):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            comp = []
-            while True:
-                w = stack.pop()
-                on.discard(w)
-                comp.append(w)
-                if w == v:
-                    break
-            if len(comp) > 1:
-                out.append(sorted(comp))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
-
-
 def test_rooms_import_only_downwards() -> None:
-    assert room_violations(ROOT) == []
+    assert room_violations(ROOT, "aggregates", ROOMS) == []
 
 
 def test_no_import_cycle_inside_aggregates() -> None:
@@ -234,7 +138,7 @@ def test_the_room_checks_fail_on_upward_imports_and_cycles(tmp_path: Path) -> No
     (lib / "__init__.py").write_text("from aggregates.fold import x\n")
     (lib / "core" / "a.py").write_text("def f():\n    from aggregates.fold.b import y\n")
     (lib / "fold" / "b.py").write_text("from aggregates.core import a\n")
-    assert room_violations(tmp_path) == [
+    assert room_violations(tmp_path, "aggregates", ROOMS) == [
         "aggregates/core/a.py:2: room core imports aggregates.fold.b"]
     assert import_cycles(tmp_path) == [["aggregates.core.a", "aggregates.fold.b"]]
 
