@@ -8,27 +8,29 @@ publishes each document's entries in order keyed by aggregate id, ``$pull``s exa
 acknowledged ids and saves the stream's resume token. At-least-once with stable ids: a crash
 anywhere republishes, never loses. See docs/design.md "The dispatcher".
 
-Modules: :mod:`~dispatcher.core.settings` (section ``[dispatcher]``),
-:mod:`~dispatcher.publishers.record` (entry → envelope + headers/key/topic),
-:mod:`~dispatcher.publishers` (Kafka, JSON Lines, stdout; the interface for more),
-:mod:`~dispatcher.outbox.cycle` (publish → dead-letter → pull),
-:mod:`~dispatcher.outbox.inflight`, :mod:`~dispatcher.outbox.sweep` (sweeps and their schedule),
-:mod:`~dispatcher.outbox.stream` (change stream + checkpoints), :mod:`~dispatcher.outbox.streammode`
-(stream mode: restarts, invalidations, checkpoints), :mod:`~dispatcher.leases.balance`
-(which partitions to hold: the pure rule), :mod:`~dispatcher.leases.partlease` (partition leases and
-heartbeats as stored), :mod:`~dispatcher.leases.balancer` (the lease rounds),
-:mod:`~dispatcher.outbox.selection` (the partitions as query filters),
-:mod:`~dispatcher.outbox.retries` (backoff and documents to retry), :mod:`~dispatcher.worker`
-(one collection: what comes next),
-:mod:`~dispatcher.outbox.backlog` (backlog gauges), :mod:`~dispatcher.observe.metrics` (Prometheus +
-``/healthz`` over aiohttp), :mod:`~dispatcher.core.errors` (fatal store errors),
-:mod:`~dispatcher.core.timing` (injected clock, sleep and jitter), :mod:`~dispatcher.core.faults`
-(crash-test hooks), :mod:`~dispatcher.daemon` (lifecycle, signals). The command line is
-``aggbox.commands.dispatch``.
+Rooms, floor by floor (each imports only the floors below it; docs/design.md "Layout of the
+dispatcher", held by tests/dispatcher/test_boundaries.py):
+
+- :mod:`dispatcher.core` — settings (section ``[dispatcher]``), fatal store errors, the
+  injected clock, crash-test fault points;
+- :mod:`dispatcher.publishers` — the outbound record (entry → envelope + headers/key/topic),
+  its formats, and the publishers (Kafka, JSON Lines, stdout; the interface for more);
+- :mod:`dispatcher.observe` — Prometheus metrics + ``/healthz`` over aiohttp, producer spans;
+- :mod:`dispatcher.leases` — which partitions to hold (the pure rule), leases and heartbeats
+  as stored, the lease rounds;
+- :mod:`dispatcher.outbox` — publish → dead-letter → pull, in-flight entries, retries,
+  sweeps, the change stream and its checkpoints, the partitions as filters, backlog gauges;
+- :mod:`dispatcher.timers` — firing due timers; :mod:`dispatcher.effects` — the effect
+  runner (entries executed instead of published);
+- :mod:`dispatcher.status` — the read-only ``aggbox dispatch-status`` report;
+- on top, the daemon's wiring: :mod:`~dispatcher.worker` (one collection: what comes next),
+  :mod:`~dispatcher.wiring` (the collections, effects and their router) and
+  :mod:`~dispatcher.daemon` (lifecycle, signals). The command line is
+  ``aggbox.commands.dispatch``.
 
 Imports here are light (no broker client); publishers load theirs when started. The names
-below are imported at first use (PEP 562): ``import dispatcher.core.settings`` works without the
-``dispatcher`` extra (aiohttp, prometheus-client), which only :mod:`~dispatcher.daemon` needs.
+below are imported at first use (PEP 562): ``import dispatcher.core.settings`` works without
+the ``dispatcher`` extra (aiohttp, prometheus-client), which only :mod:`~dispatcher.daemon` needs.
 """
 
 from __future__ import annotations
