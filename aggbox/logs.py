@@ -122,6 +122,19 @@ def configure(*, level: str = "INFO", json_logs: bool = False, log_file: bool = 
         trace.handlers[:] = [_file_handler]
     for noisy in ("py4j", "pymongo", "kafka"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    proxy = logging.getLogger("py4j.clientserver")
+    if not any(isinstance(f, _ProxyErrorFilter) for f in proxy.filters):
+        proxy.addFilter(_ProxyErrorFilter())
+
+
+class _ProxyErrorFilter(logging.Filter):
+    """Drops py4j's traceback of an exception raised in a Python callback (a stream's
+    ``foreachBatch``): the streaming query fails with the same text, which the command
+    reports in one line, its trace in the log file."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("There was an exception while executing the "
+                                              "Python Proxy")
 
 
 def write_trace(message: str, exc: BaseException) -> Path | None:

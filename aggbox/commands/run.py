@@ -272,10 +272,12 @@ def _guarded(ctx: _Context, command: str, job: Callable[[], int]) -> int:
     try:
         ctx.start()
         return job()
-    except AggboxError:
-        raise
     except Exception as exc:
-        message = _job_error(exc)
+        if isinstance(exc, AggboxError):  # e.g. StreamFailed around the query's exception
+            message = (deployment_line(str(exc.__cause__).splitlines(), None)
+                       if exc.__cause__ is not None else None)
+        else:
+            message = _job_error(exc)
         if message is None:
             raise
         path = write_trace(f"aggbox {command}: {message}", exc)

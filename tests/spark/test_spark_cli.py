@@ -225,6 +225,35 @@ def test_stream_a_directory(spark_session: Any, db: Any, mongo_uri: str, tmp_pat
     assert metrics.read_text() == written[-1]
 
 
+def test_stream_exit_status_follows_the_same_rule(spark_session: Any, db: Any, mongo_uri: str,
+                                                  tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """``aggbox stream``: a dead letter → exit status 3 with the reason listed; a handler
+    that cannot import a module → exit status 1, one line, nothing dead-lettered, and the
+    micro-batch is not committed: the stream started again reads it again."""
+    from tests.spark.domain import MISSING_MODULE
+
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    write_jsonl(junk / "1.jsonl", ["{not json"])
+    args = cli(db, mongo_uri, "--directory", str(junk), "--checkpoint", str(tmp_path / "c1"),
+               "--json")
+    assert main(["stream", *args]) == 3
+    summary = last_json(capsys.readouterr().out)
+    assert summary["ok"] is False and summary["by_reason"][0]["reason"] == "invalid_json"
+
+    needs = tmp_path / "needs"
+    needs.mkdir()
+    write_jsonl(needs / "1.jsonl", [env("needs-s1", type="NeedsHelper", aggregate_id="acc-s")])
+    args = cli(db, mongo_uri, "--directory", str(needs), "--checkpoint", str(tmp_path / "c2"))
+    for _attempt in range(2):  # the failed micro-batch was not committed: read again
+        assert main(["stream", *args]) == 1
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if line.startswith("aggbox stream:")]
+        assert len(errors) == 1 and f"cannot import module '{MISSING_MODULE}'" in errors[0], err
+    assert db.aggbox_dead_letters.count_documents({"message_id": "needs-s1"}) == 0
+
+
 def test_stream_without_checkpoint_is_refused(tmp_path: Path,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["stream", "--directory", str(tmp_path), "--aggregates", AGG])
