@@ -173,7 +173,7 @@ def _start(stock: bool, work: Path) -> tuple[subprocess.Popen[bytes], str, Path]
     else:
         from aggbox.servers import persistent
 
-        classes = maven.compile_java("AggboxMongoH2Server", jars)
+        classes = maven.compile_java("h2server", jars)  # aggbox/servers/java/h2server/
         launcher = "AggboxMongoH2Server"
         extra = persistent.oplog_options()
     port = _process.free_port()

@@ -64,3 +64,6 @@ def test_wheel_ships_the_example_domain_and_the_type_markers(wheel: Path) -> Non
     assert "aggbox/examples/orders/domain.py" in names
     assert "aggbox/commands/run.py" in names and "aggbox/commands/dispatch.py" in names
     assert "aggbox/servers/poms/kafka.xml" in names  # the local servers' Maven poms
+    # the local servers' Java launchers, the H2 one a folder compiled together
+    assert "aggbox/servers/java/AggboxMongoServer.java" in names
+    assert "aggbox/servers/java/h2server/BoundedOplog.java" in names

@@ -10,7 +10,7 @@ Cache layout (``$AGGBOX_CACHE_DIR``, default ``~/.cache/aggbox``)::
 
     jars/<pom name>-<hash of the pom>/*.jar      resolved classpath
     jars/<pom name>-<hash of the pom>/.resolved  marker written after success
-    classes/<source stem>-<hash>/                Java sources compiled by compile_java()
+    classes/<source name>-<hash>/                Java sources compiled by compile_java()
     locks/*.lock                                 fcntl locks between concurrent processes
 
 Editing a pom or a Java source changes its hash, so a new copy is resolved or compiled; old
@@ -48,6 +48,7 @@ __all__ = [
     "compile_java",
     "java_executable",
     "java_source",
+    "java_sources",
     "javac_executable",
     "mvn_executable",
     "resolve_classpath",
@@ -133,6 +134,22 @@ def java_source(name: str) -> str:
     if not source.is_file():
         raise ServerError(f"no Java source {name}.java in aggbox.servers/java")
     return source.read_text(encoding="utf-8")
+
+
+def java_sources(name: str) -> dict[str, str]:
+    """File name → text of the Java sources ``name`` stands for:
+    ``aggbox/servers/java/<name>.java`` alone, or every ``.java`` file of the folder
+    ``aggbox/servers/java/<name>/`` (a launcher split by concern, e.g. ``h2server``: compiled
+    together)."""
+    base = resources.files("aggbox.servers").joinpath("java")
+    if base.joinpath(f"{name}.java").is_file():
+        return {f"{name}.java": java_source(name)}
+    folder = base.joinpath(name)
+    found = sorted(e.name for e in folder.iterdir() if e.name.endswith(".java")) \
+        if folder.is_dir() else []
+    if not found:
+        raise ServerError(f"no Java source {name}.java or folder {name}/ in aggbox.servers/java")
+    return {f: folder.joinpath(f).read_text(encoding="utf-8") for f in found}
 
 
 def _digest(*parts: str) -> str:
@@ -241,14 +258,15 @@ def classpath_string(entries: Sequence[Path | str]) -> str:
 
 
 def compile_java(name: str, classpath: Sequence[Path]) -> Path:
-    """Compile ``aggbox/servers/java/<name>.java`` once; return the directory of its classes.
+    """Compile ``aggbox/servers/java/<name>.java`` (or the folder ``<name>/``, all its files
+    together: :func:`java_sources`) once; return the directory of its classes.
 
-    Cached by the hash of the source and of the classpath's jar names; concurrent processes
+    Cached by the hash of the sources and of the classpath's jar names; concurrent processes
     are serialised with a file lock. Put the returned directory on the classpath and run the
-    class ``name``.
+    class ``name`` (for a folder, its main class).
     """
-    source = java_source(name)
-    key = f"{name}-{_digest(source, *(Path(c).name for c in classpath))}"
+    sources = java_sources(name)
+    key = f"{name}-{_digest(*sources.values(), *(Path(c).name for c in classpath))}"
     target = cache_dir() / "classes" / key
     if (target / _COMPILED_MARKER).is_file():
         return target
@@ -259,10 +277,12 @@ def compile_java(name: str, classpath: Sequence[Path]) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=f".{key}-", dir=target.parent) as tmp:
             work = Path(tmp)
-            src = work / f"{name}.java"
-            src.write_text(source, encoding="utf-8")
+            files = []
+            for file_name, text in sources.items():
+                files.append(str(work / file_name))
+                (work / file_name).write_text(text, encoding="utf-8")
             out = work / "classes"
-            cmd = [javac, "-nowarn", "-d", str(out), str(src)]
+            cmd = [javac, "-nowarn", "-d", str(out), *files]
             if classpath:
                 cmd[1:1] = ["-cp", classpath_string(classpath)]
             try:

@@ -7,7 +7,8 @@ background process (its own session, ``stdin`` from ``/dev/null``, output to a l
 records it in a state file; :func:`running_local_server` finds it again from any command.
 
 The server is mongo-java-server with its H2 (MVStore) backend
-(``de.bwaldvogel:mongo-java-server-h2-backend``), launched by ``java/AggboxMongoH2Server.java``:
+(``de.bwaldvogel:mongo-java-server-h2-backend``), launched by ``java/h2server/`` (main class
+``AggboxMongoH2Server``):
 the same stand-in as the throw-away server (same capabilities: oplog and the partial change
 streams the dispatcher uses), with its data in one file, so it survives ``aggbox local stop``
 and the next ``aggbox local start``. H2 commits about once a second, so a crash (SIGKILL,
@@ -16,7 +17,7 @@ power loss) may lose the last second of writes; ``aggbox local stop`` closes the
 The launcher replaces mongo-java-server's oplog (never trimmed, read whole by every change-stream
 read) with a bounded one indexed by timestamp, and registers H2's version for every request
 (without it, long reads under writes failed with ``MVStoreException: Chunk N not found``); see
-the comments in ``java/AggboxMongoH2Server.java``. The oplog keeps at most
+the comments in ``java/h2server/`` and docs/design.md "The local server". The oplog keeps at most
 ``AGGBOX_LOCAL_OPLOG_MAX_ENTRIES`` entries (default 250,000) and none older than
 ``AGGBOX_LOCAL_OPLOG_MAX_HOURS`` (default 168, a week), trimmed every
 ``AGGBOX_LOCAL_OPLOG_TRIM_INTERVAL_S`` seconds (default 10); ``0`` turns a bound off. A change
@@ -71,6 +72,8 @@ LOCAL_KIND = "mongo-java-server-h2"
 
 _POM = "mongo-java-server-h2"
 _LAUNCHER = "AggboxMongoH2Server"
+#: The launcher's sources: the folder ``aggbox/servers/java/h2server/``, compiled together.
+_SOURCES = "h2server"
 _READY = b"AGGBOX-MJS READY"
 _BIND_FAILED_EXIT = 3
 _PORT_ATTEMPTS = 5
@@ -303,7 +306,7 @@ def start_persistent_mongodb(*, timeout: float = 60.0) -> tuple[LocalServerState
             return running, False
         java = maven.java_executable()
         jars = maven.resolve_classpath(_POM)
-        classes = maven.compile_java(_LAUNCHER, jars)
+        classes = maven.compile_java(_SOURCES, jars)
         classpath = maven.classpath_string([classes, *jars])
         oplog = oplog_options()
         directory = data_dir()
