@@ -31,7 +31,7 @@ class _Result:
 
 
 class _Pipeline:
-    def run_batch(self, inputs: Any) -> _Result:
+    def run_batch(self, inputs: Any, **options: Any) -> _Result:
         return _Result()
 
 
