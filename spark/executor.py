@@ -62,6 +62,8 @@ class WriterTask:
     #: counts what a lost attempt of it applied as ``applied`` once
     #: (:mod:`aggregates.dedup.runs`); ``None``: no stamps.
     run: str | None = None
+    #: Add the partition's counts to the run's progress document (:mod:`spark.live`).
+    progress: bool = False
 
 
 def get_client(uri: str) -> Any:
@@ -222,18 +224,30 @@ def write_partition(task: WriterTask, batches: Iterator[Any]) -> Iterator[Any]:
 
 
 def _write(task: WriterTask, batches: Iterator[Any]) -> Iterator[Any]:
+    from spark.live import LiveCounts
+
     part: _Partition | None = None
+    live: LiveCounts | None = None
     for batch in batches:
         if batch.num_rows == 0:
             continue
         if part is None:
             part = _Partition(task)
+            if task.progress and task.run:
+                live = LiveCounts(part.db, task.run)
         messages, dead = part.parse(batch)
         outcomes, types = part.write(part.take(messages, final=False), dead)
+        if live is not None:
+            live.add(batch.num_rows, outcomes)
         if outcomes:
             yield part.to_arrow(outcomes, types)
     if part is not None and part.carry:
-        yield part.to_arrow(*part.write(part.take([], final=True), []))
+        outcomes, types = part.write(part.take([], final=True), [])
+        if live is not None:
+            live.add(0, outcomes)
+        yield part.to_arrow(outcomes, types)
+    if live is not None:
+        live.flush()
 
 #: The column :func:`with_stats` adds to the outcome batches: NULL but on the last row a
 #: partition returns, which holds the partition's outcome counts as JSON

@@ -89,6 +89,10 @@ class Pipeline:
     (``RunResult.outcomes`` is None unless an outcomes path is given; the counts are there
     all the same), so the outcomes are not checkpointed."""
 
+    #: The writers add their counts to the run's progress document (:mod:`spark.live`),
+    #: which the command line's progress display polls.
+    live_progress: bool = False
+
     def __init__(
         self,
         spark: Any,
@@ -158,6 +162,7 @@ class Pipeline:
             aggregates=self.aggregates,
             settings=self.settings.model_dump(),
             carry_over_max=self.spark_settings.carry_over_max,
+            progress=self.live_progress,
         )
 
     def plan(self, raw: Any) -> Any:

@@ -1,5 +1,7 @@
-"""What the command line shows: a live progress display of the running Spark stages and a
-summary table of outcomes at the end (``rich``; plain text when not on a terminal).
+"""What the command line shows: a live progress display in messages — read of the input's
+records, rate, ETA, outcomes written (:mod:`spark.live`) — and, with ``-v``, of the running
+Spark stages; a summary table of outcomes at the end (``rich``; plain text when not on a
+terminal).
 
 The stages come from ``sparkContext.statusTracker()`` (polled), or on Spark Connect, which
 has no ``sparkContext``, from the progress the server reports with each operation
@@ -8,73 +10,205 @@ has no ``sparkContext``, from the progress the server reports with each operatio
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
+import time
+from collections import deque
 from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from aggregates.message.outcomes import OUTCOME_KINDS
 
-__all__ = ["spark_progress", "summary_table"]
+if TYPE_CHECKING:
+    from spark.live import Live
+
+__all__ = ["by_type_table", "jvm_stderr_to", "rate", "spark_progress", "summary_table"]
 
 log = logging.getLogger("aggbox.spark")
 
 
+class _Display(Progress):
+    """The bars, then one line of outcome counts (:attr:`line`) below them."""
+
+    line: str = ""
+
+    def get_renderables(self) -> Iterator[RenderableType]:
+        yield self.make_tasks_table(self.tasks)
+        if self.line:
+            yield Text(self.line)
+
+
+def _duration(seconds: float) -> str:
+    s = int(seconds + 0.5)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+class _MessageBar:
+    """The ``messages`` bar: read so far (of ``total``), the rate over the last seconds, the
+    ETA, and the outcomes written below the bars."""
+
+    WINDOW_S = 30.0
+
+    def __init__(self, progress: _Display, total: int | None) -> None:
+        self.progress, self.total = progress, total
+        self.task = progress.add_task("messages written", total=total, done="", extra="")
+        self.samples: deque[tuple[float, int]] = deque()
+
+    def update(self, counts: dict[str, int]) -> None:
+        """The bar counts the messages written (one outcome each); the writers read them in
+        Arrow batches (10,000 rows by default), so ``read`` runs ahead."""
+        now = time.monotonic()
+        read, done = counts.get("read", 0), sum(counts.get(k, 0) for k in OUTCOME_KINDS)
+        if self.total is not None:  # a retried task counts its partition again
+            read, done = min(read, self.total), min(done, self.total)
+        self.samples.append((now, done))
+        while len(self.samples) > 2 and now - self.samples[1][0] >= self.WINDOW_S:
+            self.samples.popleft()
+        t0, d0 = self.samples[0]
+        rate = (done - d0) / (now - t0) if now > t0 else 0.0
+        extra = f"{rate:,.0f} msg/s" if done else ""
+        if self.total is not None and done and rate > 0:
+            extra += f" · ETA {_duration((self.total - done) / rate)}"
+        of = f"/{self.total:,}" if self.total is not None else ""
+        self.progress.update(self.task, completed=done, done=f"{done:,}{of}", extra=extra)
+        self.progress.line = f"read {read:,}{of} · " + " · ".join(
+            f"{k.replace('_', '-')} {counts.get(k, 0):,}" for k in OUTCOME_KINDS)
+
+
+@contextmanager
+def _logs_above_bar() -> Iterator[None]:
+    """While the display runs: log records below WARNING go to the log file only (the trace
+    logger's handler, :mod:`aggbox.logs`), the others are printed above the bars (through
+    rich's stderr proxy) instead of into them."""
+    trace_handlers = logging.getLogger("aggbox.trace").handlers
+
+    def to_file(record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            return True
+        for handler in trace_handlers:
+            if record.levelno >= handler.level:
+                handler.handle(record)
+        return False
+
+    streams = [h for h in logging.getLogger().handlers
+               if type(h) is logging.StreamHandler]
+    previous = [h.setStream(sys.stderr) for h in streams]
+    for h in streams:
+        h.addFilter(to_file)
+    try:
+        yield
+    finally:
+        for h, stream in zip(streams, previous, strict=True):
+            h.removeFilter(to_file)
+            if stream is not None:
+                h.setStream(stream)
+
+
+@contextmanager
+def jvm_stderr_to(path: Path | None) -> Iterator[None]:
+    """A JVM started in the block writes its stderr (``WARNING: Using incubator modules`` …,
+    anything log4j does not handle) to the log file ``path`` instead of the terminal: it
+    inherits file descriptor 2, which points there while the block runs; this process's own
+    ``sys.stderr`` (the spinner) keeps the terminal. ``path`` None: nothing changes."""
+    if path is None:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    target = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    previous = sys.stderr
+    sys.stderr = os.fdopen(os.dup(saved), "w", buffering=1, encoding="utf-8",
+                           errors="replace")
+    os.dup2(target, 2)
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        sys.stderr.close()
+        sys.stderr = previous
+        os.close(saved)
+        os.close(target)
+
+
 @contextmanager
 def spark_progress(spark: Any, console: Console, *, enabled: bool = True,
-                   interval: float = 0.5) -> Iterator[Progress | None]:
-    """Show one bar per active Spark stage (tasks done / total) while the block runs."""
+                   stages: bool = True, live: Live | None = None, interval: float = 0.5
+                   ) -> Iterator[Progress | None]:
+    """While the block runs: with ``live`` (the run's live counts, :mod:`spark.live`), a
+    ``messages`` bar (of its total when known: rate and ETA) and the outcomes written; with
+    ``stages``, one bar per active Spark stage (tasks done / total). Log records are kept out
+    of the display (:func:`_logs_above_bar`)."""
     if not enabled:
         yield None
         return
-    progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+    progress = _Display(
+        TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[done]}"),
         TextColumn("{task.fields[extra]}"), TimeElapsedColumn(),
         console=console, transient=True,
     )
     from spark.session import is_connect
 
-    if is_connect(spark):
-        with _connect_progress(spark, progress):
-            yield progress
-        return
     stop = threading.Event()
-    tracker = spark.sparkContext.statusTracker()
+    tracker = None if not stages or is_connect(spark) else spark.sparkContext.statusTracker()
     bars: dict[int, Any] = {}
+    messages = _MessageBar(progress, live.total) if live is not None else None
 
     def poll() -> None:
         while not stop.wait(interval):
             try:
-                active = set(tracker.getActiveStageIds())
-                for sid in active:
-                    info = tracker.getStageInfo(sid)
-                    if info is None:
-                        continue
-                    extra = f"failed {info.numFailedTasks}" if info.numFailedTasks else ""
-                    if sid not in bars:
-                        bars[sid] = progress.add_task(f"stage {sid}", total=info.numTasks,
-                                                      extra=extra)
-                    progress.update(bars[sid], completed=info.numCompletedTasks,
-                                    total=info.numTasks, extra=extra)
-                for sid in [s for s in bars if s not in active]:
-                    progress.remove_task(bars.pop(sid))
+                if messages is not None and live is not None:
+                    messages.update(live.counts())
+                if tracker is not None:
+                    _poll_stages(tracker, progress, bars)
             except Exception as exc:  # the display must never break the job
                 log.debug("progress display: %s: %s", type(exc).__name__, exc, exc_info=True)
                 continue
 
     thread = threading.Thread(target=poll, name="aggbox-progress", daemon=True)
-    with progress:
+    with ExitStack() as stack:
+        stack.enter_context(progress)
+        stack.enter_context(_logs_above_bar())
+        if stages and is_connect(spark):
+            stack.enter_context(_connect_progress(spark, progress))
         thread.start()
         try:
             yield progress
         finally:
             stop.set()
             thread.join(timeout=2 * interval + 1)
+            if messages is not None and live is not None:  # the last counts, once
+                try:
+                    messages.update(live.counts())
+                    progress.refresh()
+                except Exception as exc:  # the display must never break the job
+                    log.debug("progress display: %s: %s", type(exc).__name__, exc)
+
+
+def _poll_stages(tracker: Any, progress: Progress, bars: dict[int, Any]) -> None:
+    active = set(tracker.getActiveStageIds())
+    for sid in active:
+        info = tracker.getStageInfo(sid)
+        if info is None:
+            continue
+        extra = f"failed {info.numFailedTasks}" if info.numFailedTasks else ""
+        done = f"{info.numCompletedTasks}/{info.numTasks} tasks"
+        if sid not in bars:
+            bars[sid] = progress.add_task(f"stage {sid}", total=info.numTasks, done=done,
+                                          extra=extra)
+        progress.update(bars[sid], completed=info.numCompletedTasks, total=info.numTasks,
+                        done=done, extra=extra)
+    for sid in [s for s in bars if s not in active]:
+        progress.remove_task(bars.pop(sid))
 
 
 @contextmanager
@@ -94,26 +228,32 @@ def _connect_progress(spark: Any, progress: Progress) -> Iterator[None]:
                     if finished:
                         continue
                     seen.add(key)
+                    tasks = f"{st.num_completed_tasks}/{st.num_tasks} tasks"
                     if key not in bars:
-                        bars[key] = progress.add_task(f"stage {st.stage_id}",
+                        bars[key] = progress.add_task(f"stage {st.stage_id}", done=tasks,
                                                       total=st.num_tasks, extra="")
                     progress.update(bars[key], completed=st.num_completed_tasks,
-                                    total=st.num_tasks)
+                                    total=st.num_tasks, done=tasks)
                 for key in [k for k in bars if k[0] == str(operation_id) and k not in seen]:
                     progress.remove_task(bars.pop(key))
         except Exception as exc:  # the display must never break the job
             log.debug("progress display: %s: %s", type(exc).__name__, exc, exc_info=True)
 
     spark.registerProgressHandler(handler)
-    with progress:
+    try:
+        yield
+    finally:
         try:
-            yield
-        finally:
-            try:
-                spark.removeProgressHandler(handler)
-            except Exception as exc:  # the session may be gone already
-                log.debug("progress display: cannot remove the handler: %s: %s",
-                          type(exc).__name__, exc)
+            spark.removeProgressHandler(handler)
+        except Exception as exc:  # the session may be gone already
+            log.debug("progress display: cannot remove the handler: %s: %s",
+                      type(exc).__name__, exc)
+
+
+def rate(messages: int, seconds: float) -> str:
+    """``200,000 messages in 41.2 s (4,854 msgs/s)``: the summary's title line."""
+    per_s = f" ({messages / seconds:,.0f} msgs/s)" if seconds > 0 else ""
+    return f"{messages:,} messages in {seconds:.1f} s{per_s}"
 
 
 def summary_table(title: str, input_count: int, counts: dict[str, int],
@@ -124,19 +264,19 @@ def summary_table(title: str, input_count: int, counts: dict[str, int],
     table.add_column("outcome", overflow="fold")
     table.add_column("reason", overflow="fold")
     table.add_column("messages", justify="right", no_wrap=True)
-    table.add_row("input", "", str(input_count), style="bold")
+    table.add_row("input", "", f"{input_count:,}", style="bold")
     for kind in OUTCOME_KINDS:
-        table.add_row(kind, "", str(counts.get(kind, 0)))
+        table.add_row(kind, "", f"{counts.get(kind, 0):,}")
         for (outcome, reason), n in sorted(reasons.items(), key=lambda kv: -kv[1]):
             if outcome == kind:
-                table.add_row("", reason, str(n))
+                table.add_row("", reason, f"{n:,}")
     for key in sorted(counts):
         if key.startswith("released_") and counts[key]:
-            table.add_row(key.replace("_", " ", 1), "previously parked", str(counts[key]))
+            table.add_row(key.replace("_", " ", 1), "previously parked", f"{counts[key]:,}")
     total = sum(counts.get(k, 0) for k in OUTCOME_KINDS)
-    table.add_row("total", "", str(total), style="bold")
+    table.add_row("total", "", f"{total:,}", style="bold")
     if total != input_count:
-        table.add_row("unaccounted", "BUG: report it", str(input_count - total), style="red")
+        table.add_row("unaccounted", "BUG: report it", f"{input_count - total:,}", style="red")
     return table
 
 
@@ -149,7 +289,7 @@ def by_type_table(by_type: dict[tuple[str, str, str, str], int], *, top: int = 2
     table.add_column("messages", justify="right", no_wrap=True)
     rows = sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0]))
     for (atype, mtype, outcome, reason), n in rows[:top]:
-        table.add_row(escape(atype), escape(mtype), outcome, escape(reason), str(n))
+        table.add_row(escape(atype), escape(mtype), outcome, escape(reason), f"{n:,}")
     if len(rows) > top:
         table.add_row(f"… {len(rows) - top} more", "", "", "", "", style="dim")
     return table

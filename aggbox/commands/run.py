@@ -115,6 +115,8 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true",
                         help="no live progress display (it is also off when stderr is not a "
                              "terminal)")
+    parser.add_argument("--verbose", "-v", action="store_true",
+                        help="show the running Spark stages under the messages bar")
     parser.add_argument("--json", action="store_true",
                         help="one JSON line on stdout, nothing else (the tables go to stderr)")
     tolerance = parser.add_mutually_exclusive_group()
@@ -205,6 +207,7 @@ class _Context:
         from aggbox.commands.preflight import check_before_spark, reach_mongodb, run_uri_source
         from aggbox.logs import current_log_file
         from aggbox.session import build_session
+        from spark.progress import jvm_stderr_to
         from spark.session import quiet_logs, remote_url
 
         check_before_spark(self.spark_settings, self.args, remote=remote_url(
@@ -214,7 +217,8 @@ class _Context:
                           run_uri_source(bool(self.args.opt_aggbox_mongodb_uri)))
         remote = remote_url(self.spark_settings)
         self.owns_session = remote is not None or SparkSession.getActiveSession() is None
-        with self.console.status(f"connecting to {remote}…" if remote else "starting Spark…"):
+        with self.console.status(f"connecting to {remote}…" if remote else "starting Spark…"), \
+                jvm_stderr_to(None if remote or not self.owns_session else current_log_file()):
             self.spark = build_session(self.spark_settings, kafka=self.kafka,
                                        log_file=current_log_file())
         if self.owns_session:
@@ -293,24 +297,28 @@ def run_command(args: argparse.Namespace) -> int:
     ctx = _Context(args, kafka=False)
 
     def job() -> int:
-        from spark.pipeline import AccountingError
-        from spark.progress import spark_progress
+        from spark.live import live_counts
+        from spark.pipeline import AccountingError, new_run_id
+        from spark.progress import rate, spark_progress
 
-        pipeline = ctx.pipeline()
+        pipeline, run_id = ctx.pipeline(), new_run_id()
         since = datetime.now(UTC).replace(microsecond=0)
-        with spark_progress(ctx.spark, ctx.console, enabled=ctx.show_progress):
+        with live_counts(pipeline, run_id, args.input, enabled=ctx.show_progress) as live, \
+                spark_progress(ctx.spark, ctx.console, enabled=ctx.show_progress,
+                               stages=args.verbose, live=live):
             try:
-                result = pipeline.run_batch(args.input)
+                result = pipeline.run_batch(args.input, run_id=run_id)
             except AccountingError as exc:
                 ctx.console.print(f"[red]aggbox run: {exc}")
                 return 1
         summary = result.summary()
-        summary.update(seconds=round(result.seconds, 3),
+        summary.update(seconds=round(result.seconds, 3), msgs_per_s=round(
+                           result.input_count / result.seconds if result.seconds else 0, 1),
                        outcomes_path=result.outcomes_path,
                        reasons={f"{o}/{r}": n for (o, r), n in result.reasons.items()},
                        by_type=by_type_rows(result.by_type))
         write_metrics(args.metrics_file, result.by_type, result.input_count, result.seconds)
-        title = f"aggbox run {result.run_id} ({result.seconds:.1f} s)"
+        title = f"aggbox run {result.run_id}: {rate(result.input_count, result.seconds)}"
         if result.outcomes_path:
             title += f" — outcomes: {result.outcomes_path}"
         return _finish(ctx.out, args, title, summary, result, since)
@@ -364,13 +372,13 @@ def stream_command(args: argparse.Namespace) -> int:
                               totals.seconds)
             c = b.counts
             ctx.console.print(
-                f"micro-batch {b.batch_id}: input {b.input_count}, applied {c['applied']}, "
-                f"duplicate {c['duplicate']}, dead_lettered {c['dead_lettered']}, "
-                f"parked {c['parked']} ({b.seconds:.1f} s)")
+                f"micro-batch {b.batch_id}: input {b.input_count:,}, applied {c['applied']:,}, "
+                f"duplicate {c['duplicate']:,}, dead_lettered {c['dead_lettered']:,}, "
+                f"parked {c['parked']:,} ({b.seconds:.1f} s)")
 
         pipeline = ctx.pipeline()
         since = datetime.now(UTC).replace(microsecond=0)
-        with spark_progress(ctx.spark, ctx.console, enabled=ctx.show_progress):
+        with spark_progress(ctx.spark, ctx.console, enabled=ctx.show_progress and args.verbose):
             try:
                 result = pipeline.run_stream(source, on_batch=on_batch, timeout=args.timeout)
             except KeyboardInterrupt:

@@ -1,0 +1,159 @@
+"""Live counts of a run, in messages (issue 34, item 3): the executors add what they read and
+the outcomes they wrote to one document per run in MongoDB, the driver polls it for the
+progress display (:func:`spark.progress.spark_progress`).
+
+Why MongoDB: the executors reach it on every deployment (local, a cluster, Spark Connect),
+and so does the driver. Spark accumulators reach the driver only when a task ends (one task
+per partition: a 4-partition run would jump 0 → 25 % → … in steps), a ``SparkListener`` needs
+py4j (not on Spark Connect). The counts are for display only: a retried task counts its
+partition again, so they can run ahead; the summary's counts come from the job itself
+(:meth:`spark.pipeline.Pipeline.process`). Each writer adds its counts at most every
+:data:`FLUSH_S` and when its partition ends (one small update, not one per message).
+
+The document: ``{_id: <run stamp>, read, applied, duplicate, dead_lettered, parked, at}`` in
+:data:`PROGRESS_COLLECTION`; the command deletes it when the run ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Final
+
+from aggregates.message.outcomes import Outcome
+
+__all__ = ["COUNTS", "FLUSH_S", "PROGRESS_COLLECTION", "Live", "LiveCounts", "count_input",
+           "live_counts", "read_counts"]
+
+#: The collection of the progress documents (one per running ``aggbox run``).
+PROGRESS_COLLECTION: Final = "aggbox_progress"
+#: A writer adds its counts to the document at most this often (seconds).
+FLUSH_S: Final = 0.5
+#: The counters of a progress document.
+COUNTS: Final = ("read", "applied", "duplicate", "dead_lettered", "parked")
+
+log = logging.getLogger("aggbox.spark")
+
+
+class LiveCounts:
+    """One partition's counts, added to the run's progress document (executor side)."""
+
+    def __init__(self, db: Any, run: str) -> None:
+        self.collection = db[PROGRESS_COLLECTION]
+        self.run = run
+        self.pending: dict[str, int] = {}
+        self.last = time.monotonic()
+
+    def add(self, read: int, outcomes: Iterable[Outcome]) -> None:
+        """Count ``read`` input rows and ``outcomes``; flush when :data:`FLUSH_S` passed."""
+        if read:
+            self.pending["read"] = self.pending.get("read", 0) + read
+        for o in outcomes:
+            if not o.from_parked:  # released parked messages are not input rows
+                self.pending[o.outcome] = self.pending.get(o.outcome, 0) + 1
+        if time.monotonic() - self.last >= FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        self.last = time.monotonic()
+        if not self.pending:
+            return
+        inc, self.pending = self.pending, {}
+        try:
+            self.collection.update_one({"_id": self.run},
+                                       {"$inc": inc, "$currentDate": {"at": True}},
+                                       upsert=True)
+        except Exception as exc:  # the display must never fail the job
+            log.debug("progress counts not written: %s: %s", type(exc).__name__, exc)
+
+
+def read_counts(db: Any, run: str) -> dict[str, int]:
+    """The run's counts so far (driver side); zeros before the first write."""
+    doc = db[PROGRESS_COLLECTION].find_one({"_id": run}) or {}
+    return {k: int(doc.get(k, 0)) for k in COUNTS}
+
+
+def count_input(paths: Iterable[str], *, exact_bytes: int = 1 << 30) -> int | None:
+    """The number of records in local input files, for the progress display's ETA: lines of
+    JSON Lines files (counted up to ``exact_bytes`` in all, beyond that estimated from the
+    bytes read so far), rows of Parquet files from their footers. None when it cannot be
+    known cheaply (URLs, compressed files, unreadable files)."""
+    import glob
+    import os
+    from pathlib import Path
+
+    files: list[Path] = []
+    for path in paths:
+        if "://" in path and not path.startswith("file://"):
+            return None
+        local = os.path.expanduser(path.removeprefix("file://"))
+        for match in (glob.glob(local, recursive=True) if glob.has_magic(local) else [local]):
+            p = Path(match)
+            if p.is_dir():
+                files.extend(f for f in sorted(p.rglob("*")) if f.is_file() and not any(
+                    part.startswith(("_", ".")) for part in f.relative_to(p).parts))
+            elif p.is_file():
+                files.append(p)
+    total, counted_bytes = 0, 0
+    try:
+        for f in files:
+            if f.suffix == ".parquet":
+                import pyarrow.parquet as pq
+
+                total += int(pq.ParquetFile(f).metadata.num_rows)
+                continue
+            if f.suffix in (".gz", ".bz2", ".zst", ".snappy", ".lz4", ".deflate"):
+                return None
+            size = f.stat().st_size
+            if counted_bytes >= exact_bytes and counted_bytes:  # estimate: bytes per line
+                total += round(size * total / counted_bytes)
+                continue
+            with f.open("rb") as fh:
+                last = b"\n"
+                while chunk := fh.read(1 << 22):
+                    total += chunk.count(b"\n")
+                    last = chunk[-1:]
+                total += last != b"\n"
+            counted_bytes += size
+    except OSError as exc:
+        log.debug("input not counted: %s: %s", type(exc).__name__, exc)
+        return None
+    return total
+
+
+@dataclass(frozen=True, slots=True)
+class Live:
+    """What the progress display polls: ``counts()`` the run's counts so far, ``total`` the
+    input's records when known."""
+
+    counts: Callable[[], dict[str, int]]
+    total: int | None
+
+
+@contextmanager
+def live_counts(pipeline: Any, run: str, inputs: Iterable[str], *,
+                enabled: bool) -> Iterator[Live | None]:
+    """With ``enabled``: the writers of ``pipeline`` count into ``run``'s progress document
+    while the block runs, :class:`Live` reads it (a client of its own, 2 s server selection)
+    and the document is deleted at the end. Else None."""
+    if not enabled:
+        yield None
+        return
+    from pymongo import MongoClient
+
+    client: Any = MongoClient(pipeline.mongodb_uri, appname="aggbox-progress",
+                              serverSelectionTimeoutMS=2000)
+    db = client[pipeline.settings.database]
+    pipeline.live_progress = True
+    try:
+        yield Live(lambda: read_counts(db, run), count_input(inputs))
+    finally:
+        pipeline.live_progress = False
+        try:
+            db[PROGRESS_COLLECTION].delete_one({"_id": run})
+        except Exception as exc:  # the display's leftovers must never fail the run
+            log.debug("progress document %s not deleted: %s: %s", run, type(exc).__name__, exc)
+        client.close()

@@ -1,0 +1,76 @@
+"""Progress in the user's units (issue 34, item 3), through the ``aggbox`` command: the
+summary says how many messages at what rate, with thousands separators; on a terminal the
+live display counts messages written (of the input's records) and the outcomes, Spark
+stages only with ``-v``, and no log line or JVM warning is printed into it.
+
+Before: the summary title was ``aggbox run ID (41.2 s)`` and the table ``200000``; the display
+showed ``stage 2 … 3/4`` bars only, with ``INFO aggbox.spark`` lines and the JVM's
+``WARNING: Using incubator modules`` printed into it."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aggbox.cli import main
+from tests.spark.helpers import make_records, write_jsonl
+
+pytestmark = [pytest.mark.spark, pytest.mark.mongo]
+
+AGGBOX = str(Path(sys.executable).with_name("aggbox"))
+REPO = Path(__file__).resolve().parents[2]
+AGG = "tests.spark.domain"
+
+
+def _input(tmp_path: Path) -> int:
+    records = make_records(seed=34, accounts=150, per_account=8, ledgers=0, dup_rate=0)
+    write_jsonl(tmp_path / "in.jsonl", records)
+    assert len(records) >= 1000
+    return len(records)
+
+
+def test_summary_has_the_rate_and_thousands_separators(
+        spark_session: Any, db: Any, mongo_uri: str, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    n = _input(tmp_path)
+    rc = main(["run", "--input", str(tmp_path / "in.jsonl"), "--aggregates", AGG,
+               "--mongodb-uri", mongo_uri, "--database", db.name])
+    captured = capsys.readouterr()
+    err = captured.out + captured.err  # the tables are on stdout
+    assert rc == 0, err
+    title = re.search(r"aggbox run \S+: ([\d,]+) messages in ([\d.]+) s \(([\d,]+) msgs/s\)",
+                      err)
+    assert title is not None, err
+    assert title.group(1) == f"{n:,}" and "," in title.group(1), err
+    assert int(title.group(3).replace(",", "")) > 0
+    assert re.search(rf"│ input\s+│\s+│\s+{n:,} │", err), err
+    assert "messages written" not in err  # not a terminal: no live display
+
+
+def test_live_display_counts_messages_on_a_terminal(mongo_uri: str, db: Any,
+                                                    tmp_path: Path) -> None:
+    n = _input(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGGBOX_")}
+    env.update(FORCE_COLOR="1", COLUMNS="160", AGGBOX_HOME=str(tmp_path / "home"),
+               AGGBOX_LOG_FILE=str(tmp_path / "aggbox.log"))
+    argv = [AGGBOX, "run", "--input", str(tmp_path / "in.jsonl"), "--aggregates", AGG,
+            "--mongodb-uri", mongo_uri, "--database", db.name, "--master", "local[2]"]
+    done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=900, check=False)  # a hang guard, not a time limit
+    err = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", done.stderr)  # the terminal's control codes
+    assert done.returncode == 0, err
+    assert "messages written" in err and f"{n:,}/{n:,}" in err, err
+    assert re.search(rf"read {n:,}/{n:,} · applied {n:,} · duplicate 0 · dead-lettered 0 · "
+                     r"parked 0", err), err
+    assert "msg/s" in err
+    assert "stage " not in err  # Spark's stages only with -v
+    assert "INFO aggbox.spark" not in err and "Using incubator modules" not in err, err
+    log = (tmp_path / "aggbox.log").read_text()
+    assert "INFO aggbox.spark: run " in log and "Using incubator modules" in log, log[-2000:]
+    assert db["aggbox_progress"].count_documents({}) == 0  # deleted at the end
