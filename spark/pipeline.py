@@ -47,6 +47,7 @@ from aggregates.store.writer import StoreWriter
 from spark.executor import STATS_COLUMN, WriterTask, write_partition
 from spark.microbatch import BatchViews, MicroBatch, with_trigger
 from spark.order import order_within_aggregates
+from spark.pyfiles import install_py_files, read_py_files
 from spark.results import (
     AccountingError,
     RunResult,
@@ -132,9 +133,12 @@ class Pipeline:
         state = dict(self.__dict__)
         for name in ("spark", "registry", "info", "_pollers"):
             state.pop(name, None)
+        # The server's foreachBatch process gets no artifacts: the files travel along.
+        state["_shipped"] = read_py_files(self.spark_settings.py_files)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        install_py_files(state.pop("_shipped", ()))
         self.__dict__.update(state)
         self.spark = None  # DataFrames carry their session (raw.sparkSession)
         self.registry = Registry.from_module(self.aggregates)

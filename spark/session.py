@@ -27,7 +27,8 @@ Under ``spark-submit`` (or in a notebook) pass your own session to the pipeline 
   settings can be set from a Connect client (shuffle partitions, Arrow batch size, time zone,
   ``conf``); speculation, task retries, packages and jars are the server's
   (:func:`check_session` reads what it runs with through ``spark.conf``). ``py_files`` go
-  with ``addArtifacts(pyfile=True)``. On that path aggbox never touches ``sparkContext``,
+  with ``addArtifacts(pyfile=True)``, and to a stream's ``foreachBatch`` process inside the
+  pipeline's pickle (:mod:`spark.pyfiles`). On that path aggbox never touches ``sparkContext``,
   RDDs or accumulators (:func:`is_connect`).
 - ``log_file`` (the ``aggbox`` command passes its log file): the JVM's log4j output —
   start-up chatter and the stack traces of failed tasks, hundreds of lines — goes to that
@@ -42,7 +43,6 @@ import hashlib
 import logging
 import os
 import re
-import shutil
 import sys
 import tempfile
 from collections.abc import Iterable, Mapping
@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from aggregates.core.errors import ConfigurationError
+from spark.pyfiles import add_py_files
 from spark.settings import SparkSettings
 
 __all__ = [
@@ -253,26 +254,6 @@ def _start_remote(s: SparkSettings, url: str, conf: Mapping[str, str] | None) ->
                         str(exc).splitlines()[0])
     add_py_files(spark, s.py_files)
     return spark
-
-
-def add_py_files(spark: Any, paths: Iterable[str]) -> None:
-    """Ship ``.py``/``.zip``/``.egg``/``.whl`` files to the executors (and put them on this
-    process's ``sys.path``): ``SparkContext.addPyFile``, or on Spark Connect
-    ``addArtifacts(pyfile=True)``. Neither puts a ``.whl`` on the executors' ``sys.path``
-    (addPyFile ships it as a plain file, addArtifacts refuses it): a wheel goes as a copy
-    named ``<wheel>.zip``, which zipimport reads the same (pure-Python wheels)."""
-    connect = is_connect(spark)
-    for path in paths:
-        local = path
-        if path.endswith(".whl") and not re.match(r"^[A-Za-z][\w+.-]+:", path):
-            target = Path(tempfile.mkdtemp(prefix="aggbox-pyfiles-")) / (
-                Path(path).name + ".zip")
-            shutil.copyfile(Path(path).expanduser(), target)
-            local = str(target)
-        if connect:
-            spark.addArtifacts(os.path.expanduser(local), pyfile=True)
-        else:
-            spark.sparkContext.addPyFile(local)
 
 
 def quiet_logs(spark: Any, level: str = "ERROR") -> None:

@@ -39,9 +39,23 @@ def pipeline(spark_session: Any, db: Any, mongo_uri: str) -> PipelineFactory:
 def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A Spark Connect server from the installed PySpark on loopback, with Spark's Kafka
     source (the jars the ``aggbox`` command resolves); yields ``sc://127.0.0.1:<port>``.
-    Its Python workers find ``tests.spark.domain`` on PYTHONPATH (the repository)."""
+    Its Python processes have aggbox (installed) but not the repository: a test ships its
+    aggregates module with ``--py-files`` (``tests.spark.domain``: :func:`domain_zip`)."""
     from aggbox.session import kafka_jars
     from tests.spark.servers import connect_server as start
 
     with start(tmp_path_factory.mktemp("connect"), jars=kafka_jars()) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def domain_zip(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``tests.spark.domain`` (with its packages' ``__init__.py``) as a zip for
+    ``--py-files``: the suite's Connect server cannot import it otherwise."""
+    import zipfile
+
+    path = tmp_path_factory.mktemp("domain-zip") / "tests-spark-domain.zip"
+    with zipfile.ZipFile(path, "w") as z:
+        for name in ("tests/__init__.py", "tests/spark/__init__.py", "tests/spark/domain.py"):
+            z.write(REPO / name, name)
+    return path

@@ -4,10 +4,10 @@ tests/spark/test_spark_connect.py (a process holds either a JVM session or a Con
 
     python -m tests.spark.connect_client '<json request>'
 
-Request: ``remote``, ``mongodb_uri``, ``database``, ``aggregates`` and either ``inputs``
-(batch) or ``bootstrap_servers`` + ``topic`` + ``checkpoint`` (an availableNow stream).
-Prints one JSON line: the result, the session's class, whether any ``sparkContext`` / JVM
-was touched, how often the progress handler was called."""
+Request: ``remote``, ``mongodb_uri``, ``database``, ``aggregates``, ``py_files`` and
+either ``inputs`` (batch) or ``bootstrap_servers`` + ``topic`` + ``checkpoint`` (an
+availableNow stream). Prints one JSON line: the result, the session's class, whether any
+``sparkContext`` / JVM was touched, how often the progress handler was called."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def main(request: dict[str, Any]) -> dict[str, Any]:
     from spark.sources import KafkaSource
 
     spark_settings = SparkSettings.load(remote=request["remote"], shuffle_partitions=3,
-                                        arrow_batch_rows=128)
+                                        arrow_batch_rows=128,
+                                        py_files=request.get("py_files", []))
     spark = build_session(spark_settings)
     progress_calls: list[bool] = []
     register = spark.registerProgressHandler

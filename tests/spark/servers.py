@@ -1,7 +1,15 @@
 """Spark servers for the tests, started from the installed PySpark on loopback: a Spark
 Connect server (``SparkConnectServer`` through ``spark-submit``) and a standalone cluster
 (one master, two workers with one core each, through ``spark-class``). Each runs in its own
-process group, logs into a file, and is stopped by its process id."""
+process group, logs into a file, and is stopped by its process id.
+
+The commands are the ones docs/operations.md gives ("Starting Spark from pip's PySpark"):
+:func:`master_command`, :func:`worker_command` and :func:`connect_command` build them, the
+fixtures add test settings (memory, ports, work directories) after them, and
+tests/docs/test_spark_server_commands.py checks that the page shows exactly these. Python
+processes of the servers are ``PYSPARK_PYTHON`` (this interpreter, which has aggbox
+installed) with an empty PYTHONPATH: nothing of the repository beyond the installed
+packages, so a test's aggregates module reaches them only through ``--py-files``."""
 
 from __future__ import annotations
 
@@ -54,10 +62,37 @@ def _tail(log: Path, lines: int = 40) -> str:
         return "(no log)"
 
 
+def master_command(spark_home: str, port: int, webui_port: int) -> list[str]:
+    """A standalone master on loopback (docs/operations.md)."""
+    return [f"{spark_home}/bin/spark-class", "org.apache.spark.deploy.master.Master",
+            "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(webui_port)]
+
+
+def worker_command(spark_home: str, master: str, cores: int, memory: str,
+                   webui_port: int) -> list[str]:
+    """A standalone worker of ``master`` on loopback (docs/operations.md)."""
+    return [f"{spark_home}/bin/spark-class", "org.apache.spark.deploy.worker.Worker", master,
+            "--host", "127.0.0.1", "--cores", str(cores), "--memory", memory,
+            "--webui-port", str(webui_port)]
+
+
+def connect_command(spark_home: str, master: str, port: int, jars: str) -> list[str]:
+    """A Spark Connect server on loopback, speculation off, with ``jars`` (the Kafka
+    source's, comma-separated) (docs/operations.md)."""
+    return [f"{spark_home}/bin/spark-submit",
+            "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+            "--master", master,
+            "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+            "--conf", f"spark.connect.grpc.binding.port={port}",
+            "--conf", "spark.speculation=false",
+            "--jars", jars]
+
+
 def spark_env(extra: Mapping[str, str] | None = None,
               pythonpath: Sequence[str] | None = None) -> dict[str, str]:
     """The environment of a Spark server process: loopback, this interpreter for Python
-    workers, ``pythonpath`` (default: the repository, for ``tests.spark.domain``)."""
+    workers (``PYSPARK_PYTHON``), ``pythonpath`` (default: the repository, for
+    ``tests.spark.domain``)."""
     env = dict(os.environ)
     for key in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_SUBMIT_ARGS"):
         env.pop(key, None)
@@ -108,24 +143,20 @@ def _start(name: str, cmd: list[str], env: Mapping[str, str], workdir: Path) -> 
 def connect_server(workdir: Path, *, jars: Sequence[Path] = (),
                    conf: Mapping[str, str] | None = None,
                    timeout: float = 180) -> Iterator[str]:
-    """A Spark Connect server (``local[2, 4]``, 768 MB) on loopback; yields its
-    ``sc://127.0.0.1:<port>`` URL."""
+    """A Spark Connect server (``local[2, 4]``, 768 MB) on loopback, started by the command
+    docs/operations.md gives; yields its ``sc://127.0.0.1:<port>`` URL. Its Python processes
+    (executors' workers, a stream's foreachBatch) are ``PYSPARK_PYTHON`` with an empty
+    PYTHONPATH: aggbox (installed) but not the repository."""
     port = free_port()
-    cmd = [str(spark_home() / "bin" / "spark-submit"),
-           "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-           "--name", "aggbox-tests-connect", "--master", "local[2, 4]",
-           "--driver-memory", "768m",
-           "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
-           "--conf", f"spark.connect.grpc.binding.port={port}",
-           "--conf", "spark.ui.enabled=false",
-           "--conf", "spark.sql.adaptive.enabled=false",
-           "--conf", "spark.speculation=false",
-           "--conf", f"spark.pyspark.python={sys.executable}"]
+    cmd = connect_command(str(spark_home()), "local[2, 4]", port,
+                          ",".join(str(j) for j in jars))
+    if not jars:
+        cmd = cmd[:-2]
+    cmd += ["--name", "aggbox-tests-connect", "--driver-memory", "768m",
+            "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.adaptive.enabled=false"]
     for key, value in (conf or {}).items():
         cmd += ["--conf", f"{key}={value}"]
-    if jars:
-        cmd += ["--jars", ",".join(str(j) for j in jars)]
-    server = _start("connect-server", cmd, spark_env(), workdir)
+    server = _start("connect-server", cmd, spark_env(pythonpath=[]), workdir)
     try:
         _wait_port(port, server.proc, server.log, timeout, "the Spark Connect server")
         yield f"sc://127.0.0.1:{port}"
@@ -194,7 +225,6 @@ def standalone_cluster(workdir: Path, *, workers: int = 2, worker_memory: str = 
     """A master and ``workers`` workers (1 core, ``worker_memory`` each) on loopback. The
     workers' environment has ``pythonpath`` only (not the repository): what the executors'
     Python imports beyond the installed packages must be shipped (``--py-files``)."""
-    spark_class = str(spark_home() / "bin" / "spark-class")
     port = free_port()
     cluster = Cluster(f"spark://127.0.0.1:{port}", workdir)
     env = spark_env(pythonpath=pythonpath, extra={
@@ -202,17 +232,13 @@ def standalone_cluster(workdir: Path, *, workers: int = 2, worker_memory: str = 
         "SPARK_DAEMON_MEMORY": "256m",
     })
     try:
-        master = _start("master", [spark_class, "org.apache.spark.deploy.master.Master",
-                                   "--host", "127.0.0.1", "--port", str(port),
-                                   "--webui-port", "0"], env, workdir)
+        master = _start("master", master_command(str(spark_home()), port, 0), env, workdir)
         cluster.processes.append(master)
         _wait_port(port, master.proc, master.log, timeout, "the Spark master")
         for i in range(workers):
             worker = _start(f"worker-{i}", [
-                spark_class, "org.apache.spark.deploy.worker.Worker", cluster.master,
-                "--host", "127.0.0.1", "--cores", "1", "--memory", worker_memory,
-                "--webui-port", "0", "--work-dir", str(workdir / "work" / f"w{i}")], env,
-                workdir)
+                *worker_command(str(spark_home()), cluster.master, 1, worker_memory, 0),
+                "--work-dir", str(workdir / "work" / f"w{i}")], env, workdir)
             cluster.processes.append(worker)
         _wait_workers(cluster, workers, timeout)
         yield cluster

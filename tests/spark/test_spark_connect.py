@@ -65,7 +65,7 @@ def aggbox(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_batch_run_on_spark_connect(connect_server: str, db: Any, mongo_uri: str,
-                                    tmp_path: Path) -> None:
+                                    tmp_path: Path, domain_zip: Path) -> None:
     records = make_records(seed=70, accounts=20, ledgers=4)
     write_jsonl(tmp_path / "good.jsonl", records)
     write_jsonl(tmp_path / "bad.jsonl", bad_lines())
@@ -75,7 +75,8 @@ def test_batch_run_on_spark_connect(connect_server: str, db: Any, mongo_uri: str
     # the command line
     done = aggbox("run", "--remote", connect_server, "--input", str(tmp_path / "*.jsonl"),
                   "--aggregates", AGGREGATES, "--mongodb-uri", mongo_uri, "--database",
-                  db.name, "--shuffle-partitions", "3", "--no-progress", "--json")
+                  db.name, "--shuffle-partitions", "3", "--no-progress", "--json",
+                  "--py-files", str(domain_zip))
     # dead letters: not ok (docs/operations.md "Exit status and "ok""), each reason listed
     assert done.returncode == 3, done.stderr[-4000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
@@ -90,7 +91,8 @@ def test_batch_run_on_spark_connect(connect_server: str, db: Any, mongo_uri: str
 
     # the Python API, same input again: everything is a duplicate or dead-lettered again
     again = client({"remote": connect_server, "mongodb_uri": mongo_uri, "database": db.name,
-                    "aggregates": AGGREGATES, "inputs": [str(tmp_path / "*.jsonl")]})
+                    "aggregates": AGGREGATES, "inputs": [str(tmp_path / "*.jsonl")],
+                    "py_files": [str(domain_zip)]})
     assert again["input"] == again["outcome_rows"] == len(records) + bad
     assert again["counts"]["applied"] == 0 and again["counts"]["duplicate"] == len(records)
     assert again["counts"]["dead_lettered"] == bad
@@ -100,7 +102,8 @@ def test_batch_run_on_spark_connect(connect_server: str, db: Any, mongo_uri: str
 
 @pytest.mark.kafka
 def test_kafka_stream_on_spark_connect(connect_server: str, db: Any, mongo_uri: str,
-                                       tmp_path: Path, kafka_server: LocalKafka) -> None:
+                                       tmp_path: Path, kafka_server: LocalKafka,
+                                       domain_zip: Path) -> None:
     from confluent_kafka import Producer
 
     topic = f"aggbox-connect-{uuid.uuid4().hex[:8]}"
@@ -122,7 +125,7 @@ def test_kafka_stream_on_spark_connect(connect_server: str, db: Any, mongo_uri: 
     first = client({"remote": connect_server, "mongodb_uri": mongo_uri, "database": db.name,
                     "aggregates": AGGREGATES, "bootstrap_servers":
                     kafka_server.bootstrap_servers, "topic": topic, "checkpoint": checkpoint,
-                    "max_offsets": 80})
+                    "max_offsets": 80, "py_files": [str(domain_zip)]})
     assert len(first["batches"]) >= 2, "maxOffsetsPerTrigger splits the backlog"
     assert first["batch_ids"] == first["on_batch"] == sorted(first["batch_ids"])
     assert first["input"] == sum(first["batches"]) == len(records) + 1
@@ -137,7 +140,7 @@ def test_kafka_stream_on_spark_connect(connect_server: str, db: Any, mongo_uri: 
     done = aggbox("stream", "--remote", connect_server, "--kafka-bootstrap-servers",
                   kafka_server.bootstrap_servers, "--topic", topic, "--checkpoint", checkpoint,
                   "--aggregates", AGGREGATES, "--mongodb-uri", mongo_uri, "--database", db.name,
-                  "--no-progress", "--json", "--timeout", "240")
+                  "--no-progress", "--json", "--timeout", "240", "--py-files", str(domain_zip))
     assert done.returncode == 0, done.stderr[-4000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["ok"] and summary["input"] == len(more) and summary["batches"] >= 1
