@@ -27,11 +27,14 @@ import importlib
 import logging
 import os
 import re
+import signal
 import sys
 from collections.abc import Sequence
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
-from aggregates.core.errors import AggboxError, ConfigurationError
+if TYPE_CHECKING:  # imported in the functions: ``main`` must start before ``aggregates``
+    from aggregates.core.errors import AggboxError
 
 SUBCOMMAND_MODULES = (
     "aggbox.commands.run", "aggbox.commands.dispatch", "aggbox.commands.dispatch_status",
@@ -129,6 +132,7 @@ def warn_unknown_settings(config_file: str | None) -> None:
     settings model reads (a typo is otherwise silently ignored); an unknown config file
     section is a :class:`ConfigurationError` with the closest known section."""
     from aggbox.configref import section_models
+    from aggregates.core.errors import AggboxError, ConfigurationError
     from aggregates.core.settings import read_config_file
 
     models = section_models()
@@ -213,7 +217,42 @@ def missing_extra(command: str) -> str | None:
     return _extra_line(command, missing) if missing else None
 
 
+def _command_word(words: Sequence[str]) -> str | None:
+    """The sub-command of an ``aggbox`` command line, before any parsing."""
+    rest = list(words)
+    while rest and rest[0].startswith("-"):
+        option = rest.pop(0)
+        if option == "--log-level" and rest:
+            rest.pop(0)
+    return rest[0] if rest else None
+
+
+def _stop_before_start(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM before the dispatcher's own handler is installed: nothing was started yet, so
+    stopping is exiting, with the status of a graceful stop (0)."""
+    log.info("%s received before the dispatcher started: exiting",
+             signal.Signals(signum).name)
+    raise SystemExit(0)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    words = list(sys.argv[1:] if argv is None else argv)
+    previous = None
+    # ``aggbox dispatch`` is a daemon a supervisor may stop at any time, also while Python
+    # still imports (seconds on a busy machine): without this, SIGTERM's default action
+    # ends it with status -15 (issue 34). The daemon installs its own handler at start.
+    if _command_word(words) == "dispatch":
+        previous = signal.signal(signal.SIGTERM, _stop_before_start)
+    try:
+        return _main(words)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main(argv: Sequence[str]) -> int:
+    from aggregates.core.errors import AggboxError, ConfigurationError
+
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
@@ -291,6 +330,7 @@ def _uri_message(args: argparse.Namespace) -> str:
     """One line for pymongo's rejection of a MongoDB URI that no sub-command checked: the
     URI is checked again to name its source, without the password."""
     from aggbox.admin import check_mongodb_uri, mongodb_uri_source
+    from aggregates.core.errors import AggboxError
 
     candidates: list[tuple[Any, str]] = [
         (getattr(args, name, None), "--mongodb-uri")

@@ -326,12 +326,14 @@ def test_dispatch_without_uri_hands_the_embedded_server_to_the_daemon(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import aggbox.servers
     import dispatcher.daemon
+    from dispatcher.observe.metrics import Metrics
 
     stores: list[Any] = []
 
     class FakeDispatcher:
         def __init__(self, settings: Any, *, store: Any) -> None:
             stores.append(store)
+            self.metrics = Metrics()  # --once prints its counters
 
         async def run(self, **_kw: Any) -> int:
             return 0

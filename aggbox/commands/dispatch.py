@@ -170,6 +170,7 @@ def _overrides(args: argparse.Namespace, section: str) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     import asyncio
+    import sys
 
     from aggbox.servers import mongodb_uri
     from dispatcher.daemon import Dispatcher
@@ -184,7 +185,29 @@ def run(args: argparse.Namespace) -> int:
     if not store.mongodb_uri:  # the one place where "no URI" becomes the local server
         store = store.model_copy(update={"mongodb_uri": mongodb_uri()})
     dispatcher = Dispatcher(settings, store=store)
-    return asyncio.run(dispatcher.run(once=args.once, install_signal_handlers=True))
+    rc = asyncio.run(dispatcher.run(once=args.once, install_signal_handlers=True))
+    if args.once:  # the records themselves go to stdout with --publisher stdout
+        print(once_summary(dispatcher.metrics.registry),
+              file=sys.stderr if settings.publisher == "stdout" else sys.stdout)
+    return rc
+
+
+#: ``--once``'s summary: (label, counter) in the dispatcher's metrics registry.
+_SUMMARY = (("published", "aggbox_dispatcher_published"),
+            ("timers fired", "aggbox_dispatcher_timers_fired"),
+            ("effects done", "aggbox_effect_results"),
+            ("dead-lettered", "aggbox_dispatcher_dead_lettered"))
+
+
+def once_summary(registry: Any) -> str:
+    """One line: what ``--once`` did, from its counters (all collections)."""
+    totals = {name: 0.0 for _, name in _SUMMARY}
+    for metric in registry.collect():
+        if metric.name in totals:
+            totals[metric.name] += sum(s.value for s in metric.samples
+                                       if s.name == f"{metric.name}_total")
+    counts = ", ".join(f"{label} {int(totals[name]):,}" for label, name in _SUMMARY)
+    return f"aggbox dispatch --once: {counts}"
 
 
 if __name__ == "__main__":

@@ -134,8 +134,8 @@ class Sweeps:
 
     def _log(self, reason: str, total: CycleResult) -> None:
         level = logging.WARNING if reason in ("history_lost", "invalid_token") else logging.INFO
-        if reason == "periodic" and not total.published and not total.dead_lettered:
-            level = logging.DEBUG
+        if reason in ("periodic", "once") and not total.published and not total.dead_lettered:
+            level = logging.DEBUG  # --once ends with an empty sweep: one INFO line per drain
         log.log(level, "%s: %s sweep done: %d entries published, %d effects executed, "
                 "%d dead-lettered, %d stale", self.name, reason,
                 total.published - total.executed, total.executed, total.dead_lettered,
