@@ -93,6 +93,13 @@ def _task_attempt() -> int:
     return int(ctx.attemptNumber()) if ctx is not None else 0
 
 
+def _partition_attempt() -> tuple[int, int]:
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return (int(ctx.partitionId()), int(ctx.attemptNumber())) if ctx is not None else (0, 0)
+
+
 def _run_stamp(run: str | None) -> RunStamp | None:
     """The writer's run stamp: ``run`` and this task attempt, named much as Spark's logs
     name it (``task 3.1 in stage 2 (TID 17)``; the TID is unique within the application)."""
@@ -234,7 +241,7 @@ def _write(task: WriterTask, batches: Iterator[Any]) -> Iterator[Any]:
         if part is None:
             part = _Partition(task)
             if task.progress and task.run:
-                live = LiveCounts(part.db, task.run)
+                live = LiveCounts(part.db, task.run, *_partition_attempt())
         messages, dead = part.parse(batch)
         outcomes, types = part.write(part.take(messages, final=False), dead)
         if live is not None:

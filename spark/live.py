@@ -5,13 +5,15 @@ progress display (:func:`spark.progress.spark_progress`).
 Why MongoDB: the executors reach it on every deployment (local, a cluster, Spark Connect),
 and so does the driver. Spark accumulators reach the driver only when a task ends (one task
 per partition: a 4-partition run would jump 0 → 25 % → … in steps), a ``SparkListener`` needs
-py4j (not on Spark Connect). The counts are for display only: a retried task counts its
-partition again, so they can run ahead; the summary's counts come from the job itself
-(:meth:`spark.pipeline.Pipeline.process`). Each writer adds its counts at most every
+py4j (not on Spark Connect). The counts are for display only: a partition is counted by its
+latest task attempt (a retried task starts again from zero, so the bar may step back); the
+summary's counts come from the job itself
+(:meth:`spark.pipeline.Pipeline.process`). Each writer sets its counts at most every
 :data:`FLUSH_S` and when its partition ends (one small update, not one per message).
 
-The document: ``{_id: <run stamp>, read, applied, duplicate, dead_lettered, parked, at}`` in
-:data:`PROGRESS_COLLECTION`; the command deletes it when the run ends.
+The document: ``{_id: <run stamp>, p: {"<partition>_<attempt>": {read, applied, duplicate,
+dead_lettered, parked}}, at}`` in :data:`PROGRESS_COLLECTION`; the command creates it before
+the job and deletes it when the run ends.
 """
 
 from __future__ import annotations
@@ -39,41 +41,50 @@ log = logging.getLogger("aggbox.spark")
 
 
 class LiveCounts:
-    """One partition's counts, added to the run's progress document (executor side)."""
+    """One task attempt's counts in the run's progress document (executor side): its running
+    totals under ``p.<partition>_<attempt>``, set (not added), so that the driver counts a
+    retried partition once, by its latest attempt (:func:`read_counts`)."""
 
-    def __init__(self, db: Any, run: str) -> None:
+    def __init__(self, db: Any, run: str, partition: int, attempt: int) -> None:
         self.collection = db[PROGRESS_COLLECTION]
         self.run = run
-        self.pending: dict[str, int] = {}
+        self.key = f"p.{partition}_{attempt}"
+        self.totals: dict[str, int] = dict.fromkeys(COUNTS, 0)
+        self.changed = False
         self.last = time.monotonic()
 
     def add(self, read: int, outcomes: Iterable[Outcome]) -> None:
         """Count ``read`` input rows and ``outcomes``; flush when :data:`FLUSH_S` passed."""
-        if read:
-            self.pending["read"] = self.pending.get("read", 0) + read
+        self.totals["read"] += read
         for o in outcomes:
             if not o.from_parked:  # released parked messages are not input rows
-                self.pending[o.outcome] = self.pending.get(o.outcome, 0) + 1
+                self.totals[o.outcome] += 1
+        self.changed = True
         if time.monotonic() - self.last >= FLUSH_S:
             self.flush()
 
     def flush(self) -> None:
         self.last = time.monotonic()
-        if not self.pending:
+        if not self.changed:
             return
-        inc, self.pending = self.pending, {}
-        try:
-            self.collection.update_one({"_id": self.run},
-                                       {"$inc": inc, "$currentDate": {"at": True}},
-                                       upsert=True)
+        self.changed = False
+        try:  # the driver created the document (no upsert: writers would race to insert it)
+            self.collection.update_one({"_id": self.run}, {"$set": {self.key: self.totals},
+                                                           "$currentDate": {"at": True}})
         except Exception as exc:  # the display must never fail the job
             log.debug("progress counts not written: %s: %s", type(exc).__name__, exc)
 
 
 def read_counts(db: Any, run: str) -> dict[str, int]:
-    """The run's counts so far (driver side); zeros before the first write."""
+    """The run's counts so far (driver side): per partition those of its latest attempt;
+    zeros before the first write."""
     doc = db[PROGRESS_COLLECTION].find_one({"_id": run}) or {}
-    return {k: int(doc.get(k, 0)) for k in COUNTS}
+    latest: dict[str, tuple[int, dict[str, Any]]] = {}
+    for key, counts in (doc.get("p") or {}).items():
+        partition, _, attempt = key.partition("_")
+        if partition not in latest or int(attempt) > latest[partition][0]:
+            latest[partition] = (int(attempt), counts)
+    return {k: sum(int(c.get(k, 0)) for _, c in latest.values()) for k in COUNTS}
 
 
 def count_input(paths: Iterable[str], *, exact_bytes: int = 1 << 30) -> int | None:
@@ -149,6 +160,7 @@ def live_counts(pipeline: Any, run: str, inputs: Iterable[str], *,
     db = client[pipeline.settings.database]
     pipeline.live_progress = True
     try:
+        db[PROGRESS_COLLECTION].replace_one({"_id": run}, {"p": {}}, upsert=True)
         yield Live(lambda: read_counts(db, run), count_input(inputs))
     finally:
         pipeline.live_progress = False

@@ -68,7 +68,7 @@ class _MessageBar:
         Arrow batches (10,000 rows by default), so ``read`` runs ahead."""
         now = time.monotonic()
         read, done = counts.get("read", 0), sum(counts.get(k, 0) for k in OUTCOME_KINDS)
-        if self.total is not None:  # a retried task counts its partition again
+        if self.total is not None:  # never past the total, whatever the counts say
             read, done = min(read, self.total), min(done, self.total)
         self.samples.append((now, done))
         while len(self.samples) > 2 and now - self.samples[1][0] >= self.WINDOW_S:
@@ -251,7 +251,8 @@ def _connect_progress(spark: Any, progress: Progress) -> Iterator[None]:
 
 
 def rate(messages: int, seconds: float) -> str:
-    """``200,000 messages in 41.2 s (4,854 msgs/s)``: the summary's title line."""
+    """``200,000 messages in 41.2 s (4,854 msgs/s)``: the line below the summary's tables
+    (``seconds``: the job, without starting Spark)."""
     per_s = f" ({messages / seconds:,.0f} msgs/s)" if seconds > 0 else ""
     return f"{messages:,} messages in {seconds:.1f} s{per_s}"
 

@@ -318,10 +318,11 @@ def run_command(args: argparse.Namespace) -> int:
                        reasons={f"{o}/{r}": n for (o, r), n in result.reasons.items()},
                        by_type=by_type_rows(result.by_type))
         write_metrics(args.metrics_file, result.by_type, result.input_count, result.seconds)
-        title = f"aggbox run {result.run_id}: {rate(result.input_count, result.seconds)}"
+        title = f"aggbox run {result.run_id}"
         if result.outcomes_path:
             title += f" — outcomes: {result.outcomes_path}"
-        return _finish(ctx.out, args, title, summary, result, since)
+        return _finish(ctx.out, args, title, summary, result, since,
+                       rate_line=rate(result.input_count, result.seconds))
 
     return _guarded(ctx, "run", job)
 

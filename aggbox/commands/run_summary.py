@@ -50,8 +50,9 @@ def count_arg(text: str) -> int:
 
 
 def finish(out: Any, args: Any, title: str, summary: dict[str, Any], result: Any,
-           since: datetime) -> int:
-    """Print the tables, the dead-lettered and parked records by reason and, with
+           since: datetime, *, rate_line: str | None = None) -> int:
+    """Print the tables (then ``rate_line``: how many messages at what rate), the
+    dead-lettered and parked records by reason and, with
     ``--json``, the JSON line (``"ok"`` true exactly when the exit status is 0); return the
     exit status (docs/operations.md, "Exit status"). ``result``: a ``RunResult`` or
     ``StreamResult``; ``since``: when the command started."""
@@ -69,6 +70,8 @@ def finish(out: Any, args: Any, title: str, summary: dict[str, Any], result: Any
     out.print(summary_table(title, result.input_count, result.counts, result.reasons))
     if result.by_type:
         out.print(by_type_table(result.by_type))
+    if rate_line:
+        out.print(rate_line, markup=False, highlight=False, soft_wrap=True)
     print_reason_rows(out, rows, problem)
     if args.json:
         summary.update(ok=status == 0, problem=problem, by_reason=rows)

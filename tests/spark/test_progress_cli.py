@@ -44,8 +44,7 @@ def test_summary_has_the_rate_and_thousands_separators(
     captured = capsys.readouterr()
     err = captured.out + captured.err  # the tables are on stdout
     assert rc == 0, err
-    title = re.search(r"aggbox run \S+: ([\d,]+) messages in ([\d.]+) s \(([\d,]+) msgs/s\)",
-                      err)
+    title = re.search(r"\n([\d,]+) messages in ([\d.]+) s \(([\d,]+) msgs/s\)\n", err)
     assert title is not None, err
     assert title.group(1) == f"{n:,}" and "," in title.group(1), err
     assert int(title.group(3).replace(",", "")) > 0
@@ -74,3 +73,30 @@ def test_live_display_counts_messages_on_a_terminal(mongo_uri: str, db: Any,
     log = (tmp_path / "aggbox.log").read_text()
     assert "INFO aggbox.spark: run " in log and "Using incubator modules" in log, log[-2000:]
     assert db["aggbox_progress"].count_documents({}) == 0  # deleted at the end
+
+
+def test_live_counts_count_a_retried_partition_by_its_latest_attempt(db: Any) -> None:
+    """Each task attempt sets its partition's running totals; a retry replaces the failed
+    attempt's counts instead of adding to them (real server, no Spark)."""
+    from aggregates.message.outcomes import Outcome
+    from spark.live import PROGRESS_COLLECTION, LiveCounts, read_counts
+
+    def applied(n: int) -> list[Outcome]:
+        return [Outcome(f"m-{i}", "Account", "a", "applied") for i in range(n)]
+
+    db[PROGRESS_COLLECTION].insert_one({"_id": "run-1", "p": {}})
+    first, other = LiveCounts(db, "run-1", 0, 0), LiveCounts(db, "run-1", 1, 0)
+    first.add(10, applied(8))
+    other.add(5, [*applied(4), Outcome("d", "Account", "a", "duplicate")])
+    first.flush()
+    other.flush()
+    assert read_counts(db, "run-1") == {"read": 15, "applied": 12, "duplicate": 1,
+                                        "dead_lettered": 0, "parked": 0}
+    retry = LiveCounts(db, "run-1", 0, 1)  # partition 0 again, from the start
+    retry.add(10, applied(3))
+    retry.flush()
+    assert read_counts(db, "run-1") == {"read": 15, "applied": 7, "duplicate": 1,
+                                        "dead_lettered": 0, "parked": 0}
+    first.add(0, applied(2))  # the failed attempt, still writing: ignored
+    first.flush()
+    assert read_counts(db, "run-1")["applied"] == 7
