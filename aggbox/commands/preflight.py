@@ -28,8 +28,9 @@ from aggregates.core.uri import redact_uri
 from dispatcher.core.errors import TRACE_LOGGER, URI_OPTIONS, describe_store_error, never_reached
 
 __all__ = ["DEFAULT_TIMEOUT_S", "JAVA_MAJOR", "PreflightError", "StoreNotReached",
-           "check_aggregates", "check_before_spark", "check_inputs", "check_java", "check_master",
-           "mongodb_uri_source", "ping", "reach_mongodb", "run_uri_source", "store_problem"]
+           "add_py_files_to_path", "check_aggregates", "check_before_spark", "check_inputs",
+           "check_java", "check_master", "mongodb_uri_source", "ping", "reach_mongodb",
+           "run_uri_source", "store_problem"]
 
 #: The server selection timeout of the pre-flight ping when the URI sets none (``aggbox
 #: check-store``'s default too; pymongo's own 30 s would hide a typo in the port for that long).
@@ -139,6 +140,7 @@ def check_before_spark(spark_settings: Any, args: Any, *, remote: str | None,
     MongoDB is pinged afterwards (:func:`reach_mongodb`). ``session_exists``: a SparkSession
     runs already (spark-submit, tests): its master and Java are not checked."""
     local = remote is None and not session_exists and spark_settings.master.startswith("local")
+    add_py_files_to_path(getattr(spark_settings, "py_files", None) or [])
     check_aggregates(spark_settings.aggregates, executors_path=local)
     check_inputs(getattr(args, "input", None) or [])
     directory = getattr(args, "directory", None)
@@ -148,6 +150,20 @@ def check_before_spark(spark_settings: Any, args: Any, *, remote: str | None,
     if remote is None and not session_exists:
         check_master(spark_settings.master)
         check_java()
+
+
+def add_py_files_to_path(py_files: list[str]) -> None:
+    """The local ``--py-files`` on this process's ``sys.path`` (a ``.zip``, ``.whl`` or
+    ``.egg`` itself, a ``.py`` file's folder), as Spark puts them on the driver's: an
+    aggregates module shipped only that way imports here too."""
+    for path in py_files:
+        local = path.removeprefix("file://")
+        if "://" in local or not Path(local).expanduser().exists():
+            continue  # a remote file: Spark fetches it
+        file = Path(local).expanduser().resolve()
+        entry = str(file.parent if file.suffix == ".py" else file)
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
 
 
 def check_aggregates(module: str, *, executors_path: bool = False) -> None:
