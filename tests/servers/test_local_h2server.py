@@ -8,7 +8,6 @@ load: too long for the suite) and the soak's zero storage errors."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,16 +24,6 @@ Doc = dict[str, Any]
 #: The launcher's sources, one concern each.
 SOURCES = ["AggboxMongoH2Server.java", "BoundedOplog.java", "ServerStats.java",
            "StorageErrors.java", "VersionGuardedH2Backend.java"]
-
-
-@pytest.fixture
-def local_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    home = tmp_path / "home"
-    monkeypatch.setenv("AGGBOX_HOME", str(home))
-    try:
-        yield home
-    finally:
-        persistent.stop_persistent_mongodb()
 
 
 def test_the_launcher_folder_compiles_as_one_unit() -> None:

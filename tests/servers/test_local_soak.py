@@ -12,7 +12,6 @@ from __future__ import annotations
 import importlib.util
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -37,16 +36,6 @@ def _load_soak() -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
-
-
-@pytest.fixture
-def local_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    home = tmp_path / "home"
-    monkeypatch.setenv("AGGBOX_HOME", str(home))
-    try:
-        yield home
-    finally:
-        persistent.stop_persistent_mongodb()
 
 
 def _oplog_stats(client: MongoClient[Doc]) -> Doc:
