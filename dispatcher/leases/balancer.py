@@ -76,6 +76,11 @@ class Balancer:
         self._task: asyncio.Task[None] | None = None
         #: monotonic time lease rounds began to be too slow or to fail (None: they are fine)
         self.trouble_since: float | None = None
+        #: loop time of the last tick of :meth:`_tick`; the longest loop stall since the
+        #: last round's report
+        self._tick_at: float | None = None
+        self._stall_s = 0.0
+        self._stall_cause: str | None = None
         self._loud = RateLimitedLog(log, every_s=30.0, collection=name, clock=timing.monotonic)
 
     # -- what the worker reads ---------------------------------------------------------------
@@ -160,7 +165,33 @@ class Balancer:
                  extra={"collection": self.name, "released": len(parts)})
 
     # -- rounds ------------------------------------------------------------------------------
+    async def _tick(self) -> None:
+        """Notes how late the event loop wakes it: a pause of the process shows as a gap."""
+        tick = max(0.05, self.leases.ttl_s / 20)
+        loop = asyncio.get_running_loop()
+        while True:
+            now = loop.time()
+            if self._tick_at is not None:
+                self._stall_s = max(self._stall_s, now - self._tick_at - tick)
+            self._tick_at = now
+            await asyncio.sleep(tick)
+
+    def _stalled_for(self) -> float:
+        """The longest time the event loop did not run since the last round's report."""
+        if self._tick_at is None:
+            return 0.0
+        late = asyncio.get_running_loop().time() - self._tick_at - max(
+            0.05, self.leases.ttl_s / 20)
+        return max(self._stall_s, late, 0.0)
+
     async def _run(self) -> None:
+        ticker = asyncio.create_task(self._tick(), name=f"balance-tick-{self.name}")
+        try:
+            await self._rounds()
+        finally:
+            ticker.cancel()
+
+    async def _rounds(self) -> None:
         while not self.stop.is_set():
             try:
                 await self._watched_round()
@@ -177,11 +208,13 @@ class Balancer:
         """A round, watched: one still running after a quarter of the TTL is trouble from
         its start on (so /healthz turns while a round hangs, not only after it ended)."""
         started = self.timing.monotonic()
+        limit = self.leases.ttl_s * SLOW_ROUND_FRACTION
         task = asyncio.ensure_future(self.round())
         try:
-            done, _ = await asyncio.wait({task}, timeout=self.leases.ttl_s * SLOW_ROUND_FRACTION)
+            done, _ = await asyncio.wait({task}, timeout=limit)
             if not done:
                 self._trouble(True, since=started)
+            if not done and self._stalled_for() <= limit:  # else: this process stalled
                 self._loud.warning("hanging", "%s: lease round still running after %.2f s "
                                    "(lease_ttl_s %.4g): the store answers slowly",
                                    self.name, self.timing.monotonic() - started,
@@ -254,15 +287,26 @@ class Balancer:
         now = self.timing.monotonic()
         until = leases.lease_valid_until()
         slow = took_s > ttl * SLOW_ROUND_FRACTION
-        if lapsed is not None:
+        stalled = self._stalled_for()
+        # The event loop itself did not run (SIGSTOP, a VM or container pause, swapping):
+        # the process is to blame for a slow round, not the store.
+        cause = (f"this process did not run for {stalled:.1f} s (paused, suspended or "
+                 "starved of CPU), the store is not to blame: check the host or raise "
+                 "lease_ttl_s" if stalled > ttl * SLOW_ROUND_FRACTION else None)
+        # the round after a stall is the one that finds the heartbeat lapsed
+        cause, self._stall_cause = cause or (self._stall_cause if lapsed else None), cause
+        if cause is not None and lapsed is None:
+            self._loud.error("stalled", "%s: lease round took %.2f s; %s", self.name, took_s,
+                             cause)
+        elif lapsed is not None:
             self.metrics.lease_lapses.labels(self.name).inc()
             since = ("never renewed" if lapsed.since_last_s is None
                      else f"{lapsed.since_last_s:.1f} s since the last renewal")
             self._loud.error(
                 "lapsed", "%s: heartbeat lapsed (%s, lease_ttl_s %.4g): %d partition(s) "
-                "dropped, continuing as %s; lease rounds were too slow or failing: relieve "
-                "the store or raise lease_ttl_s", self.name, since, ttl, lapsed.held,
-                lapsed.rejoined)
+                "dropped, continuing as %s; %s", self.name, since, ttl, lapsed.held,
+                lapsed.rejoined, cause or "lease rounds were too slow or failing: relieve "
+                "the store or raise lease_ttl_s")
         elif until is not None and until <= now:
             self._loud.error(
                 "expired", "%s: lease round took %.2f s, longer than the leases stay valid "
@@ -276,6 +320,7 @@ class Balancer:
                 "lease_ttl_s", self.name, took_s, ttl)
         trouble = lapsed is not None or slow or (until is not None and until <= now)
         self._trouble(trouble)
+        self._stall_s = 0.0  # the next report looks at the stalls from here on
 
     def _trouble(self, trouble: bool, *, since: float | None = None) -> None:
         now = self.timing.monotonic()

@@ -25,18 +25,9 @@ from dispatcher.leases.balance import fair
 from dispatcher.outbox.sweep import PENDING
 from dispatcher.status.text import columns, compress_ranges, format_age, pending_text
 
-__all__ = [
-    "DEFAULT_MEMBER_COLLECTION",
-    "DEFAULT_PARTITION_COLLECTION",
-    "DispatchStatus",
-    "Handover",
-    "InstanceStatus",
-    "PartitionLag",
-    "compress_ranges",
-    "format_age",
-    "format_status",
-    "read_status",
-]
+__all__ = ["DEFAULT_MEMBER_COLLECTION", "DEFAULT_PARTITION_COLLECTION", "DispatchStatus",
+           "Handover", "InstanceStatus", "PartitionLag", "compress_ranges", "format_age",
+           "format_status", "read_status"]
 
 #: The defaults of the dispatcher settings ``partition_collection`` and ``member_collection``.
 DEFAULT_PARTITION_COLLECTION = "aggbox_dispatcher_partitions"
@@ -76,7 +67,8 @@ class Handover:
 
     partition: int
     previous: str | None
-    owner: str
+    #: ``None``: released by ``previous`` when it stopped, not taken by anyone yet
+    owner: str | None
     #: ``released`` (gracefully by ``previous``) or ``expired`` (``previous``'s lease ran out)
     kind: str
     at: datetime
@@ -106,6 +98,9 @@ class InstanceStatus:
     oldest_age_s: float | None = None
     #: the effect types it executes (from its heartbeat)
     effects: list[str] = field(default_factory=list)
+    #: not live, and its process (host, pid) now runs as this live instance (a heartbeat
+    #: that lapsed, e.g. while the process was paused, rejoins under a new name: ``X#2``)
+    replaced_by: str | None = None
 
 
 @dataclass(slots=True)
@@ -170,7 +165,7 @@ class DispatchStatus:
                 "ranges": compress_ranges(i.partitions), "reported": list(i.reported),
                 "pending_entries": i.pending_entries,
                 "pending_documents": i.pending_documents, "oldest_age_s": i.oldest_age_s,
-                "effects": list(i.effects),
+                "effects": list(i.effects), "replaced_by": i.replaced_by,
             } for i in self.instances],
             "effects_missing": self.effects_disagree,
             "unowned": list(self.unowned),
@@ -215,6 +210,10 @@ def read_status(db: Database[Any], collection: str, *,
             inst.oldest_age_s = max(inst.oldest_age_s or 0.0, lag.oldest_age_s)
     status.lag = sorted(lags.values(), key=lambda x: (-x.oldest_age_s, -x.entries, x.partition))
     status.instances = sorted(instances.values(), key=lambda i: i.instance)
+    running: dict[tuple[Any, Any], str] = {(i.host, i.pid): i.instance
+                                           for i in status.instances if i.live and i.pid}
+    for i in status.instances:
+        i.replaced_by = None if i.live else running.get((i.host, i.pid))
     # The balancing rule's own test: every partition held by a live instance, shares
     # within one of each other.
     status.fair = fair({i.instance: len(i.partitions) for i in status.instances if i.live},
@@ -236,7 +235,7 @@ def _read_members(coll: Collection[Any], scope: str, now: datetime
 
 
 _LEASE_FIELDS: Final = {f: 1 for f in ("partition", "owner", "epoch", "previous", "handover",
-                                       "handed_at", "since")}
+                                       "handed_at", "since", "released_by", "released_at")}
 
 
 def _read_leases(coll: Collection[Any], scope: str, instances: Mapping[str, InstanceStatus],
@@ -259,8 +258,12 @@ def _read_leases(coll: Collection[Any], scope: str, instances: Mapping[str, Inst
 
 
 def _handover(doc: Mapping[str, Any], partition: int, owner: Any) -> Handover | None:
-    """The last handover of one lease; ``None`` when it was never handed over, or was
-    released since (no current owner)."""
+    """The last handover of one lease — a release by a stopping owner included, with no
+    owner yet; ``None`` when it was never handed over."""
+    if owner is None and isinstance(doc.get("released_by"), str):
+        at = _opt_utc(doc.get("released_at"))
+        return None if at is None else Handover(partition, doc["released_by"], None,
+                                                "released", at)
     kind = doc.get("handover")
     at = _opt_utc(doc.get("handed_at")) or _opt_utc(doc.get("since"))
     if kind in (None, "new") or at is None or not isinstance(owner, str):
@@ -352,9 +355,10 @@ def format_status(status: DispatchStatus, *, top: int = TOP_LAGGING) -> str:
             owned += f" [reported {len(i.reported)}]"
         beat = ("heartbeat: -" if i.heartbeat_age_s is None
                 else f"heartbeat: {format_age(i.heartbeat_age_s)} ago")
-        rows.append([i.instance, "live" if i.live else "DEAD", where, beat, owned,
+        state = "live" if i.live else (f"now {i.replaced_by}" if i.replaced_by else "DEAD")
+        rows.append([i.instance, state, where, beat,  # the long partition list last
                      f"pending: {pending_text(i.pending_entries, i.pending_documents)}",
-                     f"oldest: {format_age(i.oldest_age_s)}"])
+                     f"oldest: {format_age(i.oldest_age_s)}", owned])
     if rows:
         lines.extend("  " + line for line in columns(rows))
     else:
@@ -383,6 +387,6 @@ def format_status(status: DispatchStatus, *, top: int = TOP_LAGGING) -> str:
     else:
         ago = format_age(_age(h.at, status.now))
         lines.append(f"last hand-over: partition {h.partition}, {h.previous or '?'} → "
-                     f"{h.owner} ({h.kind}) at "
+                     f"{h.owner or 'nobody yet'} ({h.kind}) at "
                      f"{h.at.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%SZ')} ({ago} ago)")
     return "\n".join(lines)
