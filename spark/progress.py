@@ -70,6 +70,8 @@ class _MessageBar:
         read, done = counts.get("read", 0), sum(counts.get(k, 0) for k in OUTCOME_KINDS)
         if self.total is not None:  # never past the total, whatever the counts say
             read, done = min(read, self.total), min(done, self.total)
+        if self.samples and done < self.samples[-1][1]:  # a task retried: a new window
+            self.samples.clear()
         self.samples.append((now, done))
         while len(self.samples) > 2 and now - self.samples[1][0] >= self.WINDOW_S:
             self.samples.popleft()
