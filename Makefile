@@ -26,7 +26,7 @@ lint: install
 bench: install
 	$(BIN)/python bench/writer.py
 	$(BIN)/python bench/pipeline.py
-	$(BIN)/python bench/dispatcher.py
+	$(BIN)/python bench/dispatch.py
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .hypothesis

@@ -18,22 +18,18 @@ entries in 40 s. Nothing is asserted: figures go to bench/RESULTS.md.
 
 Usage: python bench/aging.py [--rounds 700] [--orders 50] [--idle 40] [--timeout 120]
 """
-# ruff: noqa: E402  (the path fix below must precede the project imports)
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
 
 import argparse
 import json
 import os
 import signal
 import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from pymongo import MongoClient

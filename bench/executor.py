@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import json
 import subprocess
 import sys
@@ -90,6 +91,16 @@ def partition_class(module: Any) -> Any:
     return Partition
 
 
+def _arrow(p: Any, written: Any) -> Any:
+    """The outcome batch of what ``p.write`` returned, for the executor of any revision:
+    outcomes (before 62b9a65) or (outcomes, message types); ``to_arrow`` takes the types
+    since then."""
+    outcomes, types = written if isinstance(written, tuple) else (written, {})
+    if len(inspect.signature(p.to_arrow).parameters) >= 2:
+        return p.to_arrow(outcomes, types)
+    return p.to_arrow(outcomes)
+
+
 def run(partition: Any, data: list[Any]) -> tuple[float, float, float, float]:
     """CPU seconds: total, parse, writer stub (+ carry-over), outcome batches."""
     clock = time.process_time
@@ -101,13 +112,13 @@ def run(partition: Any, data: list[Any]) -> tuple[float, float, float, float]:
         t0 = clock()
         messages, dead = p.parse(b)
         t1 = clock()
-        outcomes = p.write(p.take(messages, final=False), dead)
+        written = p.write(p.take(messages, final=False), dead)
         t2 = clock()
-        rows += p.to_arrow(outcomes).num_rows
+        rows += _arrow(p, written).num_rows
         t3 = clock()
         parse, write, arrow = parse + t1 - t0, write + t2 - t1, arrow + t3 - t2
     if p.carry:
-        rows += p.to_arrow(p.write(p.take([], final=True), [])).num_rows
+        rows += _arrow(p, p.write(p.take([], final=True), [])).num_rows
     total = clock() - t_start
     if rows != sum(b.num_rows for b in data):
         raise RuntimeError(f"{rows} outcomes for {sum(b.num_rows for b in data)} rows")

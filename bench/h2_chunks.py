@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from common import quantile
 from pymongo import MongoClient
 from pymongo.errors import AutoReconnect, PyMongoError
 
@@ -151,13 +152,6 @@ def _bare(guard: bool, minutes: float) -> int:
             [maven.java_executable(), "-cp", maven.classpath_string([work, *h2]),
              "H2ChunkRepro", str(work / "bare.mv"), "true" if guard else "false",
              str(int(minutes * 60)), "200000", "500"], check=False).returncode
-
-
-def _percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def _start(stock: bool, work: Path) -> tuple[subprocess.Popen[bytes], str, Path]:
@@ -322,8 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                     lat, load.read_latencies = load.read_latencies, []
                     inserted, events = load.inserted, load.events
                 print(f"{time.monotonic() - began:6.0f} s  oplog {entries:>8,}  docs {inserted:>8,}"
-                      f"  events {events:>7,}  read p50 {_percentile(lat, 0.5) * 1000:8.1f} ms"
-                      f"  p99 {_percentile(lat, 0.99) * 1000:8.1f} ms"
+                      f"  events {events:>7,}  read p50 {quantile(lat, 0.5) * 1000:8.1f} ms"
+                      f"  p99 {quantile(lat, 0.99) * 1000:8.1f} ms"
                       f"  max {max(lat, default=float('nan')) * 1000:8.1f} ms  reads {len(lat):>5}"
                       f"  file {(work / 'aggbox.mv').stat().st_size / 1e6:7.1f} MB"
                       f"  storage errors {storage_errors}", flush=True)

@@ -1,7 +1,6 @@
 """Measuring instruments shared by the benchmarks (bench only: no product code changes).
 
-- :func:`process_cpu_s`: CPU seconds (user + system) of this process, all threads, from
-  ``resource.getrusage``.
+- :func:`process_cpu_s` (from bench/common.py): CPU seconds of this process, all threads.
 - :class:`HandlerTimer`: wraps the registered handler functions of a registry's aggregate
   types with a thread-CPU timer (``time.thread_time_ns``), so the handlers' own CPU can be
   subtracted from the process CPU. Only the domain function is timed: a typed handler's
@@ -18,21 +17,18 @@
 
 from __future__ import annotations
 
-import resource
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from common import process_cpu_s
 from pymongo import monitoring
 
 WRITE_ARRAYS = {"insert": "documents", "update": "updates", "delete": "deletes"}
 READ_COMMANDS = frozenset({"find", "getMore", "aggregate", "count", "distinct"})
 
-
-def process_cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+__all__ = ["HandlerTimer", "OpCounter", "calibrate_timer", "process_cpu_s", "worker_state"]
 
 
 class HandlerTimer:

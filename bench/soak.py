@@ -36,16 +36,8 @@ Usage: python bench/soak.py [--writes 1000000] [--cycles 4] [--docs 10000] [--ba
        [--probe-rate 200] [--probe-seconds 10]
 Environment: ``AGGBOX_LOCAL_OPLOG_*`` (the server's oplog bounds) are passed through.
 """
-# ruff: noqa: E402  (the path fix below must precede the project imports)
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-# Run as a script, this file's directory comes first on sys.path and its name would shadow
-# the ``dispatcher`` package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
 
 import argparse
 import contextlib
@@ -54,11 +46,13 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from pymongo import MongoClient

@@ -33,7 +33,7 @@ message id. After the stop: documents still holding a timer, and how many of tho
 acknowledged (published but not removed: the next dispatcher would publish them again) —
 right when ``run()`` returned and once the server has settled.
 
-CPU over the measured feed plus the drain: ``os.times`` of this process and
+CPU over the measured feed plus the drain: ``getrusage`` of this process and
 ``/proc/<pid>/stat`` of the server; the dispatcher's share is the process's minus the
 writer thread's (``time.thread_time`` in that thread). Writer and dispatcher share this
 process's GIL: a busy writer delays the event loop.
@@ -46,16 +46,8 @@ Usage: python bench/timers.py [--rate 1000] [--seconds 30] [--delay-ms 2000] [--
        [--drain-seconds 30] [--ids random|sequential] [--mode auto|stream|poll]
        [--log-level WARNING] [--json]
 """
-# ruff: noqa: E402  (the path fix below must precede the project imports)
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
-
-# Run as a script, this file's directory comes first on sys.path and its name would shadow
-# the ``dispatcher`` package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).parent]
 
 import argparse
 import asyncio
@@ -63,9 +55,9 @@ import contextlib
 import itertools
 import json
 import logging
-import math
 import os
 import shutil
+import sys
 import tempfile
 import threading
 import time
@@ -73,8 +65,10 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
+from common import cpu_ticks, process_cpu_s, quantile
 from pymongo import AsyncMongoClient, MongoClient, monitoring
 
 from aggbox.servers import persistent
@@ -88,10 +82,7 @@ from aggregates import (
     Schedule,
     StoreWriter,
 )
-from dispatcher.core.settings import DispatcherSettings
-from dispatcher.daemon import Dispatcher
-from dispatcher.publishers.base import PublishResult
-from dispatcher.publishers.record import OutboundRecord
+from dispatcher import Dispatcher, DispatcherSettings, OutboundRecord, PublishResult
 
 DATABASE = "bench_timers"
 COLLECTION = "tjobs"
@@ -210,7 +201,7 @@ class RoundTrips(monitoring.CommandListener):
         for what, ms in sorted(self.ms.items(), key=lambda kv: -sum(kv[1])):
             s = sorted(ms)
             out[what] = {"calls": len(s), "total_s": round(sum(s) / 1000, 2),
-                         "p50_ms": round(pct(s, 0.5), 1), "max_ms": round(s[-1], 1)}
+                         "p50_ms": round(quantile(s, 0.5), 1), "max_ms": round(s[-1], 1)}
             if what in self.statements:
                 out[what]["statements"] = self.statements[what]
         return out
@@ -269,35 +260,11 @@ def feed(writer: StoreWriter, out: Feed, *, rate: float, warmup_s: float, second
 
 
 # -- measuring -----------------------------------------------------------------------------
-def pct(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile (0..1) of sorted ``values``, nearest rank."""
-    if not values:
-        return float("nan")
-    return values[min(len(values) - 1, max(0, math.ceil(q * len(values)) - 1))]
-
-
 def lag_figures(lags_ms: Sequence[float]) -> dict[str, float]:
     s = sorted(lags_ms)
-    return {"p50_ms": round(pct(s, 0.50), 1), "p90_ms": round(pct(s, 0.90), 1),
-            "p99_ms": round(pct(s, 0.99), 1), "max_ms": round(s[-1], 1) if s else float("nan"),
+    return {"p50_ms": round(quantile(s, 0.50), 1), "p90_ms": round(quantile(s, 0.90), 1),
+            "p99_ms": round(quantile(s, 0.99), 1), "max_ms": round(s[-1], 1) if s else float("nan"),
             "min_ms": round(s[0], 1) if s else float("nan")}
-
-
-def cpu_ticks(pid: int | None) -> int | None:
-    """utime + stime of ``pid`` in clock ticks (all its threads), from /proc/<pid>/stat."""
-    if pid is None:
-        return None
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    return int(fields[11]) + int(fields[12])
-
-
-def process_cpu_s() -> float:
-    t = os.times()
-    return t.user + t.system
 
 
 @contextlib.contextmanager
@@ -441,7 +408,8 @@ async def run(args: argparse.Namespace, uri: str, server_pid: int | None) -> dic
         "lag": lag_figures(lags), "lag_per_10s_of_due_time": per_window,
         "publish_calls": calls_measured,
         "records_per_call": round(len(measured) / calls_measured, 1) if calls_measured else 0,
-        "writer_batch_ms": {"p50": round(pct(batch, 0.5), 1), "p99": round(pct(batch, 0.99), 1),
+        "writer_batch_ms": {"p50": round(quantile(batch, 0.5), 1),
+                            "p99": round(quantile(batch, 0.99), 1),
                             "max": round(batch[-1], 1) if batch else None},
         "writer_late_batches": out.late_batches,
         "cpu_window_s": round(wall, 1),

@@ -25,6 +25,10 @@ Usage: python bench/writer.py [--aggregates 20000] [--per 5]
            # sampled traceparent), alternating off / tracing="messages" / "chunks" /
            # "messages" with unsampled inputs, twice: ``tracing_*_vs_off`` are the ratios of
            # the best rates, with the best CPU-µs per message of each
+       python bench/writer.py --instructions [--instr-sizes 2000,4000] [--instr-repeat 2]
+           # instructions per message of each component of the writer's hot loop
+           # (parse, handlers, dedup, outbox ids, fold, update, BSON, pymongo, the whole
+           # writer), counted with valgrind's callgrind: bench/instructions.py
        python bench/writer.py --aggregates 5000 --profile 30 [--profile-clock wall]
            # cProfile of the writer, pipeline_depth=1 (all work on the main thread), by
            # wall time (default) or this thread's CPU time: top 30 entries
@@ -37,16 +41,16 @@ import cProfile
 import dataclasses
 import io
 import json
-import os
 import platform
 import pstats
-import resource
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
-from measure import HandlerTimer, OpCounter, calibrate_timer, process_cpu_s
+import instructions
+from common import pid_cpu_s, process_cpu_s
+from instructions_writer import message_dicts
+from measure import HandlerTimer, OpCounter, calibrate_timer
 from pymongo import MongoClient, ReplaceOne
 
 from aggbox.examples.orders import customers, registry
@@ -58,19 +62,7 @@ from aggregates.store.writer import build_update, utc_now
 
 
 def make_messages(n_aggs: int, per: int) -> list[Message]:
-    out: list[Message] = []
-    for a in range(n_aggs):
-        cid = f"c{a}"
-        out.append(Message.from_dict({
-            "message_id": f"reg-{a}", "type": "CustomerRegistered", "aggregate_type": "Customer",
-            "aggregate_id": cid, "payload": {"name": f"Customer {a}", "credit_limit": 1000},
-            "occurred_at": "2026-01-01T00:00:00Z"}))
-        for k in range(per - 1):
-            out.append(Message.from_dict({
-                "message_id": f"o-{a}-{k}", "type": "OrderCreated", "aggregate_type": "Customer",
-                "aggregate_id": cid, "payload": {"order_id": f"o-{a}-{k}", "amount": 100 + k},
-                "occurred_at": f"2026-01-01T00:00:{k + 1:02d}Z"}))
-    return out
+    return [Message.from_dict(d) for d in message_dicts(n_aggs, per)]
 
 
 class CpuMeter:
@@ -80,18 +72,9 @@ class CpuMeter:
     def __init__(self, server_pid: int | None) -> None:
         self.server_pid = server_pid
 
-    def _server(self) -> float:
-        if self.server_pid is None:
-            return float("nan")
-        try:
-            fields = Path(f"/proc/{self.server_pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            return float("nan")
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
     def snapshot(self) -> tuple[float, float]:
-        r = resource.getrusage(resource.RUSAGE_SELF)
-        return r.ru_utime + r.ru_stime, self._server()
+        server = pid_cpu_s(self.server_pid)
+        return process_cpu_s(), float("nan") if server is None else server
 
     def since(self, start: tuple[float, float]) -> str:
         py, srv = self.snapshot()
@@ -302,7 +285,12 @@ def main() -> None:
                          "without a tracer provider")
     ap.add_argument("--profile-out", metavar="FILE", default=None,
                     help="also write the profile's raw stats to FILE (pstats format)")
+    instructions.add_arguments(ap)
     args = ap.parse_args()
+    if args.instructions:
+        with start_local_mongodb() as server:  # components pymongo and writer need one
+            instructions.from_arguments("writer", args, server.uri)
+        return
     global TIMER_INSIDE_NS, TIMER_OUTSIDE_NS
     TIMER_INSIDE_NS, TIMER_OUTSIDE_NS = calibrate_timer()
     print(f"handler timer overhead per call: {TIMER_INSIDE_NS / 1e3:.2f} µs inside, "

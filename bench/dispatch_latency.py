@@ -1,0 +1,94 @@
+"""Dispatcher benchmark, phase (c): commit → publish latency at a steady rate, the
+dispatcher running as its own process in stream or polling mode (bench/dispatch.py)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+import time
+import uuid
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from dispatch_common import (
+    from_beginning,
+    registry,
+    spawn_dispatcher,
+    wait_for_leases,
+    write_entries,
+)
+from pymongo import MongoClient
+
+from aggbox.servers import LocalKafka, LocalMongo, create_topic
+from aggregates import AggboxSettings, StoreWriter
+
+
+def latency(mongo: LocalMongo, kafka: LocalKafka, mode: str, rate: int, seconds: float,
+            tmp: Path) -> dict[str, float]:
+    client: MongoClient[dict[str, Any]] = MongoClient(mongo.uri, tz_aware=True)
+    db = client["bench_latency_" + mode]
+    client.drop_database(db.name)
+    StoreWriter(db, registry, settings=AggboxSettings(database=db.name)).ensure_indexes()
+    prefix = "lat" + uuid.uuid4().hex[:6]
+    topic = f"{prefix}-Emitter"
+    create_topic(kafka.bootstrap_servers, topic, partitions=3,
+                 config={"message.timestamp.type": "LogAppendTime"})
+    log = tmp / f"dispatcher-{mode}.log"
+    proc = spawn_dispatcher(mongo, kafka.bootstrap_servers, db.name, prefix, log, "--mode",
+                            mode)
+    try:
+        wait_for_leases(db, {}, [proc], log)
+        time.sleep(1.0)
+        # Steady load: every tick, `per_tick` documents emit one entry each.
+        ticks_per_s = 20
+        per_tick = max(1, rate // ticks_per_s)
+        pool = [f"agg-{i:05d}" for i in range(per_tick * 10)]
+        n_ticks = int(seconds * ticks_per_s)
+        expected = n_ticks * per_tick
+        result: dict[str, Any] = {}
+        consumer = threading.Thread(target=consume_latencies,
+                                    args=(kafka.bootstrap_servers, topic, expected, result))
+        consumer.start()
+        start = time.monotonic()
+        for tick in range(n_ticks):
+            docs = [pool[(tick * per_tick + j) % len(pool)] for j in range(per_tick)]
+            write_entries(db, docs, 1, f"t{tick}")
+            sleep = start + (tick + 1) / ticks_per_s - time.monotonic()
+            if sleep > 0:
+                time.sleep(sleep)
+        achieved = expected / (time.monotonic() - start)
+        consumer.join(120)
+    finally:
+        proc.terminate()
+        proc.wait(60)
+        client.close()
+    lat = sorted(result.get("latencies_ms", []))
+    if len(lat) < expected:
+        raise RuntimeError(f"{mode}: consumed {len(lat)} of {expected}; log: {log}")
+    q = statistics.quantiles(lat, n=100)
+    out = {"p50_ms": round(q[49], 1), "p99_ms": round(q[98], 1), "max_ms": round(lat[-1], 1),
+           "rate_per_s": round(achieved), "entries": expected}
+    print(f"  (c) {mode}: {expected} entries at {achieved:.0f}/s: p50 {out['p50_ms']} ms, "
+          f"p99 {out['p99_ms']} ms, max {out['max_ms']} ms")
+    return out
+
+
+def consume_latencies(bootstrap: str, topic: str, expected: int, out: dict[str, Any]) -> None:
+    from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME
+
+    c = from_beginning(bootstrap, topic)
+    seen: dict[str, float] = {}
+    deadline = time.monotonic() + 120
+    while len(seen) < expected and time.monotonic() < deadline:
+        msg = c.poll(0.5)
+        if msg is None or msg.error():
+            continue
+        kind, ts_ms = msg.timestamp()
+        assert kind == TIMESTAMP_LOG_APPEND_TIME, kind
+        env = json.loads(msg.value())
+        created = datetime.fromisoformat(env["occurred_at"]).timestamp() * 1000
+        seen.setdefault(env["message_id"], ts_ms - created)
+    c.close()
+    out["latencies_ms"] = list(seen.values())
