@@ -29,6 +29,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from spark.connect import is_connect
+
 __all__ = ["add_py_files", "install_py_files", "read_py_files"]
 
 _URL = re.compile(r"^[A-Za-z][\w+.-]+:")
@@ -47,8 +49,6 @@ atexit.register(_remove_temp_dirs)
 def add_py_files(spark: Any, paths: Iterable[str]) -> None:
     """Ship ``.py``/``.zip``/``.egg``/``.whl`` files to the executors (and put them on this
     process's ``sys.path``); see the module docstring."""
-    from spark.session import is_connect
-
     connect = is_connect(spark)
     for path in paths:
         local, temp = path, None

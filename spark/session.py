@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from aggregates.core.errors import ConfigurationError
+from spark.connect import is_connect
 from spark.pyfiles import add_py_files
 from spark.settings import SparkSettings
 
@@ -91,18 +92,6 @@ def kafka_token_provider_fallback() -> str:
 
     major, minor = pyspark.__version__.split(".")[:2]
     return f"{major}.{minor}.0"
-
-
-def is_connect(spark: Any) -> bool:
-    """Whether ``spark`` is a Spark Connect session (no ``sparkContext``, no RDDs)."""
-    module = type(spark).__module__
-    if not module.startswith("pyspark.sql.connect"):
-        return False
-    try:
-        from pyspark.sql.connect.session import SparkSession as ConnectSession
-    except ImportError:  # pragma: no cover - the connect client's dependencies are missing
-        return False
-    return isinstance(spark, ConnectSession)
 
 
 def remote_url(settings: SparkSettings | None = None) -> str | None:

@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 #: Module → floor: a module may import the modules on lower floors only.
 FLOORS: dict[str, int] = {
     # what the rest stands on: settings, the input schema, results, the wire of messages,
-    # the live counts of a run
+    # the live counts of a run, which kind of session (classic or Connect)
     "settings": 0, "schema": 0, "results": 0, "messages": 0, "order": 0,
-    "metrics_export": 0, "live": 0,
+    "metrics_export": 0, "live": 0, "connect": 0,
     # sources of messages; shipping Python files to the executors
     "sources": 1, "pyfiles": 1,
     # the session; validation; rows → records
