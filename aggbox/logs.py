@@ -69,6 +69,10 @@ class _LogFileHandler(logging.FileHandler):
         exc = sys.exc_info()[1]
         self._turn_off(exc if exc is not None else OSError("unknown error"))
 
+    def turn_off(self, exc: BaseException) -> None:
+        """The log file cannot be written (``exc``): off, with one WARNING line."""
+        self._turn_off(exc)
+
     def _turn_off(self, exc: BaseException) -> None:
         self.failed = True
         logging.getLogger("aggbox").warning(
@@ -91,10 +95,19 @@ def log_file_path() -> Path:
 
 
 def current_log_file() -> Path | None:
-    """The log file :func:`configure` set up (None: no log file, e.g. library use)."""
+    """The log file :func:`configure` set up (None: no log file, e.g. library use). Its
+    directory exists (the default one is created here): callers hand the path to writers
+    of their own (the Spark JVM's log4j, its stderr)."""
     if _file_handler is None or _file_handler.failed:
         return None
-    return Path(_file_handler.baseFilename)
+    path = Path(_file_handler.baseFilename)
+    if _file_handler.make_parent:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            _file_handler.turn_off(exc)
+            return None
+    return path
 
 
 def configure(*, level: str = "INFO", json_logs: bool = False, log_file: bool = True) -> None:

@@ -4,15 +4,26 @@
 ``aggbox.examples``).
 
 The wheel is built from a clean copy of the work tree (setuptools reuses a stale ``build/``
-directory, which could hide or add files), without build isolation: a few seconds."""
+directory, which could hide or add files), without build isolation: a few seconds.
+
+Then it is installed as a team would (issue 34): into fresh virtualenvs, with no extra — the
+core (``aggregates``, the harness, ``Scenario``, ``aggbox --help`` / ``--version``) works and
+each command that needs an extra says which in one line — and with each extra, whose command
+then runs for real. The extras' dependencies come from a wheelhouse in the aggbox cache
+(``$AGGBOX_CACHE_DIR/wheelhouse``), filled from PyPI with ``pip wheel`` the first time an
+install from it alone fails; after that the installs are offline (pyspark's wheel is ~300 MB:
+the spark virtualenv takes about a minute to install, the others seconds)."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,3 +78,201 @@ def test_wheel_ships_the_example_domain_and_the_type_markers(wheel: Path) -> Non
     # the local servers' Java launchers, the H2 one a folder compiled together
     assert "aggbox/servers/java/AggboxMongoServer.java" in names
     assert "aggbox/servers/java/h2server/BoundedOplog.java" in names
+
+
+# -- installed into fresh virtualenvs ----------------------------------------------------------
+#: A module of each extra (pyproject.toml [project.optional-dependencies]).
+EXTRA_MODULES = {"spark": "pyspark", "dispatcher": "aiohttp", "kafka": "confluent_kafka",
+                 "notebook": "nbclient", "otel": "opentelemetry", "testing": "mongomock"}
+PIP = ("-m", "pip", "--disable-pip-version-check", "-q")
+
+
+def _wheelhouse() -> Path:
+    from aggbox.servers.maven import cache_dir
+
+    house = cache_dir() / "wheelhouse"
+    house.mkdir(exist_ok=True)
+    return house
+
+
+def _venv(wheel: Path, where: Path, extras: str = "") -> Path:
+    """A fresh virtualenv (the running interpreter's base Python) with the wheel and its
+    extras installed; its ``bin`` directory."""
+    subprocess.run([sys.executable, "-m", "venv", str(where)], check=True, timeout=300)
+    python = str(where / "bin" / "python")
+    target = f"{wheel}[{extras}]" if extras else str(wheel)
+    house = _wheelhouse()
+    offline = [python, *PIP, "install", "--no-index", "--find-links", str(house), target]
+    done = subprocess.run(offline, capture_output=True, text=True, timeout=1800, check=False)
+    if done.returncode != 0:  # the wheelhouse lacks something: fill it from PyPI, once
+        fill = subprocess.run([python, *PIP, "wheel", "-w", str(house), target],
+                              capture_output=True, text=True, timeout=3600, check=False)
+        assert fill.returncode == 0, fill.stdout + fill.stderr
+        for built in house.glob("aggbox-*.whl"):  # never install a stale aggbox from there
+            built.unlink()
+        done = subprocess.run(offline, capture_output=True, text=True, timeout=1800,
+                              check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return where / "bin"
+
+
+def _importable(bin_dir: Path, module: str) -> bool:
+    code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    return subprocess.run([str(bin_dir / "python"), "-c", code], check=False).returncode == 0
+
+
+def _aggbox(bin_dir: Path, cwd: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``aggbox ARGS`` of that virtualenv, run in ``cwd`` with no AGGBOX_* variable of ours
+    (the state directory in ``cwd``'s parent)."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("AGGBOX_")}
+    environ.update(AGGBOX_HOME=str(cwd.parent / "home"), **env)
+    if "AGGBOX_CACHE_DIR" in os.environ:  # the suite's Maven cache
+        environ["AGGBOX_CACHE_DIR"] = os.environ["AGGBOX_CACHE_DIR"]
+    return subprocess.run([str(bin_dir / "aggbox"), *args], cwd=cwd, env=environ,
+                          capture_output=True, text=True, timeout=900, check=False)
+
+
+def _one_line(done: subprocess.CompletedProcess[str], line: str) -> None:
+    assert done.returncode == 1, done
+    assert (done.stdout, done.stderr) == ("", f"aggbox: error: {line}\n")
+
+
+NEEDS_SPARK = "needs the spark extra: pip install 'aggbox[spark]'"
+NEEDS_DISPATCHER = "needs the dispatcher extra: pip install 'aggbox[dispatcher]'"
+
+#: README's aggregate and its harness test, and a Scenario over it: the core, no extra.
+HARNESS_TEST = """
+from dataclasses import dataclass, replace
+
+from aggregates import AggregateType, Emit, Handled, Inbox, Message, Registry
+from aggregates.testing import AggregateHarness, Scenario, message
+
+
+@dataclass(frozen=True)
+class Customer:
+    credit_limit: int = 0
+    reserved: int = 0
+
+
+@dataclass(frozen=True)
+class OrderCreated:
+    order_id: str
+    amount: int
+
+
+customers = AggregateType("Customer", state=Customer, collection="customers",
+                          dedup=Inbox(window=1000))
+
+
+@customers.handles("CustomerRegistered")
+def register(state: Customer, msg: Message) -> Customer:
+    return replace(state, credit_limit=msg.payload["credit_limit"])
+
+
+@customers.handles(OrderCreated)
+def reserve(state: Customer, order: OrderCreated, msg: Message) -> Handled[Customer]:
+    to = ("Order", order.order_id)
+    if state.reserved + order.amount > state.credit_limit:
+        return state, [Emit("CreditLimitExceeded", {"order_id": order.order_id}, to=to)]
+    return replace(state, reserved=state.reserved + order.amount), [
+        Emit("CreditReserved", {"order_id": order.order_id}, to=to)]
+
+
+h = AggregateHarness(customers, aggregate_id="c-1")
+h.given(message("CustomerRegistered", {"credit_limit": 100}, to=customers, id="c-1"))
+order = message("OrderCreated", {"order_id": "o-1", "amount": 30}, to=customers, id="c-1")
+assert h.when(order).emitted_types == ["CreditReserved"]
+assert h.when(order).outcome == "duplicate"
+assert h.state.reserved == 30
+
+sc = Scenario(Registry([customers]))
+sc.given(message("CustomerRegistered", {"credit_limit": 100}, to=customers, id="c-2"))
+sc.when(message("OrderCreated", {"order_id": "o-2", "amount": 80}, to=customers, id="c-2"))
+assert sc.state(customers, "c-2").reserved == 80
+print("harness ok")
+"""
+
+
+def test_no_extra_core_help_version_and_harness(wheel: Path, tmp_path: Path) -> None:
+    bin_dir = _venv(wheel, tmp_path / "venv")
+    assert not any(_importable(bin_dir, m) for m in EXTRA_MODULES.values())
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    done = _aggbox(bin_dir, cwd, "--help")
+    assert done.returncode == 0 and done.stderr == "", done
+    for command in ("run", "stream", "dispatch", "dispatch-status", "deadletters", "show"):
+        assert f"    {command} " in done.stdout, command
+    done = _aggbox(bin_dir, cwd, "--version")
+    assert done.returncode == 0 and done.stdout.startswith("aggbox 0.1.0 (Python "), done
+    (cwd / "test_domain.py").write_text(HARNESS_TEST)
+    done = subprocess.run([str(bin_dir / "python"), "test_domain.py"], cwd=cwd,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.stdout == "harness ok\n", done
+    (cwd / "test_domain.py").unlink()
+    _one_line(_aggbox(bin_dir, cwd, "run", "--input", "in.jsonl"), f"aggbox run {NEEDS_SPARK}")
+    _one_line(_aggbox(bin_dir, cwd, "stream", "--directory", "in"),
+              f"aggbox stream {NEEDS_SPARK}")
+    _one_line(_aggbox(bin_dir, cwd, "dispatch", "--once"), f"aggbox dispatch {NEEDS_DISPATCHER}")
+    _one_line(_aggbox(bin_dir, cwd, "demo"), "aggbox demo needs the dispatcher and spark "
+              "extras: pip install 'aggbox[dispatcher,spark]'")
+    # memory_database() is the testing extra's: one line, not a traceback
+    done = subprocess.run([str(bin_dir / "python"), "-c",
+                           "from aggregates.testing import memory_database; memory_database()"],
+                          cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 1 and "pip install 'aggbox[testing]'" in done.stderr, done
+    assert list(cwd.iterdir()) == []  # no aggbox.log, nothing else
+    assert not (tmp_path / "home").exists()
+
+
+def test_dispatcher_extra_runs_dispatch(wheel: Path, tmp_path: Path, mongo_uri: str,
+                                        db: Any) -> None:
+    bin_dir = _venv(wheel, tmp_path / "venv", "dispatcher")
+    assert _importable(bin_dir, "aiohttp") and not _importable(bin_dir, "pyspark")
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    db.orders.insert_one({"_id": "o-1", "_v": 1, "_type": "Order", "state": {}, "outbox": [
+        {"id": "e-1", "type": "Hello", "payload": {}, "to": None}]})
+    done = _aggbox(bin_dir, cwd, "dispatch", "--once", "--aggregates", "aggbox.examples.orders",
+                   "--publisher", "stdout", "--mongodb-uri", mongo_uri, "--database", db.name)
+    assert done.returncode == 0, done
+    _one_line(_aggbox(bin_dir, cwd, "run", "--input", "in.jsonl"), f"aggbox run {NEEDS_SPARK}")
+    assert list(cwd.iterdir()) == []
+
+
+def test_spark_extra_runs_a_batch(wheel: Path, tmp_path: Path, mongo_uri: str, db: Any) -> None:
+    bin_dir = _venv(wheel, tmp_path / "venv", "spark")
+    assert _importable(bin_dir, "pyspark") and not _importable(bin_dir, "aiohttp")
+    cwd = tmp_path / "work"
+    cwd.mkdir()
+    (cwd / "in.jsonl").write_text(json.dumps({
+        "message_id": "m-1", "type": "CustomerRegistered", "aggregate_type": "Customer",
+        "aggregate_id": "c-1", "payload": {"name": "Ada", "credit_limit": 100}}) + "\n")
+    done = _aggbox(bin_dir, cwd, "run", "--input", "in.jsonl", "--aggregates",
+                   "aggbox.examples.orders", "--mongodb-uri", mongo_uri, "--database", db.name,
+                   "--no-progress", "--json")
+    assert done.returncode == 0, done.stderr
+    assert db.customers.find_one({"_id": "c-1"})["state"]["credit_limit"] == 100
+    _one_line(_aggbox(bin_dir, cwd, "dispatch", "--once"), f"aggbox dispatch {NEEDS_DISPATCHER}")
+    assert sorted(p.name for p in cwd.iterdir()) == ["in.jsonl"]
+
+
+def test_the_other_extras_bring_what_they_say(wheel: Path, tmp_path: Path) -> None:
+    """testing (memory_database), otel, kafka, notebook: each importable and used."""
+    bin_dir = _venv(wheel, tmp_path / "venv", "testing,otel,kafka,notebook")
+    assert all(_importable(bin_dir, EXTRA_MODULES[e])
+               for e in ("testing", "otel", "kafka", "notebook"))
+    code = (
+        "from aggregates import AggboxSettings, Message, StoreWriter\n"
+        "from aggregates.testing import memory_database\n"
+        "from aggbox.examples.orders import registry\n"
+        "db = memory_database()\n"
+        "w = StoreWriter(db, registry, settings=AggboxSettings(database=db.name,"
+        " pipeline_depth=1))\n"
+        "out = w.process([Message('m-1', 'CustomerRegistered', 'Customer', 'c-1',"
+        " {'name': 'Ada', 'credit_limit': 5})])\n"
+        "assert [o.outcome for o in out] == ['applied'], out\n"
+        "from aggregates.debug import dead_letters\n"
+        "print(type(dead_letters(db)).__name__)\n")
+    done = subprocess.run([str(bin_dir / "python"), "-c", code], capture_output=True,
+                          text=True, timeout=300, check=False)
+    assert done.returncode == 0 and done.stdout == "DataFrame\n", done
