@@ -440,3 +440,18 @@ def test_indexes(cli: Run, db: Any) -> None:
         assert "aggbox_id_v" in db[coll].index_information()
     assert len(db.aggbox_dead_letters.index_information()) > 1
     assert cli("indexes", "--aggregates", "aggbox.examples.orders")[0] == 0  # idempotent
+
+
+def test_parked_ids_name_the_collection_and_dead_letter_ids_the_type(
+        cli: Run, db: Any, domain: types.ModuleType) -> None:
+    """As docs/debugging.md says (and why): parked ``<collection>/<id>/<message>``, dead
+    letters ``<type>/<id>/<message>``; both list the aggregate as type and id."""
+    w = store_writer(db, domain.registry)
+    w.process([charge("k1", 5), charge("k2", 1, fail=True), charge("k3", 2)])
+    parked = json.loads(cli("parked", "list", "--json")[1])["items"]
+    assert [(p["id"], p["aggregate_type"], p["aggregate_id"]) for p in parked] == [
+        ("tabs/t1/k3", "Tab", "t1")]
+    letters = json.loads(cli("deadletters", "list", "--json")[1])["items"]
+    assert [(d["id"], d["aggregate_type"]) for d in letters] == [("Tab/t1/k2", "Tab")]
+    rc, text, _ = cli("parked", "list")
+    assert rc == 0 and "Tab/t1" in text
