@@ -89,8 +89,16 @@ def aggbox(cluster: Cluster, command: str, db: Any, mongo_uri: str, py_file: Pat
     env = spark_env(pythonpath=[])
     env.pop("AGGBOX_CLUSTER_KILL_RUNS", None)  # a test setting, not an aggbox one
     env["AGGBOX_LOG_FILE"] = str(cluster.workdir / f"aggbox-{uuid.uuid4().hex[:6]}.log")
+    env["TMPDIR"] = str(client_tmp(cluster))
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=cluster.workdir)
+
+
+def client_tmp(cluster: Cluster) -> Path:
+    """The ``aggbox`` processes' temporary directory (``TMPDIR``)."""
+    path = cluster.workdir / "client-tmp"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 def finish(proc: subprocess.Popen[str], timeout: float = 600) -> dict[str, Any]:
@@ -127,6 +135,8 @@ def test_run_ships_the_module_as_a_wheel(cluster: Cluster, shipped: dict[str, Pa
     assert summary["ok"] and summary["input"] == len(records)
     assert summary["applied"] == unique and summary["duplicate"] == len(records) - unique
     assert_matches_oracle(db, records)
+    # the wheel's <wheel>.zip copy is removed when the command exits
+    assert list(client_tmp(cluster).glob("aggbox-pyfiles-*")) == []
 
 
 @pytest.mark.parametrize("attempt", range(KILL_RUNS))
