@@ -186,7 +186,7 @@ def test_failed_spark_job_is_one_line_with_the_trace_in_the_log_file(
         clean_env: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     class FailingPipeline:
-        def run_batch(self, inputs: Any) -> Any:
+        def run_batch(self, inputs: Any, **options: Any) -> Any:
             raise Py4JJavaError(JVM_TRACE)
 
     monkeypatch.setattr(aggbox.commands.run._Context, "start", lambda self: None)

@@ -135,10 +135,9 @@ class PreflightError(AggboxError):
 
 def check_before_spark(spark_settings: Any, args: Any, *, remote: str | None,
                        session_exists: bool) -> None:
-    """Everything ``aggbox run`` / ``aggbox stream`` can check without a JVM, cheapest first
-    (docs/operations.md "Pre-flight"): the aggregates module, the input, the master, Java.
-    MongoDB is pinged afterwards (:func:`reach_mongodb`). ``session_exists``: a SparkSession
-    runs already (spark-submit, tests): its master and Java are not checked."""
+    """What ``aggbox run`` / ``aggbox stream`` check first (docs/operations.md "Before Spark
+    starts"): the aggregates module and the input; then MongoDB is pinged
+    (:func:`reach_mongodb`), then :func:`check_spark_start`."""
     local = remote is None and not session_exists and spark_settings.master.startswith("local")
     add_py_files_to_path(getattr(spark_settings, "py_files", None) or [])
     check_aggregates(spark_settings.aggregates, executors_path=local)
@@ -147,6 +146,12 @@ def check_before_spark(spark_settings: Any, args: Any, *, remote: str | None,
     if directory and "://" not in directory and not Path(directory).is_dir():
         raise PreflightError(f"--directory {directory}: no such directory (in {Path.cwd()}): "
                              "create it or give the folder the JSON Lines files arrive in")
+
+
+def check_spark_start(spark_settings: Any, *, remote: str | None,
+                      session_exists: bool) -> None:
+    """``--master`` and Java, unless the session is remote (Spark Connect) or exists already
+    (spark-submit, tests: ``session_exists``)."""
     if remote is None and not session_exists:
         check_master(spark_settings.master)
         check_java()
@@ -187,9 +192,9 @@ def check_aggregates(module: str, *, executors_path: bool = False) -> None:
         found = None
     if found is None:
         raise PreflightError(
-            f"--aggregates {module}: no module named {module!r} in the current folder "
-            f"({cwd}) or the installed packages: check the name, or pip install the "
-            "package that defines it")
+            f"--aggregates {module}: cannot import aggregates module {module!r}: no module of "
+            f"that name in the current folder ({cwd}) or the installed packages: check the "
+            "name, or pip install the package that defines it")
     from aggregates.domain.aggregate import AggregateType, Registry
 
     try:

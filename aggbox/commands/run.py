@@ -204,18 +204,21 @@ class _Context:
     def start(self) -> Any:
         from pyspark.sql import SparkSession
 
-        from aggbox.commands.preflight import check_before_spark, reach_mongodb, run_uri_source
+        from aggbox.commands import preflight
         from aggbox.logs import current_log_file
         from aggbox.session import build_session
         from spark.progress import jvm_stderr_to
         from spark.session import quiet_logs, remote_url
 
-        check_before_spark(self.spark_settings, self.args, remote=remote_url(
-            self.spark_settings), session_exists=SparkSession.getActiveSession() is not None)
-        if self.settings.mongodb_uri:  # before Spark: an unreachable server is one line
-            reach_mongodb(self.settings.mongodb_uri, appname="aggbox-run", source=
-                          run_uri_source(bool(self.args.opt_aggbox_mongodb_uri)))
         remote = remote_url(self.spark_settings)
+        exists = SparkSession.getActiveSession() is not None
+        preflight.check_before_spark(self.spark_settings, self.args, remote=remote,
+                                     session_exists=exists)
+        if self.settings.mongodb_uri:  # before Spark: an unreachable server is one line
+            preflight.reach_mongodb(self.settings.mongodb_uri, appname="aggbox-run", source=
+                                    preflight.run_uri_source(bool(
+                                        self.args.opt_aggbox_mongodb_uri)))
+        preflight.check_spark_start(self.spark_settings, remote=remote, session_exists=exists)
         self.owns_session = remote is not None or SparkSession.getActiveSession() is None
         with self.console.status(f"connecting to {remote}…" if remote else "starting Spark…"), \
                 jvm_stderr_to(None if remote or not self.owns_session else current_log_file()):
