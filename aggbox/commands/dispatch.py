@@ -186,7 +186,12 @@ def run(args: argparse.Namespace) -> int:
         store = store.model_copy(update={"mongodb_uri": mongodb_uri()})
     dispatcher = Dispatcher(settings, store=store)
     rc = asyncio.run(dispatcher.run(once=args.once, install_signal_handlers=True))
-    if args.once:  # the records themselves go to stdout with --publisher stdout
+    if args.once and (settings.log_json or getattr(args, "log_json", False)):
+        # stderr is JSON lines (--log-json or --json-logs): the summary is one of them
+        import logging
+
+        logging.getLogger("aggbox.dispatch").info(once_summary(dispatcher.metrics.registry))
+    elif args.once:  # the records themselves go to stdout with --publisher stdout
         print(once_summary(dispatcher.metrics.registry),
               file=sys.stderr if settings.publisher == "stdout" else sys.stdout)
     return rc

@@ -536,4 +536,6 @@ def test_once_to_stdout_with_json_logs(writer: StoreWriter, ddb: Database[Any],
     logs = [json.loads(x) for x in done.stderr.decode().splitlines() if x.strip()]
     assert logs and all({"ts", "level", "logger", "msg"} <= set(x) for x in logs)
     assert any(x.get("collection") == "emitters" for x in logs)  # structured fields
+    # --once's summary is one of the JSON lines, not plain text among them
+    assert any(x["msg"].startswith("aggbox dispatch --once: published 6") for x in logs)
     assert pending_entries(ddb) == 0
