@@ -29,8 +29,8 @@ from dispatcher.core.errors import TRACE_LOGGER, URI_OPTIONS, describe_store_err
 
 __all__ = ["DEFAULT_TIMEOUT_S", "JAVA_MAJOR", "PreflightError", "StoreNotReached",
            "add_py_files_to_path", "check_aggregates", "check_before_spark", "check_inputs",
-           "check_java", "check_master", "mongodb_uri_source", "ping", "reach_mongodb",
-           "run_uri_source", "store_problem"]
+           "check_java", "check_master", "check_spark_start", "mongodb_uri_source", "ping",
+           "reach_mongodb", "run_uri_source", "spark_session_running", "store_problem"]
 
 #: The server selection timeout of the pre-flight ping when the URI sets none (``aggbox
 #: check-store``'s default too; pymongo's own 30 s would hide a typo in the port for that long).
@@ -146,6 +146,13 @@ def check_before_spark(spark_settings: Any, args: Any, *, remote: str | None,
     if directory and "://" not in directory and not Path(directory).is_dir():
         raise PreflightError(f"--directory {directory}: no such directory (in {Path.cwd()}): "
                              "create it or give the folder the JSON Lines files arrive in")
+
+
+def spark_session_running() -> bool:
+    """A SparkSession runs in this process (spark-submit, tests), found without importing
+    pyspark (~1.5 s) when nothing imported it yet."""
+    sql = sys.modules.get("pyspark.sql")
+    return sql is not None and sql.SparkSession.getActiveSession() is not None
 
 
 def check_spark_start(spark_settings: Any, *, remote: str | None,

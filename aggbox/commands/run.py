@@ -202,8 +202,6 @@ class _Context:
         self.owns_session = False
 
     def start(self) -> Any:
-        from pyspark.sql import SparkSession
-
         from aggbox.commands import preflight
         from aggbox.logs import current_log_file
         from aggbox.session import build_session
@@ -211,7 +209,7 @@ class _Context:
         from spark.session import quiet_logs, remote_url
 
         remote = remote_url(self.spark_settings)
-        exists = SparkSession.getActiveSession() is not None
+        exists = preflight.spark_session_running()  # pyspark is imported after the checks
         preflight.check_before_spark(self.spark_settings, self.args, remote=remote,
                                      session_exists=exists)
         if self.settings.mongodb_uri:  # before Spark: an unreachable server is one line
@@ -219,7 +217,7 @@ class _Context:
                                     preflight.run_uri_source(bool(
                                         self.args.opt_aggbox_mongodb_uri)))
         preflight.check_spark_start(self.spark_settings, remote=remote, session_exists=exists)
-        self.owns_session = remote is not None or SparkSession.getActiveSession() is None
+        self.owns_session = remote is not None or not exists
         with self.console.status(f"connecting to {remote}…" if remote else "starting Spark…"), \
                 jvm_stderr_to(None if remote or not self.owns_session else current_log_file()):
             self.spark = build_session(self.spark_settings, kafka=self.kafka,
