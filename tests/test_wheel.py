@@ -45,6 +45,15 @@ def _copy_tree(dest: Path) -> None:
             shutil.copy2(entry, dest / entry.name)
 
 
+@pytest.fixture(autouse=True)
+def _no_pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fresh virtualenvs see only what they installed: the suite's PYTHONPATH (the
+    checkout, for Spark's workers; tests/conftest.py) would make pip find the checkout's
+    ``aggbox.egg-info`` and skip installing the wheel (no ``bin/aggbox``), and the
+    virtualenvs' Pythons import the checkout instead of the wheel."""
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     src = tmp_path_factory.mktemp("src")
