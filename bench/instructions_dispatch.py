@@ -18,7 +18,9 @@ TOPIC_TEMPLATE = "bench-{aggregate_type}"
 COMPONENTS = {
     "read_decode": "bson.decode of the documents as read (tz-aware), per entry",
     "record": "build_record of each entry: envelope, headers, key, topic, envelope JSON",
-    "envelope_json": "the envelope JSON alone (the function build_record calls)",
+    "envelope_json": "the envelope JSON alone (the reference path's encoder)",
+    "builder": "what the dispatcher's cycle does: record_builder once per document, its "
+               "build per entry",
 }
 
 
@@ -83,6 +85,13 @@ def run(ctx: dict[str, Any], component: str, start: int, stop: int) -> None:
         for doc in ctx["docs"][d0:d1]:
             for e in doc["outbox"]:
                 _record(build_record, doc, e)
+    elif component == "builder":
+        from dispatcher.publishers.record import record_builder
+
+        for doc in ctx["docs"][d0:d1]:
+            build = record_builder("emitters", "Emitter", TOPIC_TEMPLATE).build
+            for e in doc["outbox"]:
+                build(e, doc["_id"])
     elif component == "envelope_json":
         encode = ctx["envelope_json"]
         for env in ctx["envelopes"][start:stop]:

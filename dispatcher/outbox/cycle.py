@@ -36,7 +36,7 @@ from dispatcher.observe.tracing import publish_spans
 from dispatcher.outbox.inflight import InFlight
 from dispatcher.outbox.pull import pull_entries
 from dispatcher.publishers.base import Publisher, PublishResult
-from dispatcher.publishers.record import H_FENCE, InvalidEntry, OutboundRecord, build_record
+from dispatcher.publishers.record import H_FENCE, InvalidEntry, OutboundRecord, record_builder
 
 __all__ = ["INVALID_OUTBOX_ENTRY", "Cycle", "CycleResult"]
 
@@ -180,13 +180,12 @@ class Cycle:
                       claim.malformed, extra={"collection": self.collection})
         if not claim.fresh and not claim.stale:
             return None
-        source_type = str(doc.get(F_TYPE) or self.source_type)
+        build = record_builder(self.collection, str(doc.get(F_TYPE) or self.source_type),
+                               self.topic_template).build
         records: list[OutboundRecord | InvalidEntry] = []
         for entry in claim.fresh:
             try:
-                records.append(build_record(entry, collection=self.collection,
-                                            document_id=key, source_type=source_type,
-                                            topic_template=self.topic_template))
+                records.append(build(entry, key))
             except InvalidEntry as exc:
                 records.append(exc)
             except Exception as exc:  # e.g. a hand-edited entry with out-of-range values
