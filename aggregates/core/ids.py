@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
+import os
 import uuid
 from datetime import datetime
 from typing import Any, Final
@@ -62,6 +64,45 @@ def payload_hash(payload: dict[str, Any]) -> str:
 
 
 _blake2b = hashlib.blake2b
+
+
+def payload_hashes(payloads: list[dict[str, Any]]) -> list[str]:
+    """``[payload_hash(p) for p in payloads]`` (one native call per batch when native)."""
+    return [payload_hash(p) for p in payloads]
+
+
+def emitted_message_ids(aggregate_type: str, aggregate_id: str, causation_id: str,
+                        count: int) -> list[str]:
+    """``[emitted_message_id(aggregate_type, aggregate_id, causation_id, i) for i in
+    range(count)]`` (one native call when native)."""
+    return [emitted_message_id(aggregate_type, aggregate_id, causation_id, i)
+            for i in range(count)]
+
+
+def _native_core() -> Any:
+    """The optional native core (native/, issue 35 spike: the same bytes, checked by
+    tests/aggregates/test_ids_native.py) when importable, unless ``AGGBOX_PURE=1``. What it
+    does not handle (datetime, bytes, subclasses, lone surrogates...) it hands back to the
+    Python definitions above."""
+    if os.environ.get("AGGBOX_PURE") == "1":
+        return None
+    try:
+        core = importlib.import_module("_aggbox_native")
+    except ModuleNotFoundError as e:  # not built: pure Python (a broken build raises)
+        if e.name != "_aggbox_native":
+            raise
+        return None
+    core.init(_NS_BYTES, payload_hash, emitted_message_id,
+              lambda ns, name: uuid5(uuid.UUID(bytes=ns), name))
+    return core
+
+
+_native = _native_core()
+if _native is not None:
+    payload_hash = _native.payload_hash
+    payload_hashes = _native.payload_hashes
+    emitted_message_id = _native.emitted_message_id
+    emitted_message_ids = _native.emitted_message_ids
 
 
 def raw_message_id(raw: bytes | str) -> str:
