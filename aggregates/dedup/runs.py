@@ -28,10 +28,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from aggregates.dedup.core import DedupChanges
 from aggregates.dedup.runstate import F_RUN, RunStamp, RunState, read_run
 
 if TYPE_CHECKING:
-    from aggregates.dedup.core import DedupChanges, DedupRecord, DedupStrategy
+    from aggregates.dedup.core import DedupRecord, DedupStrategy
     from aggregates.message.envelope import Message
 
 __all__ = ["F_RUN", "RunStamp", "RunState", "earlier_attempt", "read_run", "stamped_changes"]
@@ -70,8 +71,6 @@ def stamped_changes(strategy: DedupStrategy, rec: DedupRecord, version: int) -> 
     """The strategy's :meth:`~aggregates.dedup.DedupStrategy.changes` for a write that will
     have ``_v`` = ``version``, plus the run stamp (``_run``) when the write records
     anything; ``rec.run`` becomes what is stored after it."""
-    from aggregates.dedup.core import DedupChanges
-
     run = rec.run
     if run is not None:
         run.write_version = version

@@ -123,7 +123,8 @@ class _Folder:
         self._state0_bytes = len(bson.encode(snap.state)) if snap.state else 0
         # The pending timers as stored: their size, and which ids may already be firing.
         self._timers0_bytes = entries_size(snap.timers) if snap.timers else 0
-        self._stored_timer_ids = frozenset(str(t.get("id")) for t in snap.timers)
+        self._stored_timer_ids = (frozenset(str(t.get("id")) for t in snap.timers)
+                                  if snap.timers else _NO_IDS)
         #: Set when the stored state cannot be loaded (it does not fit the state type, was
         #: written by a newer state version, or a state migration failed): every message of
         #: this aggregate is then dead-lettered, the batch goes on.
@@ -186,11 +187,13 @@ class _Folder:
     # -- the step -------------------------------------------------------------------------
     def run(self, parked: Sequence[Parked], messages: Sequence[Message]) -> None:
         """Previously parked messages first, then the input, in order."""
-        self.retry_parked(list(parked), first=True)
+        if parked:
+            self.retry_parked(list(parked), first=True)
+        step = self.step
         for msg in messages:
-            self.step(msg, from_parked=False)
+            step(msg, False)
 
-    def step(self, msg: Message, *, from_parked: bool, slot: int | None = None) -> None:
+    def step(self, msg: Message, from_parked: bool, slot: int | None = None) -> None:
         """Handle one message and record its one outcome (in ``slot``, if given)."""
         admitted = self._admit(msg)
         if isinstance(admitted, Refusal):
@@ -386,6 +389,7 @@ class _Folder:
 
 
 _INBOX_ENTRY_BYTES = 64
+_NO_IDS: frozenset[str] = frozenset()
 
 
 def _in_delivery_order(parked: Sequence[Parked]) -> list[Parked]:

@@ -69,9 +69,14 @@ def outbox_entries(atype: AggregateType[Any], snap: Snapshot, msg: Message,
                     f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
         to, headers, sv = e.to, e.headers, e.schema_version
         # The common emit (no topic, key, headers or schema version; a good address) needs
-        # no further checks: the hot path.
+        # no further checks: the hot path. An address of two non-empty ASCII strings is
+        # storable without a call (anything else: _address_ok decides).
         if (e.topic is not None or e.key is not None or sv is not None or headers
-                or not _address_ok(to)):
+                or not (to is None or (type(to) in _PAIRS and len(to) == 2
+                                       and type(to[0]) is str and type(to[1]) is str
+                                       and to[0] != "" and to[1] != ""
+                                       and to[0].isascii() and to[1].isascii())
+                        or _address_ok(to))):
             problem = _emit_problem(e)
             if problem is not None:
                 raise EmitError(f"Emit({etype!r}) #{i}: {problem}")

@@ -7,6 +7,7 @@ ends as a :class:`Refusal` (a duplicate, a dead letter or parked)."""
 from __future__ import annotations
 
 import traceback
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -30,7 +31,8 @@ from aggregates.fold.handler_result import (
     normalise_result,
     outbox_entries,
 )
-from aggregates.fold.timers import TimerError, TimerStep, split_timer_ops, timer_step
+from aggregates.fold.timers import TimerError, TimerOp, TimerStep, split_timer_ops, timer_step
+from aggregates.message.emit import Cancel, Schedule
 from aggregates.message.envelope import Message
 
 __all__ = ["DUPLICATE", "Refusal", "check_result", "dead", "deployment_error", "park",
@@ -127,8 +129,20 @@ def check_result(atype: AggregateType[Any], snap: Snapshot, msg: Message, result
     it does to the pending timers (None: nothing). Only BSON encoding and the size budget
     are left to the strict pass (see :func:`aggregates.fold.fold`)."""
     try:
-        new_state, returned = normalise_result(result, msg)
-        emits, timer_ops = split_timer_ops(returned)
+        # The common results inline (a state, or (state, [Emit, ...]) without timers); any
+        # other goes through normalise_result and split_timer_ops, which check it.
+        if type(result) is tuple and len(result) == 2 and type(result[1]) is list:
+            new_state, returned = result
+        elif result is not None and not isinstance(result, tuple):
+            new_state, returned = result, ()
+        else:
+            new_state, returned = normalise_result(result, msg)
+        emits: Sequence[Any] = returned
+        timer_ops: list[TimerOp] = []
+        for x in returned:
+            if type(x) is Schedule or type(x) is Cancel:
+                emits, timer_ops = split_timer_ops(returned)
+                break
         state_doc = atype.codec.dump_checked(new_state)
     except InvalidFieldName as exc:
         raise dead(Reason.INVALID_STATE, str(exc)) from None

@@ -50,36 +50,49 @@ def chunks(messages: Iterable[Message], registry: Registry, settings: AggboxSett
     pending_dead: list[DeadLetter] = []
     events: list[Outcome] = []
     n = 0
+    # Per chunk, not per message: the limits, and the types already looked up.
+    max_aggs, max_msgs = s.chunk_aggregates, s.chunk_messages
+    hot = max_msgs * 4
+    known: dict[str, AggregateType[Any]] = {}
     for msg in messages:
-        try:
-            atype = registry.get(msg.aggregate_type)
-        except UnknownAggregateType as exc:
-            if msg.headers.get(KIND_HEADER) == KIND_EVENT:
-                # An aggbox event (an untargeted emit fed back) is nobody's input, whatever
-                # its type: the fold's first check, here for a type this registry lacks.
-                events.append(Outcome(
-                    msg.message_id, msg.aggregate_type, msg.aggregate_id, "duplicate",
-                    Reason.AGGBOX_EVENT, f"an event {msg.aggregate_type}/{msg.aggregate_id} "
-                    f"published (header {KIND_HEADER}: {KIND_EVENT}); events are not input "
-                    "to aggregates (and this pipeline has no aggregate type "
-                    f"{msg.aggregate_type!r})"))
-            else:
-                pending_dead.append(DeadLetter(msg, None, Reason.UNKNOWN_AGGREGATE_TYPE,
-                                               str(exc), None, msg.aggregate_type,
-                                               msg.aggregate_id))
-            continue
+        atype = known.get(msg.aggregate_type)
+        if atype is None:
+            try:
+                atype = known[msg.aggregate_type] = registry.get(msg.aggregate_type)
+            except UnknownAggregateType as exc:
+                _unknown(msg, exc, events, pending_dead)
+                continue
         key = (atype.name, msg.aggregate_id)
         work = chunk.get(key)
         if work is None:
-            if len(chunk) >= s.chunk_aggregates or n >= s.chunk_messages:
+            if len(chunk) >= max_aggs or n >= max_msgs:
                 yield list(chunk.values()), pending_dead, events
                 chunk, pending_dead, events, n = {}, [], [], 0
             work = chunk[key] = Work(atype, msg.aggregate_id)
         work.messages.append(msg)
         n += 1
-        if n >= s.chunk_messages * 4:
+        if n >= hot:
             # A hot aggregate: do not buffer without bound waiting for its end.
             yield list(chunk.values()), pending_dead, events
             chunk, pending_dead, events, n = {}, [], [], 0
     if chunk or pending_dead or events:
         yield list(chunk.values()), pending_dead, events
+
+
+def _unknown(msg: Message, exc: UnknownAggregateType, events: list[Outcome],
+             pending_dead: list[DeadLetter]) -> None:
+    """A message of a type this registry lacks: an aggbox event is a duplicate, anything
+    else a dead letter."""
+    if msg.headers.get(KIND_HEADER) == KIND_EVENT:
+        # An aggbox event (an untargeted emit fed back) is nobody's input, whatever
+        # its type: the fold's first check, here for a type this registry lacks.
+        events.append(Outcome(
+            msg.message_id, msg.aggregate_type, msg.aggregate_id, "duplicate",
+            Reason.AGGBOX_EVENT, f"an event {msg.aggregate_type}/{msg.aggregate_id} "
+            f"published (header {KIND_HEADER}: {KIND_EVENT}); events are not input "
+            "to aggregates (and this pipeline has no aggregate type "
+            f"{msg.aggregate_type!r})"))
+    else:
+        pending_dead.append(DeadLetter(msg, None, Reason.UNKNOWN_AGGREGATE_TYPE,
+                                       str(exc), None, msg.aggregate_type,
+                                       msg.aggregate_id))
