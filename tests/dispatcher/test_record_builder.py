@@ -14,10 +14,10 @@ import bson.errors
 import pytest
 from bson.codec_options import CodecOptions
 
+from dispatcher.publishers.builder import RecordBuilder
 from dispatcher.publishers.record import (
     InvalidEntry,
     OutboundRecord,
-    RecordBuilder,
     build_record,
     reference_record,
 )
@@ -81,6 +81,16 @@ SHAPES: list[dict[str, Any]] = [
     {"source": None},
     {"source": "Emitter"},
     {"payload": {}},
+    {"payload": {"f": 1.5, "g": -0.0, "h": 1e300, "b": False, "n": None, "s": "a\"b\n\u2028"}},
+    {"payload": {"k": "ü", "ü": 1, "e": "", "big": 2**63 - 1, "neg": -(2**63)}},
+    {"payload": {str(i): i for i in range(20)}},  # more keys than the flat path writes
+    {"payload": {"inf": float("inf")}},
+    {"payload": {"x\x00": 1}},
+    {"payload": {"$x": 1, "a": 2}},
+    {"payload": {1: "int key"}},
+    {"payload": {"s\ud800": 1}},
+    {"payload": {"t": (1, 2)}},
+    {"payload": {"b": b"bytes"}},
     {"payload": {"when": NOW}},  # not JSON: the reference path (an ISO string)
     {"payload": {"$set": 1}},
     {"payload": {"a.b": 1}},
