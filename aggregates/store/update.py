@@ -43,6 +43,8 @@ def build_update(atype: AggregateType[Any], snap: Snapshot, ch: Changes) -> Writ
     exactly what the upsert would create, and with the same failure when another writer
     created it meanwhile (``E11000`` on ``_id``: a version conflict). An insert skips the
     upsert's query; on the embedded local server it costs the server about half as much."""
+    if not snap.exists:
+        return InsertOne(new_document(atype, snap, ch))
     set_: dict[str, Any] = {}
     if ch.state is not None:
         set_[F_STATE] = ch.state
@@ -58,12 +60,6 @@ def build_update(atype: AggregateType[Any], snap: Snapshot, ch: Changes) -> Writ
         set_[F_TIMER_SEQ] = ch.timer_seq
     set_.update(ch.dedup.set)
     update: dict[str, Any] = {"$inc": {F_VERSION: 1}}
-    if not snap.exists:
-        # Written once: the partition and the layout version never change (docs/design.md
-        # "Document layout", "Compatibility").
-        update["$setOnInsert"] = {F_TYPE: atype.name,
-                                  F_PARTITION: partition_of(snap.aggregate_id),
-                                  F_LAYOUT_VERSION: LAYOUT_VERSION}
     if set_:
         update["$set"] = set_
     push: dict[str, Any] = {}
@@ -72,11 +68,52 @@ def build_update(atype: AggregateType[Any], snap: Snapshot, ch: Changes) -> Writ
     push.update(ch.dedup.push)
     if push:
         update["$push"] = push
-    if not snap.exists:
-        return InsertOne(inserted_document(snap.aggregate_id, snap.version, update))
     # Filter on _id and _v only, equality only: with upsert=True a stale _v makes the
     # insert collide on _id (E11000 at this op's index), a missing document is inserted.
     return UpdateOne({"_id": snap.aggregate_id, F_VERSION: snap.version}, update, upsert=True)
+
+
+def new_document(atype: AggregateType[Any], snap: Snapshot, ch: Changes) -> dict[str, Any]:
+    """The document :func:`build_update` inserts for ``snap``, which the read did not find:
+    ``inserted_document(snap.aggregate_id, snap.version, update)`` of the update it would
+    build (an upsert's ``$setOnInsert`` included), the same fields in the same order, built
+    directly (tests/aggregates/test_update_insert.py holds the two equal)."""
+    aid = snap.aggregate_id
+    # Written once: the partition and the layout version never change (docs/design.md
+    # "Document layout", "Compatibility").
+    doc: dict[str, Any] = {"_id": aid, F_VERSION: snap.version + 1, F_TYPE: atype.name,
+                           F_PARTITION: partition_of(aid), F_LAYOUT_VERSION: LAYOUT_VERSION}
+    if ch.state is not None:
+        doc[F_STATE] = ch.state
+        doc[F_STATE_VERSION] = atype.state_version
+    if ch.seq is not None:
+        doc[F_SEQ] = ch.seq
+    if ch.blocked is not None:
+        doc[F_BLOCKED] = ch.blocked
+    if ch.timers is not None:
+        doc[F_TIMERS] = ch.timers
+    if ch.timer_seq is not None:
+        doc[F_TIMER_SEQ] = ch.timer_seq
+    dedup = ch.dedup
+    for path, value in dedup.set.items():
+        if "." in path:
+            _put(doc, path, value)
+        else:
+            doc[path] = value
+    if ch.outbox:
+        doc[F_OUTBOX] = list(ch.outbox)
+    for path, spec in dedup.push.items():
+        _put(doc, path, _pushed(spec))
+    return doc
+
+
+def _pushed(spec: Any) -> list[Any]:
+    """What a ``$push`` of ``spec`` (``$each``, optional ``$slice``) puts in a new array."""
+    items = spec["$each"]
+    cut = spec.get("$slice")
+    if cut is not None:
+        items = items[cut:] if cut < 0 else items[:cut]
+    return list(items)
 
 
 def inserted_document(aggregate_id: str, version: int, update: dict[str, Any]
@@ -94,11 +131,7 @@ def inserted_document(aggregate_id: str, version: int, update: dict[str, Any]
             else:
                 doc[path] = value
     for path, spec in update.get("$push", {}).items():
-        items = spec["$each"]
-        cut = spec.get("$slice")
-        if cut is not None:
-            items = items[cut:] if cut < 0 else items[:cut]
-        _put(doc, path, list(items))
+        _put(doc, path, _pushed(spec))
     return doc
 
 
