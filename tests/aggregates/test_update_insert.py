@@ -44,7 +44,8 @@ def _reference(atype: AggregateType[Any], snap: Snapshot, ch: Changes) -> dict[s
     (version 1: the filter does not matter here) with the new document's ``$setOnInsert``."""
     op = build_update(atype, Snapshot(aggregate_id=snap.aggregate_id, version=1), ch)
     assert isinstance(op, UpdateOne)
-    update = dict(op._doc)
+    assert isinstance(op._doc, dict)
+    update: dict[str, Any] = dict(op._doc)
     update["$setOnInsert"] = {F_TYPE: atype.name, F_PARTITION: partition_of(snap.aggregate_id),
                               F_LAYOUT_VERSION: LAYOUT_VERSION}
     return inserted_document(snap.aggregate_id, snap.version, update)
