@@ -135,6 +135,9 @@ class TypedHandler(Generic[S, P]):
                 self._adapter.rebuild(raise_errors=True)
             if not self._adapter.pydantic_complete:
                 raise TypeError("not fully defined")
+            # The core validator, called directly (as the codec does): the adapter's own
+            # validate_python only passes its default options on, per message.
+            self._validate: Callable[[Any], P] = self._adapter.validator.validate_python
         except Exception as exc:
             raise ConfigurationError(
                 f"payload class {payload_type.__name__} of message type {message_type!r}: "
@@ -147,7 +150,7 @@ class TypedHandler(Generic[S, P]):
     def parse(self, msg: Message) -> P:
         """``msg.payload`` validated into the payload class, or :class:`InvalidPayload`."""
         try:
-            return self._adapter.validate_python(msg.payload)
+            return self._validate(msg.payload)
         except ValidationError as exc:
             raise InvalidPayload(_describe(exc, self.payload_type)) from None
 
