@@ -24,7 +24,8 @@ COMPONENTS = {
 }
 
 
-DERIVED = {"record_rest": "record − envelope_json: the record without its JSON"}
+DERIVED = {"record_rest": "record − envelope_json (meaningful before issue 35's builder, "
+                          "which writes its JSON itself: the record without its JSON)"}
 
 
 def derived(per_msg: dict[str, int]) -> dict[str, int]:
