@@ -27,7 +27,7 @@ from aggregates.fold.document import (
 )
 from aggregates.fold.result import Changes
 
-__all__ = ["WriteOp", "build_update", "inserted_document"]
+__all__ = ["WriteOp", "build_update", "inserted_document", "new_document"]
 
 #: What :func:`build_update` returns: an update of a document read, or an insert of a new one.
 WriteOp = UpdateOne | InsertOne[dict[str, Any]]
