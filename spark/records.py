@@ -30,11 +30,12 @@ from aggregates.message.envelope import (
     Message,
     json_depth,
 )
+from aggregates.message.fastpath import fast_messages
 from aggregates.wire import cloudevents
 from spark.messages import fast_message, json_loads, with_record_trace
 from spark.sources import CE_HEADER_COLUMN
 
-__all__ = ["Ids", "Rows", "check_row"]
+__all__ = ["Ids", "Rows", "check_row", "check_row_exact"]
 
 class Rows:
     """One Arrow batch's columns as Python lists; the optional columns (Kafka record
@@ -51,6 +52,28 @@ class Rows:
         self._traceparent = cols.get("_h_traceparent")
         self._tracestate = cols.get("_h_tracestate")
         self._binary = cols.get(CE_HEADER_COLUMN)  # binary-mode CloudEvents (Kafka)
+        #: Each row's message when the batch's fast path proved it (:meth:`prove`), else
+        #: None; for payloads of at most ``proven_for`` bytes.
+        self.proven: list[Message | None] = []
+        self.proven_for: int | None = None
+
+    def prove(self, max_payload: int) -> None:
+        """:attr:`proven` for the whole batch at once
+        (:func:`aggregates.message.fastpath.fast_messages`), for the rows whose outcome is
+        their record's alone: no reason from Spark, valid UTF-8, no record headers that
+        could change the envelope (trace context, binary-mode CloudEvent). Such a row's
+        ``check_row`` is its message, exactly as the row's own parse builds it."""
+        n = self.count
+        lines: list[Any] = self.raw
+        if not (self.reason.count(None) == n and self.detail.count(None) == n
+                and not self.bad_encoding
+                and (self._traceparent is None or self._traceparent.count(None) == n)
+                and (self._binary is None or self._binary.count(None) == n)):
+            lines = [raw if self.reason[i] is None and self.detail[i] is None
+                     and i not in self.bad_encoding and self.traceparent(i) is None
+                     and self.binary(i) is None else None for i, raw in enumerate(lines)]
+        self.proven = fast_messages(lines, max_payload)
+        self.proven_for = max_payload
 
     def traceparent(self, row: int) -> str | None:
         return self._traceparent[row] if self._traceparent is not None else None
@@ -179,6 +202,18 @@ def check_row(rows: Rows, row: int, max_payload: int,
     unless it is an aggbox event (``aggbox-kind: event``, in the envelope's headers or a
     CloudEvent's ``aggboxkind``): the writer reports those ``duplicate`` (``aggbox_event``),
     never a routing dead letter (docs/design.md "Publish in order")."""
+    if rows.proven_for != max_payload:
+        rows.prove(max_payload)
+    msg = rows.proven[row]
+    if msg is not None:
+        return msg, None, None, _NO_IDS
+    return check_row_exact(rows, row, max_payload)
+
+
+def check_row_exact(rows: Rows, row: int, max_payload: int,
+                    ) -> tuple[Message | None, str | None, str | None, Ids]:
+    """:func:`check_row` without the batch's fast path: the row's own parse and checks
+    (what ``check_row`` returns for every row; tests hold the two equal)."""
     if row in rows.bad_encoding:
         return None, Reason.INVALID_ENCODING, rows.bad_encoding[row], _NO_IDS
     raw, reason, detail = rows.raw[row], rows.reason[row], rows.detail[row]

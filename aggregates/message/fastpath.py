@@ -30,17 +30,22 @@ test_envelope_fastpath.py`` holds the two equal on any JSON object and hostile v
 
 from __future__ import annotations
 
+import json
+import json.scanner
 import re
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Final, TypeGuard
 
 from aggregates.core.errors import EnvelopeError
 from aggregates.core.fastbuild import slot_builder, utf8_encodable
+from aggregates.core.jsonnumbers import refuse_constant
 from aggregates.message.envelope import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     ENVELOPE_FIELDS,
     MAX_ID_LENGTH,
+    MAX_RECORD_DEPTH,
     MAX_SCHEMA_VERSION,
     MAX_SEQ,
     Message,
@@ -48,8 +53,8 @@ from aggregates.message.envelope import (
     parse_time,
 )
 
-__all__ = ["fast_message", "headers_ok", "id_ok", "parse_envelope", "plain_payload",
-           "schema_version_ok", "source_ok"]
+__all__ = ["fast_message", "fast_messages", "headers_ok", "id_ok", "parse_envelope",
+           "plain_payload", "schema_version_ok", "source_ok"]
 
 _FIELDS: Final = frozenset(ENVELOPE_FIELDS)
 #: An upper bound of BSON bytes per character of a payload's JSON text (the worst case is
@@ -65,15 +70,71 @@ _INT64_MAX: Final = 2**63 - 1
 #: occurred_at in the form producers write (UTC, no fraction or 3 or 6 digits of it): parsed
 #: by ``datetime.fromisoformat`` as ``parse_time`` parses it (then cut to milliseconds).
 _ISO_UTC: Final = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{3}(?:\d{3})?)?Z")
-_iso_utc: Final = _ISO_UTC.fullmatch
 _fromisoformat: Final = datetime.fromisoformat
+#: Longest line :func:`fast_messages` parses when no payload limit bounds it (1 MiB).
+_MAX_FAST_CHARS: Final = 1 << 20
+#: A text of at most this many characters holds no string longer than ``MAX_ID_LENGTH``.
+_SHORT_LINE: Final = MAX_ID_LENGTH + 2
+#: Highest recursion limit under which a JSON scan (``json``'s C scanner recurses per
+#: nesting level, at most the recursion limit) is safe on any line: a few MB of stack.
+_SAFE_RECURSION: Final = 4000
+#: ``json.loads``'s scan of one value at an offset (as ``spark.messages.json_loads`` scans);
+#: NaN, Infinity and -Infinity raise (not JSON).
+_make_scanner: Any = json.scanner.make_scanner  # typeshed types it as the class it is
+_scan_once: Final[Any] = _make_scanner(json.JSONDecoder(parse_constant=refuse_constant))
 
+_MESSAGE_SLOTS: Final = ("message_id", "type", "aggregate_type", "aggregate_id", "payload",
+                         "occurred_at", "source", "correlation_id", "causation_id", "headers",
+                         "schema_version")
 #: ``Message(...)`` with every field given, positionally: the same object (Message has no
-#: ``__post_init__``), slots filled directly (:func:`aggregates.core.fastbuild.slot_builder`).
-_new_message: Callable[[str, str, str, str, dict[str, Any], datetime | None, Source | None,
-                        str | None, str | None, dict[str, str], int], Message] = slot_builder(
-    Message, ("message_id", "type", "aggregate_type", "aggregate_id", "payload", "occurred_at",
-              "source", "correlation_id", "causation_id", "headers", "schema_version"))
+#: ``__post_init__``), slots filled directly (:func:`aggregates.core.fastbuild.slot_builder`
+#: checks the field order).
+_slot_message: Callable[..., Message] = slot_builder(Message, _MESSAGE_SLOTS)
+#: Message's slots on a class that is not frozen: an instance filled with plain attribute
+#: stores, then made a Message (``__class__`` assignment, allowed between classes of the
+#: same slots) — the object ``Message(...)`` builds, at a third of the cost of one
+#: descriptor call per slot (:func:`_twin_message`).
+_Unfrozen: Final[Any] = type("_UnfrozenMessage", (), {"__slots__": _MESSAGE_SLOTS})
+_new: Final = object.__new__
+
+
+def _twin_message(mid: str, mtype: str, atype: str, aid: str, payload: dict[str, Any],
+                  occurred_at: datetime | None, source: Source | None,
+                  correlation_id: str | None, causation_id: str | None,
+                  headers: dict[str, str], version: int) -> Message:
+    o = _new(_Unfrozen)
+    o.message_id = mid
+    o.type = mtype
+    o.aggregate_type = atype
+    o.aggregate_id = aid
+    o.payload = payload
+    o.occurred_at = occurred_at
+    o.source = source
+    o.correlation_id = correlation_id
+    o.causation_id = causation_id
+    o.headers = headers
+    o.schema_version = version
+    o.__class__ = Message
+    msg: Message = o
+    return msg
+
+
+def _message_builder() -> Callable[..., Message]:
+    """:func:`_twin_message` when it builds what ``Message(...)`` builds here (a Message
+    whose layout differs, e.g. compiled, refuses the ``__class__`` assignment), else the
+    slot builder."""
+    probe = ("m", "t", "A", "a", {"k": 1}, None, Source("S", "s", 1), "c", "d", {"h": "v"}, 2)
+    try:
+        twin = _twin_message(*probe)
+    except TypeError:
+        return _slot_message
+    built = Message(*probe)
+    same = type(twin) is Message and all(
+        getattr(twin, n) is getattr(built, n) for n in _MESSAGE_SLOTS)
+    return _twin_message if same else _slot_message
+
+
+_new_message: Final = _message_builder()
 
 
 def parse_envelope(decoded: Any, raw: str | None = None, *,
@@ -162,7 +223,7 @@ def _time(value: Any) -> tuple[bool, datetime | None]:
         return True, dt
     try:
         return True, parse_time(value, "occurred_at")
-    except EnvelopeError:
+    except (EnvelopeError, OverflowError):  # OverflowError: an int beyond a float's range
         return False, None
 
 
@@ -170,25 +231,108 @@ def _time(value: Any) -> tuple[bool, datetime | None]:
 def fast_message(decoded: Any, raw: str, max_payload_bytes: int) -> Message | None:
     """``Message.from_dict(decoded, max_payload_bytes=max_payload_bytes)`` when that
     certainly succeeds (``decoded`` is ``json.loads(raw)``), else ``None``."""
-    if type(decoded) is not dict or not decoded.keys() <= _FIELDS:
-        return None
-    payload = decoded.get("payload")
-    if type(payload) is not dict:
+    if type(decoded) is not dict:
         return None
     if max_payload_bytes and len(raw) * _BSON_PER_CHAR > max_payload_bytes:
         return None
-    # A str holds a lone surrogate only if spelt as a JSON escape (or already in ``raw``).
-    escapes = "\\u" in raw or not raw.isascii()
-    mid, mtype = decoded.get("message_id"), decoded.get("type")
-    atype, aid = decoded.get("aggregate_type"), decoded.get("aggregate_id")
-    if not (id_ok(mid, escapes) and id_ok(mtype, escapes) and id_ok(atype, escapes)
-            and id_ok(aid, escapes)):
+    return _checked(decoded, _plain(raw), len(raw) <= _SHORT_LINE)
+
+
+def fast_messages(lines: Sequence[Any], max_payload_bytes: int) -> list[Message | None]:
+    """For each line (a ``str``, or None: not to be parsed here), what
+    ``fast_message(json.loads(line), line, max_payload_bytes)`` returns when the line is
+    one JSON object from its first to its last character and small enough for the fast
+    path; None for any other line (the caller's exact path decides it, naming the
+    failure). The per-message work of a batch in one loop: no call per line but the JSON
+    scan and the checks, the text tests (:func:`_plain`) once for the whole batch.
+
+    Depth: a message proven here nests at most 62 levels (the payload walk stops at 60
+    under the payload; every other field is flat), so the record is never too deep. The
+    lines are scanned without counting their brackets first while the recursion limit
+    bounds the scan's C recursion to a small stack (:data:`_SAFE_RECURSION`); above it a
+    line with more than ``MAX_RECORD_DEPTH`` brackets is left to the exact path unread."""
+    out: list[Message | None] = [None] * len(lines)
+    limit = max_payload_bytes // _BSON_PER_CHAR if max_payload_bytes else _MAX_FAST_CHARS
+    count_brackets = sys.getrecursionlimit() > _SAFE_RECURSION
+    texts = [x for x in lines if type(x) is str]
+    all_plain = _plain("".join(texts))  # each line then is
+    scan = _scan_once
+    for i, raw in enumerate(lines):
+        if type(raw) is not str or len(raw) > limit or (
+                count_brackets and raw.count("[") + raw.count("{") > MAX_RECORD_DEPTH):
+            continue
+        try:
+            decoded, end = scan(raw, 0)
+        except (StopIteration, ValueError, RecursionError):
+            decoded = end = None  # not JSON at 0 (or NaN/Infinity): the exact path says why
+        if end == len(raw) and type(decoded) is dict:
+            try:
+                out[i] = _checked(decoded, all_plain or _plain(raw), len(raw) <= _SHORT_LINE)
+            except Exception:  # never expected: the exact path reports it for this row
+                out[i] = None
+    return out
+
+
+def _plain(raw: str) -> bool:
+    """Every string ``json.loads(raw)`` holds is ASCII without NUL (so no lone surrogate):
+    no ``\\u`` escape, no NUL and no other character than ASCII in the text (the strict
+    decoder refuses raw control characters in strings; ``\\b\\f\\n\\r\\t`` are
+    ASCII)."""
+    return raw.isascii() and "\\u" not in raw and "\x00" not in raw
+
+
+def _checked(d: dict[str, Any], plain: bool, short: bool) -> Message | None:
+    """``fast_message``'s checks of a decoded object; ``plain``: :func:`_plain` of its
+    text (every string ASCII without NUL: neither is checked per string then); ``short``:
+    the text is at most :data:`_SHORT_LINE` characters (no string in it is longer than
+    ``MAX_ID_LENGTH``)."""
+    try:
+        mid, mtype = d["message_id"], d["type"]
+        atype, aid, payload = d["aggregate_type"], d["aggregate_id"], d["payload"]
+    except KeyError:
         return None
-    if payload and not plain_payload(payload, escapes):
+    if type(payload) is not dict:
         return None
-    at = decoded.get("occurred_at")
+    if plain:
+        if not (type(mid) is str and type(mtype) is str and type(atype) is str
+                and type(aid) is str
+                and (mid and mtype and atype and aid if short else
+                     0 < len(mid) <= MAX_ID_LENGTH and 0 < len(mtype) <= MAX_ID_LENGTH
+                     and 0 < len(atype) <= MAX_ID_LENGTH and 0 < len(aid) <= MAX_ID_LENGTH)
+                and mid.strip() == mid and mtype.strip() == mtype
+                and atype.strip() == atype and aid.strip() == aid):
+            return None
+        for key, item in payload.items():  # the first level inline; deeper: plain_payload
+            if type(key) is not str or key[:1] == "$" or "." in key:
+                return None
+            t = type(item)
+            if t is str or t is bool or item is None:
+                continue
+            if t is int:
+                if not _INT64_MIN <= item <= _INT64_MAX:
+                    return None
+            elif t is float:
+                if item - item != 0.0:  # NaN or infinity (inf - inf is NaN): not JSON
+                    return None
+            elif t is dict or t is list:
+                if not plain_payload(item, False, 1):
+                    return None
+            else:
+                return None
+    elif not (id_ok(mid, True) and id_ok(mtype, True) and id_ok(atype, True)
+              and id_ok(aid, True) and (not payload or plain_payload(payload, True))):
+        return None
+    at = d.get("occurred_at")
     occurred_at: datetime | None
-    if type(at) is str and _iso_utc(at):  # the common form, inline
+    if at is None:
+        occurred_at = None
+    elif type(at) is str and len(at) == 20 and at[4:20:3] == "--T::Z":
+        # YYYY-MM-DDTHH:MM:SSZ (see _utc_form), no fraction to cut
+        try:
+            occurred_at = _fromisoformat(at)
+        except ValueError:
+            return None
+    elif type(at) is str and _utc_form(at):
         try:
             dt = _fromisoformat(at)
         except ValueError:
@@ -199,27 +343,50 @@ def fast_message(decoded: Any, raw: str, max_payload_bytes: int) -> Message | No
         ok, occurred_at = _time(at)
         if not ok:
             return None
-    if len(decoded) - ("occurred_at" in decoded) == 5:
-        # the five required fields are there (checked above): no optional one to check
+    n = len(d)
+    if n == 5 or (n == 6 and "occurred_at" in d):
+        # the five required fields are there (read above): no optional one to check
         return _new_message(mid, mtype, atype, aid, payload, occurred_at, None, None, None,
                             {}, 1)
-    source = decoded.get("source")
+    return _optional(d, plain, mid, mtype, atype, aid, payload, occurred_at)
+
+
+def _utc_form(at: str) -> bool:
+    """``at`` has the separators of ``YYYY-MM-DDTHH:MM:SS[.fff[fff]]Z`` where that form has
+    them. ``datetime.fromisoformat`` then parses it only if every other character is an
+    ASCII digit (the date and time are read digit by digit) — exactly when
+    :data:`_ISO_UTC` matches, at a third of its cost."""
+    n = len(at)
+    if n == 20:
+        return at[4:20:3] == "--T::Z"
+    return (n == 24 or n == 27) and at[-1] == "Z" and at[4:20:3] == "--T::."
+
+
+def _optional(d: dict[str, Any], plain: bool, mid: str, mtype: str, atype: str, aid: str,
+              payload: dict[str, Any], occurred_at: datetime | None) -> Message | None:
+    """The message of an envelope with optional fields (or None, see ``fast_message``)."""
+    if not d.keys() <= _FIELDS:
+        return None
+    escapes = not plain
+    source = d.get("source")
     if source is not None:
-        if not source_ok(source, escapes):
+        if not source_ok(source, escapes) or (len(source) != 3 and any(
+                type(v) is dict or type(v) is list for v in source.values())):
+            # nested extra keys: deep, maybe (fast_messages proves the depth by shape)
             return None
         source = Source(source["type"], source["id"], source["seq"])
-    correlation_id, causation_id = decoded.get("correlation_id"), decoded.get("causation_id")
+    correlation_id, causation_id = d.get("correlation_id"), d.get("causation_id")
     if ((correlation_id is not None and not id_ok(correlation_id, escapes))
             or (causation_id is not None and not id_ok(causation_id, escapes))):
         return None
-    headers = decoded.get("headers")
+    headers = d.get("headers")
     if headers is None:
         headers = {}
     elif headers_ok(headers, escapes):
         headers = dict(headers)
     else:
         return None
-    version = decoded.get("schema_version")
+    version = d.get("schema_version")
     if version is None:
         version = 1
     elif not schema_version_ok(version):
