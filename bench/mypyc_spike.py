@@ -15,6 +15,15 @@ put first on PYTHONPATH (setuptools' editable finder comes after it) for
   the machine's load).
 
     .venv/bin/python bench/mypyc_spike.py [--sizes 1000,3000] [--wall-n 10000] [--rebuild]
+
+Result (2026-11-27, the issue's report): writer instructions per message, handlers excluded,
+196.7k pure → 162.4k compiled (1.21×; fold 1.24×, dedup 1.14×, outbox ids 1.51×, update
+1.17×), against the ≥ 3× the issue asks; compiling also the writer, outcomes and
+aggregates/wire/outbound.py did not lower it further. The fold's wall time 1.5–1.65× faster.
+Compiled, tests/aggregates' golden-id and oracle tests pass (same bytes), but a compiled
+module enforces its annotations at run time: 8 fold tests of malformed handler results
+(``Emit(to="x")``, int headers) got a ``TypeError`` instead of their dead letter, each such
+read would need to go untyped (as ``MYPYC_EDITS`` does for the codec). Not shipped.
 """
 
 from __future__ import annotations
