@@ -3,15 +3,23 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install demo test lint bench clean
+.PHONY: install native demo test lint bench clean
 
 $(BIN)/aggbox: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[dev]'
+	$(MAKE) native
 	touch $@
 
 install: $(BIN)/aggbox
+
+# The native core (native/, docs/design.md "The hot path"): the writer's ids and payload
+# hashes in Rust. Built when cargo is on PATH; without it aggbox runs the pure-Python
+# definitions (same bytes), and says so in `aggbox --version`.
+native:
+	@if command -v cargo >/dev/null; then $(BIN)/pip install -q ./native; \
+	else echo "cargo not found: the native core is not built, aggbox runs pure Python (same results, slower)"; fi
 
 demo: install          ## the Customers & Orders scenario on the embedded default
 	$(BIN)/aggbox demo
@@ -29,4 +37,4 @@ bench: install
 	$(BIN)/python bench/dispatch.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .hypothesis native/target

@@ -90,6 +90,19 @@ def aggbox_version() -> str:
         return "unknown (not installed)"
 
 
+def core_kind() -> str:
+    """Which hot path the writer's ids and hashes take (docs/design.md "The hot path"):
+    found without importing it (the CLI's start stays short)."""
+    import importlib.util
+    import os
+
+    if os.environ.get("AGGBOX_PURE") == "1":
+        return "pure-Python core (AGGBOX_PURE=1)"
+    if importlib.util.find_spec("_aggbox_native") is None:
+        return "pure-Python core: the native core is not installed (pip install ./native)"
+    return "native core"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = AggboxParser(
         prog="aggbox",
@@ -97,7 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.strict_extras = False
     parser.add_argument("--version", action="version",
-                        version=f"aggbox {aggbox_version()} (Python {sys.version.split()[0]})")
+                        version=f"aggbox {aggbox_version()} (Python {sys.version.split()[0]}, "
+                                f"{core_kind()})")
     parser.add_argument("--log-level", default="INFO",
                         help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
     parser.add_argument("--log-json", action="store_true", help="structured JSON logs")

@@ -52,6 +52,17 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = run(capsys, "--version")
     assert rc == 0
     assert out.startswith(f"aggbox {version('aggbox')} (Python "), out
+    # Which hot path the ids and hashes take (docs/design.md "The hot path").
+    import aggregates.core.ids as ids
+
+    assert ("native core)" in out) is ids.NATIVE, out
+
+
+def test_version_says_when_the_pure_path_is_forced(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AGGBOX_PURE", "1")
+    rc, out, _ = run(capsys, "--version")
+    assert rc == 0 and out.rstrip().endswith("pure-Python core (AGGBOX_PURE=1))"), out
 
 
 @pytest.mark.parametrize("argv", [("local", "--help"), ("local", "start", "--help"),

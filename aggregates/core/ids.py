@@ -80,7 +80,7 @@ def emitted_message_ids(aggregate_type: str, aggregate_id: str, causation_id: st
 
 
 def _native_core() -> Any:
-    """The optional native core (native/, issue 35 spike: the same bytes, checked by
+    """The native core (native/, docs/design.md "The hot path": the same bytes, checked by
     tests/aggregates/test_ids_native.py) when importable, unless ``AGGBOX_PURE=1``. What it
     does not handle (datetime, bytes, subclasses, lone surrogates...) it hands back to the
     Python definitions above."""
@@ -98,6 +98,8 @@ def _native_core() -> Any:
 
 
 _native = _native_core()
+#: Whether the native core computes the ids and payload hashes (``aggbox --version`` says).
+NATIVE: Final = _native is not None
 if _native is not None:
     payload_hash = _native.payload_hash
     payload_hashes = _native.payload_hashes
