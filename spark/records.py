@@ -30,7 +30,7 @@ from aggregates.message.envelope import (
     Message,
     json_depth,
 )
-from aggregates.message.fastpath import fast_messages
+from aggregates.message.fastbatch import fast_messages
 from aggregates.wire import cloudevents
 from spark.messages import fast_message, json_loads, with_record_trace
 from spark.sources import CE_HEADER_COLUMN
@@ -59,7 +59,7 @@ class Rows:
 
     def prove(self, max_payload: int) -> None:
         """:attr:`proven` for the whole batch at once
-        (:func:`aggregates.message.fastpath.fast_messages`), for the rows whose outcome is
+        (:func:`aggregates.message.fastbatch.fast_messages`), for the rows whose outcome is
         their record's alone: no reason from Spark, valid UTF-8, no record headers that
         could change the envelope (trace context, binary-mode CloudEvent). Such a row's
         ``check_row`` is its message, exactly as the row's own parse builds it."""

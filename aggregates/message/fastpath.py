@@ -33,8 +33,7 @@ from __future__ import annotations
 import json
 import json.scanner
 import re
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Final, TypeGuard
 
@@ -45,7 +44,6 @@ from aggregates.message.envelope import (
     DEFAULT_MAX_PAYLOAD_BYTES,
     ENVELOPE_FIELDS,
     MAX_ID_LENGTH,
-    MAX_RECORD_DEPTH,
     MAX_SCHEMA_VERSION,
     MAX_SEQ,
     Message,
@@ -53,8 +51,8 @@ from aggregates.message.envelope import (
     parse_time,
 )
 
-__all__ = ["fast_message", "fast_messages", "headers_ok", "id_ok", "parse_envelope",
-           "plain_payload", "schema_version_ok", "source_ok"]
+__all__ = ["fast_message", "headers_ok", "id_ok", "parse_envelope", "plain_payload",
+           "schema_version_ok", "source_ok"]
 
 _FIELDS: Final = frozenset(ENVELOPE_FIELDS)
 #: An upper bound of BSON bytes per character of a payload's JSON text (the worst case is
@@ -71,13 +69,8 @@ _INT64_MAX: Final = 2**63 - 1
 #: by ``datetime.fromisoformat`` as ``parse_time`` parses it (then cut to milliseconds).
 _ISO_UTC: Final = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{3}(?:\d{3})?)?Z")
 _fromisoformat: Final = datetime.fromisoformat
-#: Longest line :func:`fast_messages` parses when no payload limit bounds it (1 MiB).
-_MAX_FAST_CHARS: Final = 1 << 20
 #: A text of at most this many characters holds no string longer than ``MAX_ID_LENGTH``.
 _SHORT_LINE: Final = MAX_ID_LENGTH + 2
-#: Highest recursion limit under which a JSON scan (``json``'s C scanner recurses per
-#: nesting level, at most the recursion limit) is safe on any line: a few MB of stack.
-_SAFE_RECURSION: Final = 4000
 #: ``json.loads``'s scan of one value at an offset (as ``spark.messages.json_loads`` scans);
 #: NaN, Infinity and -Infinity raise (not JSON).
 _make_scanner: Any = json.scanner.make_scanner  # typeshed types it as the class it is
@@ -238,41 +231,6 @@ def fast_message(decoded: Any, raw: str, max_payload_bytes: int) -> Message | No
     return _checked(decoded, _plain(raw), len(raw) <= _SHORT_LINE)
 
 
-def fast_messages(lines: Sequence[Any], max_payload_bytes: int) -> list[Message | None]:
-    """For each line (a ``str``, or None: not to be parsed here), what
-    ``fast_message(json.loads(line), line, max_payload_bytes)`` returns when the line is
-    one JSON object from its first to its last character and small enough for the fast
-    path; None for any other line (the caller's exact path decides it, naming the
-    failure). The per-message work of a batch in one loop: no call per line but the JSON
-    scan and the checks, the text tests (:func:`_plain`) once for the whole batch.
-
-    Depth: a message proven here nests at most 62 levels (the payload walk stops at 60
-    under the payload; every other field is flat), so the record is never too deep. The
-    lines are scanned without counting their brackets first while the recursion limit
-    bounds the scan's C recursion to a small stack (:data:`_SAFE_RECURSION`); above it a
-    line with more than ``MAX_RECORD_DEPTH`` brackets is left to the exact path unread."""
-    out: list[Message | None] = [None] * len(lines)
-    limit = max_payload_bytes // _BSON_PER_CHAR if max_payload_bytes else _MAX_FAST_CHARS
-    count_brackets = sys.getrecursionlimit() > _SAFE_RECURSION
-    texts = [x for x in lines if type(x) is str]
-    all_plain = _plain("".join(texts))  # each line then is
-    scan = _scan_once
-    for i, raw in enumerate(lines):
-        if type(raw) is not str or len(raw) > limit or (
-                count_brackets and raw.count("[") + raw.count("{") > MAX_RECORD_DEPTH):
-            continue
-        try:
-            decoded, end = scan(raw, 0)
-        except (StopIteration, ValueError, RecursionError):
-            decoded = end = None  # not JSON at 0 (or NaN/Infinity): the exact path says why
-        if end == len(raw) and type(decoded) is dict:
-            try:
-                out[i] = _checked(decoded, all_plain or _plain(raw), len(raw) <= _SHORT_LINE)
-            except Exception:  # never expected: the exact path reports it for this row
-                out[i] = None
-    return out
-
-
 def _plain(raw: str) -> bool:
     """Every string ``json.loads(raw)`` holds is ASCII without NUL (so no lone surrogate):
     no ``\\u`` escape, no NUL and no other character than ASCII in the text (the strict
@@ -372,7 +330,7 @@ def _optional(d: dict[str, Any], plain: bool, mid: str, mtype: str, atype: str, 
     if source is not None:
         if not source_ok(source, escapes) or (len(source) != 3 and any(
                 type(v) is dict or type(v) is list for v in source.values())):
-            # nested extra keys: deep, maybe (fast_messages proves the depth by shape)
+            # nested extra keys: deep, maybe (fastbatch proves the depth by shape)
             return None
         source = Source(source["type"], source["id"], source["seq"])
     correlation_id, causation_id = d.get("correlation_id"), d.get("causation_id")

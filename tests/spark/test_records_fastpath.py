@@ -1,5 +1,5 @@
 """The executor's batch fast path (spark/records.py ``Rows.prove``, built on
-aggregates/message/fastpath.py ``fast_messages``) changes no outcome: for every row of a
+aggregates/message/fastbatch.py ``fast_messages``) changes no outcome: for every row of a
 batch, ``check_row`` returns exactly what ``check_row_exact`` (the row's own parse and
 checks) returns, and what that returns with ``Message.from_dict`` alone deciding — the
 same message, or the same reason with the same detail and ids — on valid envelopes, the
@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from aggregates.core.reasons import Reason
 from aggregates.message.envelope import MAX_RECORD_DEPTH, json_depth
-from aggregates.message.fastpath import _SAFE_RECURSION
+from aggregates.message.fastbatch import _SAFE_RECURSION
 from spark import records
 from spark.records import Rows, check_row, check_row_exact
 from tests.aggregates.test_envelope_fastpath import envelopes
