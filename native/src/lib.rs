@@ -1,4 +1,4 @@
-//! aggbox's optional native core (issue 35 spike): the pure, user-code-free pieces of the
+//! aggbox's native core (docs/design.md "The hot path"): the pure, user-code-free pieces of the
 //! writer's hot path — the canonical JSON + blake2b payload hash and the uuid5 ids of
 //! `aggregates/core/ids.py`, byte for byte.
 //!

@@ -1,5 +1,6 @@
 """The ids and hashes aggbox uses give the bytes of their definitions, whichever
-implementation serves them (issue 35's native core spike, native/): the canonical JSON
+implementation serves them (the native core, native/; docs/design.md "The hot path"): the
+canonical JSON
 ``json.dumps(payload, sort_keys=True, separators=(",", ":"), default=_default)``, its
 blake2b-48 hash and the uuid5 ids.
 

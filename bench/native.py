@@ -1,11 +1,9 @@
-"""Issue 35's native core spike: instructions (callgrind) and wall time of the id and hash
-calls, pure Python against the native core (native/, module ``_aggbox_native``).
+"""The native core against the pure path: instructions (callgrind) and wall time of the id
+and hash calls and of the writer's components, ``AGGBOX_PURE=1`` against the native core
+(native/, module ``_aggbox_native``, built by ``make install`` when cargo is on PATH;
+docs/design.md "The hot path")::
 
-Build the module outside the tree and put it on PYTHONPATH, e.g.::
-
-    (cd native && maturin build --release -i ../.venv/bin/python --out /tmp/wheel)
-    python -m zipfile -e /tmp/wheel/*.whl /tmp/native-site
-    PYTHONPATH=/tmp/native-site .venv/bin/python bench/native_spike.py [--sizes 1000,3000]
+    .venv/bin/python bench/native.py [--sizes 1000,3000]
 
 Each mode (``AGGBOX_PURE=1`` and native) runs in a process of its own under
 ``valgrind --tool=callgrind --dump-before=getppid``, as bench/instructions.py does: a loop
