@@ -140,9 +140,11 @@ def _common(d: dict[str, Any], keys_ok: bool, bare: bool, short: bool) -> Messag
     if not (bare or (mid.strip() == mid and mtype.strip() == mtype
                      and atype.strip() == atype and aid.strip() == aid)):
         return None
-    for key, item in payload.items():
-        if not keys_ok and (key[:1] == "$" or "." in key):
-            return None
+    if not keys_ok:
+        for key in payload:
+            if key[:1] == "$" or "." in key:
+                return None
+    for item in payload.values():
         t = type(item)
         if t is int:
             if not _INT64_MIN <= item <= _INT64_MAX:

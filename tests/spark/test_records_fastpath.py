@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from aggregates.core.reasons import Reason
 from aggregates.message.envelope import MAX_RECORD_DEPTH, json_depth
 from aggregates.message.fastbatch import _SAFE_RECURSION
+from aggregates.message.fastpath import _plain
 from spark import records
 from spark.records import Rows, check_row, check_row_exact
 from tests.aggregates.test_envelope_fastpath import envelopes
@@ -139,6 +140,11 @@ def test_fast_and_exact_rows_agree_on_the_fuzz_lines(seed: int) -> None:
     for n in range(300):
         lines.append(common(rng, n) if rng.random() < 0.5 else junk_line(rng, n))
     assert assert_same(lines, seed) > 0
+    # Batches of ASCII lines without escapes, a few at a time: the inline checks of the
+    # common envelope run (with and without a dot, '$' or a space anywhere in the batch).
+    plain = [x for x in (common(rng, n) for n in range(600)) if _plain(x)]
+    for k in range(0, len(plain), 7):
+        assert_same(plain[k:k + 7], seed + k)
     if seed == 0:  # above the safe recursion limit, brackets are counted before a scan
         with recursion_limit(_SAFE_RECURSION + 1000):
             assert assert_same(lines, seed) > 0
