@@ -103,7 +103,7 @@ def strict(rows: Rows, row: int, limit: int) -> Any:
         return check_row_exact(rows, row, limit)
 
 
-def assert_same(lines: list[bytes | str], seed: int) -> int:
+def assert_same(lines: Sequence[bytes | str], seed: int) -> int:
     """Every row's outcome equal both ways, for each payload limit; how many rows the fast
     path proved (each such record within the depth limit, as its exact parse checks)."""
     rng = random.Random(seed)
