@@ -234,6 +234,11 @@ class DedupStrategy(ABC):
         writer after each read, see :meth:`DedupRecord.looked_up`). Default: never."""
         return False
 
+    def may_need_lookup(self, rec: DedupRecord) -> bool:
+        """``False`` when :meth:`needs_lookup` is ``False`` for every message given ``rec``
+        (the writer then skips asking per message). Default: ``True`` (ask each)."""
+        return True
+
     def archive(self, db: Database[Any], collection: str) -> RecordArchive | None:
         """Where ids leaving the documents of ``collection`` are kept; ``None``: nowhere."""
         return None

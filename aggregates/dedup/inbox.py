@@ -150,6 +150,10 @@ class Inbox(DedupStrategy):
     def needs_lookup(self, rec: DedupRecord, msg: Message) -> bool:
         return needs_archive(rec, msg, always=self.lookup == "always")
 
+    def may_need_lookup(self, rec: DedupRecord) -> bool:
+        # needs_archive is False for every message of a record that never archived an id.
+        return rec.archive_floor is not None or rec.archive_undated
+
     def claim_key(self, msg: Message) -> str | None:
         return msg.message_id
 

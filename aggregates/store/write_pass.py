@@ -87,9 +87,12 @@ class PassResult:
 
     def absorb(self, aggregate_id: str, res: FoldResult) -> None:
         self.outcomes.extend(res.outcomes)
-        self.dead_letters.extend(res.dead_letters)
-        self.parked.extend(res.parked)
-        self.released.extend((aggregate_id, m) for m in res.released)
+        if res.dead_letters:  # per aggregate: the side lists are mostly empty
+            self.dead_letters.extend(res.dead_letters)
+        if res.parked:
+            self.parked.extend(res.parked)
+        if res.released:
+            self.released.extend((aggregate_id, m) for m in res.released)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +172,8 @@ class CollectionPass:
         pairs: list[tuple[str, str]] = []
         for w in works:
             rec, strategy = self.snaps[w.aggregate_id].dedup, w.atype.dedup
+            if not strategy.may_need_lookup(rec):
+                continue
             for m in w.messages[w.pos:]:
                 if strategy.needs_lookup(rec, m):
                     pairs.append((w.aggregate_id, m.message_id))
@@ -279,8 +284,11 @@ class CollectionPass:
         self.result.absorb(w.aggregate_id, res)
         # Parked messages that were retried and still wait stay parked; the ones parked by
         # this slice are candidates for the next slice of the same aggregate.
-        still = {p.message.message_id for p in w.parked} - set(res.released)
-        w.parked = [p for p in w.parked if p.message.message_id in still] + list(res.parked)
+        if w.parked:
+            still = {p.message.message_id for p in w.parked} - set(res.released)
+            w.parked = [p for p in w.parked if p.message.message_id in still] + list(res.parked)
+        elif res.parked:
+            w.parked = list(res.parked)
 
     def _give_up(self, w: Work) -> None:
         detail = (f"{w.conflicts} version conflicts in a row on {w.atype.name}/"

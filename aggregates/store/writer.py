@@ -22,7 +22,7 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
@@ -132,7 +132,10 @@ class StoreWriter:
     # -- processing -------------------------------------------------------------------
     def process(self, messages: Iterable[Message]) -> list[Outcome]:
         """Apply all messages; return one outcome per message (and per released one)."""
-        return list(self.process_iter(messages))
+        out: list[Outcome] = []
+        for part in self._outcome_lists(messages):  # a list at a time, not an outcome
+            out.extend(part)
+        return out
 
     def process_iter(self, messages: Iterable[Message]) -> Iterator[Outcome]:
         """Streaming variant with memory bounded by ``pipeline_depth`` chunks.
@@ -141,24 +144,33 @@ class StoreWriter:
         threads), so one chunk's handlers run while another waits for MongoDB. Outcomes
         come out in chunk order. A chunk that shares an aggregate with one in flight waits
         for it: per aggregate, writes stay strictly ordered."""
+        parts = self._outcome_lists(messages)
+        try:
+            for part in parts:
+                yield from part
+        finally:
+            parts.close()  # closing this closes the chunks in flight too, as before
+
+    def _outcome_lists(self, messages: Iterable[Message]) -> Generator[list[Outcome], None, None]:
+        """:meth:`process_iter`'s outcomes, a list at a time (per chunk)."""
         depth = self.settings.pipeline_depth
         if depth <= 1:
             for works, dead, events in chunks(messages, self.registry, self.settings):
-                yield from events  # aggbox events of types not registered here: duplicate
-                yield from self._flush(works, dead)
+                yield events  # aggbox events of types not registered here: duplicate
+                yield self._flush(works, dead)
             return
         inflight: deque[tuple[Future[list[Outcome]], set[tuple[str, str]]]] = deque()
         with ThreadPoolExecutor(max_workers=depth, thread_name_prefix="aggbox-writer") as pool:
             try:
                 for works, dead, events in chunks(messages, self.registry, self.settings):
-                    yield from events
+                    yield events
                     keys = {(w.atype.name, w.aggregate_id) for w in works}
                     while inflight and (len(inflight) >= depth
                                         or any(keys & k for _, k in inflight)):
-                        yield from inflight.popleft()[0].result()
+                        yield inflight.popleft()[0].result()
                     inflight.append((pool.submit(self._flush, works, dead), keys))
                 while inflight:
-                    yield from inflight.popleft()[0].result()
+                    yield inflight.popleft()[0].result()
             finally:
                 for fut, _ in inflight:
                     fut.cancel()
