@@ -57,9 +57,10 @@ def setup(n_max: int, uri: str | None, components: list[str]) -> dict[str, Any]:
     ctx["docs"] = docs
     ctx["envelopes"] = [_record(build_record, doc, e).envelope for doc in docs
                             for e in doc["outbox"]]
-    # Wherever the dispatcher's modules move, build_record's own module holds the function
-    # it calls for the envelope's JSON.
-    ctx["envelope_json"] = build_record.__globals__["envelope_json"]
+    # The reference path's encoder (the builder writes its own JSON).
+    from dispatcher.publishers.record import envelope_json
+
+    ctx["envelope_json"] = envelope_json
     return ctx
 
 
@@ -87,7 +88,7 @@ def run(ctx: dict[str, Any], component: str, start: int, stop: int) -> None:
             for e in doc["outbox"]:
                 _record(build_record, doc, e)
     elif component == "builder":
-        from dispatcher.publishers.record import record_builder
+        from dispatcher.publishers.builder import record_builder
 
         for doc in ctx["docs"][d0:d1]:
             build = record_builder("emitters", "Emitter", TOPIC_TEMPLATE).build

@@ -47,7 +47,8 @@ if TYPE_CHECKING:
         PublishResult,
         create_publisher,
     )
-    from dispatcher.publishers.record import OutboundRecord, build_record
+    from dispatcher.publishers.builder import build_record
+    from dispatcher.publishers.record import OutboundRecord
 
 _LAZY = {"Dispatcher": "dispatcher.daemon", "DispatcherSettings": "dispatcher.core.settings",
          "OutboundRecord": "dispatcher.publishers.record",

@@ -36,7 +36,8 @@ from dispatcher.observe.tracing import publish_spans
 from dispatcher.outbox.inflight import InFlight
 from dispatcher.outbox.pull import pull_entries
 from dispatcher.publishers.base import Publisher, PublishResult
-from dispatcher.publishers.record import H_FENCE, InvalidEntry, OutboundRecord, record_builder
+from dispatcher.publishers.builder import record_builder
+from dispatcher.publishers.record import H_FENCE, InvalidEntry, OutboundRecord
 
 __all__ = ["INVALID_OUTBOX_ENTRY", "Cycle", "CycleResult"]
 

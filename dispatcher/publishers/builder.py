@@ -44,7 +44,7 @@ from dispatcher.publishers.record import (
     render_topic,
 )
 
-__all__ = ["RecordBuilder"]
+__all__ = ["RecordBuilder", "build_record", "record_builder"]
 
 _new_record: Callable[..., OutboundRecord] = slot_builder(OutboundRecord, (
     "message_id", "collection", "document_id", "source_type", "topic", "key", "value",
@@ -95,7 +95,7 @@ def _flat_json(payload: dict[str, Any]) -> str | None:
 
 class RecordBuilder:
     """Records of the entries of one collection, emitter type and topic template (get one
-    with :func:`~dispatcher.publishers.record.record_builder`)."""
+    with :func:`record_builder`)."""
 
     __slots__ = ("_at", "_ok", "_topics", "collection", "source_type", "topic_template")
 
@@ -229,3 +229,27 @@ class RecordBuilder:
         return _new_record(eid, self.collection, document_id, stype, str(topic),
                            str(key) if key not in (None, "") else sid, value, rheaders, env,
                            created, entry)
+
+
+_BUILDERS: dict[tuple[str, str, str], RecordBuilder] = {}  # record_builder's
+
+
+def build_record(entry: Mapping[str, Any], *, collection: str, document_id: Any,
+                 source_type: str, topic_template: str) -> OutboundRecord:
+    """Turn one stored outbox entry into a record. Raises
+    :class:`~dispatcher.publishers.record.InvalidEntry` when the entry cannot form a valid
+    envelope (a corrupted or hand-edited document).
+
+    Through :func:`record_builder`'s builder (a loop over many entries takes it once)."""
+    return record_builder(collection, source_type, topic_template).build(entry, document_id)
+
+
+def record_builder(collection: str, source_type: str, topic_template: str) -> RecordBuilder:
+    """The :class:`RecordBuilder` of these three, kept (its caches live on)."""
+    key = (collection, source_type, topic_template)
+    builder = _BUILDERS.get(key)
+    if builder is None:
+        if len(_BUILDERS) >= 256:
+            _BUILDERS.clear()
+        builder = _BUILDERS[key] = RecordBuilder(collection, source_type, topic_template)
+    return builder

@@ -33,7 +33,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from aggregates.message.envelope import KIND_EVENT, KIND_HEADER, KIND_INPUT, Message
 from aggregates.wire.fence import FENCE_HEADER
@@ -47,9 +47,6 @@ from aggregates.wire.outbound import (  # noqa: F401
     entry_envelope,
 )
 
-if TYPE_CHECKING:
-    from dispatcher.publishers.builder import RecordBuilder
-
 __all__ = [
     "HEADER_NAMES",
     "H_KIND",
@@ -57,10 +54,8 @@ __all__ = [
     "KIND_INPUT",
     "InvalidEntry",
     "OutboundRecord",
-    "build_record",
     "check_template",
     "envelope_json",
-    "record_builder",
     "reference_record",
     "render_topic",
 ]
@@ -159,32 +154,6 @@ def envelope_json(envelope: Mapping[str, Any]) -> bytes:
 # field); this is the last guard, for whatever else is encoded here.
 _ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_json_default,
                             allow_nan=False)
-
-
-_BUILDERS: dict[tuple[str, str, str], RecordBuilder] = {}  # record_builder's
-
-
-def build_record(entry: Mapping[str, Any], *, collection: str, document_id: Any,
-                 source_type: str, topic_template: str) -> OutboundRecord:
-    """Turn one stored outbox entry into a record. Raises :class:`InvalidEntry` when the
-    entry cannot form a valid envelope (a corrupted or hand-edited document).
-
-    Through :func:`record_builder`'s builder (a loop over many entries takes it once)."""
-    return record_builder(collection, source_type, topic_template).build(entry, document_id)
-
-
-def record_builder(collection: str, source_type: str, topic_template: str) -> RecordBuilder:
-    """The :class:`~dispatcher.publishers.builder.RecordBuilder` of these three, kept (its
-    caches live on)."""
-    key = (collection, source_type, topic_template)
-    builder = _BUILDERS.get(key)
-    if builder is None:
-        from dispatcher.publishers.builder import RecordBuilder  # (it imports this module)
-
-        if len(_BUILDERS) >= 256:
-            _BUILDERS.clear()
-        builder = _BUILDERS[key] = RecordBuilder(collection, source_type, topic_template)
-    return builder
 
 
 def reference_record(entry: Mapping[str, Any], *, collection: str, document_id: Any,

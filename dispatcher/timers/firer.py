@@ -4,7 +4,7 @@ instance holds, while it holds them.
 Each round reads the documents with a timer due by now — ``{timers.due: {$lte: now}}`` in
 the worker's partitions, served by the index ``{_p: 1, timers.due: 1}`` (no scan) — in
 pages, publishes their due timers as records built exactly like outbox entries'
-(:func:`dispatcher.publishers.record.build_record`, with the ``fence`` header of the lease),
+(:func:`dispatcher.publishers.builder.build_record`, with the ``fence`` header of the lease),
 and only for the records the publisher acknowledged removes them::
 
     update_one({_id}, {$pull: {timers: {id: {$in: acked}}}, $inc: {_v: 1}})
@@ -39,7 +39,8 @@ from dispatcher.core.faults import Faults
 from dispatcher.core.timing import REAL_TIME, pause
 from dispatcher.observe.metrics import Metrics
 from dispatcher.publishers.base import Publisher, PublishResult
-from dispatcher.publishers.record import H_FENCE, OutboundRecord, build_record
+from dispatcher.publishers.builder import build_record
+from dispatcher.publishers.record import H_FENCE, OutboundRecord
 
 __all__ = ["FireResult", "TimerFirer"]
 

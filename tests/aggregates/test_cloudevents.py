@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from aggregates.core.errors import EnvelopeError
 from aggregates.message.envelope import MAX_SEQ, Message
 from aggregates.wire import cloudevents as ce
+from dispatcher.publishers.builder import build_record
 from dispatcher.publishers.formats import json_line, kafka_record
-from dispatcher.publishers.record import build_record
 from tests.hypo import examples
 
 TRACE = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"

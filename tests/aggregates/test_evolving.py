@@ -267,7 +267,7 @@ def test_emit_with_a_schema_version_reaches_the_envelope() -> None:
     from aggregates import Emit, Handled
     from aggregates.fold import fold
     from aggregates.fold.document import Snapshot
-    from dispatcher.publishers.record import build_record
+    from dispatcher.publishers.builder import build_record
 
     shops = AggregateType("Shop", state=dict, collection="shops")
 

@@ -12,7 +12,7 @@ import pytest
 from aggregates import AggregateType, Emit, Handled, Message
 from aggregates.core.tracecontext import trace_headers
 from aggregates.testing import AggregateHarness, message
-from dispatcher.publishers.record import build_record
+from dispatcher.publishers.builder import build_record
 
 PARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 

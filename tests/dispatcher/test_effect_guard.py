@@ -13,7 +13,8 @@ import pytest
 
 from aggregates.core.reasons import Reason
 from dispatcher.effects.guard import EffectGuard, FleetEffects
-from dispatcher.publishers.record import OutboundRecord, build_record
+from dispatcher.publishers.builder import build_record
+from dispatcher.publishers.record import OutboundRecord
 from tests.dispatcher.helpers import ListPublisher
 
 NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)

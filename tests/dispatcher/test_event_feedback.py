@@ -7,7 +7,7 @@ from __future__ import annotations
 from aggregates import AggboxSettings, Message, StoreWriter
 from aggregates.core.reasons import Reason
 from aggregates.testing import AggregateHarness, memory_database, message
-from dispatcher.publishers.record import build_record
+from dispatcher.publishers.builder import build_record
 from tests.aggregates.domain import counters, registry
 
 

@@ -339,7 +339,7 @@ def test_too_large_and_invalid_topic_are_dead_lettered_and_unblock_the_aggregate
 
 
 def test_kafka_publisher_reports_each_record(kafka_server: LocalKafka, topic: str) -> None:
-    from dispatcher.publishers.record import build_record
+    from dispatcher.publishers.builder import build_record
 
     entries = [{"id": f"k-{i}", "type": "Tick", "payload": {"i": i}, "key": "x",
                 "source": {"type": "Emitter", "id": "x", "seq": i + 1}} for i in range(3)]

@@ -18,7 +18,8 @@ from aggregates.core.jsonnumbers import loads
 from aggregates.ops import DeadLetterStore
 from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
-from dispatcher.publishers.record import InvalidEntry, build_record, envelope_json
+from dispatcher.publishers.builder import build_record
+from dispatcher.publishers.record import InvalidEntry, envelope_json
 from tests.dispatcher.helpers import emit, pending_entries
 
 pytestmark = [pytest.mark.mongo]

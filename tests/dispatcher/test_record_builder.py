@@ -14,11 +14,10 @@ import bson.errors
 import pytest
 from bson.codec_options import CodecOptions
 
-from dispatcher.publishers.builder import RecordBuilder
+from dispatcher.publishers.builder import RecordBuilder, build_record
 from dispatcher.publishers.record import (
     InvalidEntry,
     OutboundRecord,
-    build_record,
     reference_record,
 )
 

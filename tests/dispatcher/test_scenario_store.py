@@ -20,7 +20,7 @@ from aggregates.testing import AggregateHarness, Scenario, message
 from aggregates.wire.outbound import entry_message
 from dispatcher.core.settings import DispatcherSettings
 from dispatcher.daemon import Dispatcher
-from dispatcher.publishers.record import build_record
+from dispatcher.publishers.builder import build_record
 from tests.aggregates.scenario_domain import shipments
 
 

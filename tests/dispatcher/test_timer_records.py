@@ -10,7 +10,8 @@ import pytest
 
 from aggregates.domain.timers import TIMER_SOURCE_TYPE
 from aggregates.testing import AggregateHarness, message
-from dispatcher.publishers.record import H_KIND, KIND_INPUT, build_record
+from dispatcher.publishers.builder import build_record
+from dispatcher.publishers.record import H_KIND, KIND_INPUT
 from tests.dispatcher.timerdomain import orders
 
 NOW = datetime(2030, 1, 2, 3, 4, 5, 678_000, tzinfo=UTC)
