@@ -90,16 +90,33 @@ def aggbox_version() -> str:
         return "unknown (not installed)"
 
 
+class _Version(argparse.Action):
+    """``--version``: the line as it is (argparse's own action wraps it at the terminal's
+    width)."""
+
+    def __init__(self, option_strings: list[str], dest: str, version: str = "",
+                 **kwargs: Any) -> None:
+        kwargs.setdefault("help", "show the version and exit")
+        super().__init__(option_strings, dest=argparse.SUPPRESS, **kwargs)
+        self.version = version
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        print(self.version)
+        parser.exit(0)
+
+
 def core_kind() -> str:
     """Which hot path the writer's ids and hashes take (docs/design.md "The hot path"):
-    found without importing it (the CLI's start stays short)."""
+    found without importing it (the CLI's start stays short). Short: argparse wraps the
+    version line at the terminal's width."""
     import importlib.util
     import os
 
     if os.environ.get("AGGBOX_PURE") == "1":
-        return "pure-Python core (AGGBOX_PURE=1)"
+        return "pure Python: AGGBOX_PURE=1"
     if importlib.util.find_spec("_aggbox_native") is None:
-        return "pure-Python core: the native core is not installed (pip install ./native)"
+        return "pure Python"
     return "native core"
 
 
@@ -109,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Exactly-once-effect message processing on MongoDB aggregates.",
     )
     parser.strict_extras = False
-    parser.add_argument("--version", action="version",
+    parser.add_argument("--version", action=_Version, nargs=0,
                         version=f"aggbox {aggbox_version()} (Python {sys.version.split()[0]}, "
                                 f"{core_kind()})")
     parser.add_argument("--log-level", default="INFO",

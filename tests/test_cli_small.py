@@ -62,7 +62,7 @@ def test_version_says_when_the_pure_path_is_forced(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AGGBOX_PURE", "1")
     rc, out, _ = run(capsys, "--version")
-    assert rc == 0 and out.rstrip().endswith("pure-Python core (AGGBOX_PURE=1))"), out
+    assert rc == 0 and out.rstrip().endswith(", pure Python: AGGBOX_PURE=1)"), out
 
 
 @pytest.mark.parametrize("argv", [("local", "--help"), ("local", "start", "--help"),

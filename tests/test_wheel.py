@@ -214,7 +214,7 @@ def test_no_extra_core_help_version_and_harness(wheel: Path, tmp_path: Path) -> 
     done = _aggbox(bin_dir, cwd, "--version")
     assert done.returncode == 0 and done.stdout.startswith("aggbox 0.1.0 (Python "), done
     # The wheel alone: no native core in this venv, and the version line says so.
-    assert "pure-Python core: the native core is not installed" in done.stdout, done
+    assert done.stdout.rstrip().endswith(", pure Python)"), done
     (cwd / "test_domain.py").write_text(HARNESS_TEST)
     done = subprocess.run([str(bin_dir / "python"), "test_domain.py"], cwd=cwd,
                           capture_output=True, text=True, timeout=300, check=False)

@@ -30,6 +30,7 @@ from typing import Any
 from pymongo import ASCENDING
 from pymongo.database import Database
 
+from aggregates.core.gcpause import gc_paused
 from aggregates.core.settings import AggboxSettings
 from aggregates.dedup.runs import RunStamp
 from aggregates.domain.aggregate import Registry
@@ -194,6 +195,13 @@ class StoreWriter:
         return outcomes
 
     def _flush_chunk(self, works: list[Work], dead: list[DeadLetter]) -> list[Outcome]:
+        # The collector paused for the chunk (aggregates/core/gcpause.py: ~27k
+        # instructions per message were collections walking the chunk's live objects).
+        with gc_paused():
+            return self._flush_chunk_paused(works, dead)
+
+    def _flush_chunk_paused(self, works: list[Work], dead: list[DeadLetter]
+                            ) -> list[Outcome]:
         now = self.clock()
         outcomes: list[Outcome] = [
             Outcome(d.message.message_id if d.message else "", d.aggregate_type or "",
