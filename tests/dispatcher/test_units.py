@@ -23,12 +23,12 @@ from dispatcher.core.settings import DispatcherSettings
 from dispatcher.core.timing import Timing
 from dispatcher.outbox.inflight import InFlight
 from dispatcher.outbox.retries import Retries
+from dispatcher.publishers.builder import build_record
 from dispatcher.publishers.jsonl import JsonLinesPublisher
 from dispatcher.publishers.kafka import classify, valid_topic_name
 from dispatcher.publishers.record import (
     HEADER_NAMES,
     InvalidEntry,
-    build_record,
     check_template,
     envelope_json,
 )
