@@ -76,9 +76,10 @@ def dump_payload(obj: object, path: str = "payload") -> dict[str, Any]:
 
 def dump_payload_checked(obj: object, path: str = "payload") -> tuple[dict[str, Any], bool]:
     """:func:`dump_payload`, and whether it took the hot path of typed emits: a dataclass
-    of scalar fields read directly (keys: Python identifiers; values: plain JSON, a float
-    finite, an int in MongoDB's 64-bit range, a str ASCII — anything else takes pydantic's
-    dump and the rule's check)."""
+    of scalar fields read directly (keys: Python identifiers; a float finite, an int in
+    MongoDB's 64-bit range — anything else takes pydantic's dump and the rule's check). A
+    str is taken as it is there: one holding a lone surrogate is refused by the store's
+    BSON encoding, which names the field (``aggregates.codec.bson.unstorable_at``)."""
     cls = builtins.type(obj)
     try:
         fast = _SCALAR_FIELDS[cls]
@@ -90,8 +91,7 @@ def dump_payload_checked(obj: object, path: str = "payload") -> tuple[dict[str, 
             v = getattr(obj, name)
             t = builtins.type(v)
             if t not in allowed or (t is float and v - v != 0.0) or (
-                    t is int and not INT64_MIN <= v <= INT64_MAX) or (
-                    t is str and not v.isascii()):
+                    t is int and not INT64_MIN <= v <= INT64_MAX):
                 break
             out[name] = v
         else:

@@ -56,17 +56,16 @@ def outbox_entries(atype: AggregateType[Any], snap: Snapshot, msg: Message,
         payload: Any = e.payload
         # What is published must be JSON: the payload in its JSON form (docs/design.md
         # "JSON values"), or the emit refused naming the field.
-        where = f"emit[{i}].payload"
         try:
             if isinstance(payload, dict):
-                plain = json_payload(payload, where)
+                plain = json_payload(payload)
                 # The handler's own dict is copied (shallow), so the entry does not change
                 # if the handler keeps and mutates it; a converted payload is new already.
                 payload = dict(payload) if plain is payload else plain
             else:  # a payload object (pydantic model, dataclass), dumped: a new dict
-                payload = dump_payload_checked(payload, where)[0]
-        except NotJSONValue as exc:
-            raise EmitError(f"Emit({etype!r}) #{i}: {exc}") from None
+                payload = dump_payload_checked(payload)[0]
+        except NotJSONValue as exc:  # its path starts "payload"
+            raise EmitError(f"Emit({etype!r}) #{i}: emit[{i}].{exc}") from None
         except Exception as exc:
             raise EmitError(
                 f"Emit({etype!r}) #{i}: the payload must be a dict, a pydantic model "
