@@ -55,7 +55,7 @@ def messages(tmp_path: Path) -> Path:
 
 def test_aggregates_module_checked_before_spark(tmp_path: Path, messages: Path) -> None:
     line = _fails(tmp_path, ["run", "--input", str(messages), "--aggregates", "libary"])
-    assert line.startswith("aggbox: error: --aggregates libary: cannot import aggregates "
+    assert line.startswith("aggbox run: error: --aggregates libary: cannot import aggregates "
                            "module 'libary': no module of that name in the current folder"), line
     line = _fails(tmp_path, ["run", "--input", str(messages), "--aggregates", "json"])
     assert "--aggregates json" in line and "defines no aggregate types" in line, line
@@ -78,7 +78,7 @@ def test_input_checked_before_spark(tmp_path: Path, messages: Path) -> None:
 def test_master_checked_before_spark(tmp_path: Path, messages: Path) -> None:
     line = _fails(tmp_path, ["run", "--input", str(messages), "--aggregates",
                              "aggbox.examples.orders", "--master", "lokal[2]"])
-    assert line.startswith("aggbox: error: --master lokal[2]: not a Spark master"), line
+    assert line.startswith("aggbox run: error: --master lokal[2]: not a Spark master"), line
 
 
 def test_java_checked_before_spark(tmp_path: Path, messages: Path) -> None:
@@ -101,7 +101,7 @@ def test_java_checked_before_spark(tmp_path: Path, messages: Path) -> None:
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().splitlines() == [
-        "aggbox: error: no Java found (JAVA_HOME is not set, no java on PATH): aggbox needs "
+        "aggbox run: error: no Java found (JAVA_HOME is not set, no java on PATH): aggbox needs "
         "Java 17 or later: install openjdk-17 or set JAVA_HOME"], done.stderr
 
 
