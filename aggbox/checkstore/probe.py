@@ -13,6 +13,7 @@ asked at all (:func:`silent`): a server that accepts and never answers costs one
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 import socket
 import struct
 from typing import Final
@@ -91,7 +92,7 @@ def _ask(host: str, port: int, timeout_s: float) -> str | None:
     return reply_problem(data, request_id)
 
 
-def silent(server_errors: list[BaseException | None]) -> bool:
+def silent(server_errors: Sequence[BaseException | None]) -> bool:
     """pymongo's monitors got no answer from any host within the timeout (no error yet, or
     a timeout: ``server_errors`` are the errors of the topology's server descriptions). The
     probe would then only wait as long again for the same silence (it says nothing of a

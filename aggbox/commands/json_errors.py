@@ -64,7 +64,7 @@ def one_json_object(command: str | None, body: Callable[[], int]) -> int:
     anything on stdout, print the error object there. ``SystemExit`` (argparse's usage
     errors) and ``KeyboardInterrupt`` are exit statuses here (2, 130)."""
     out, err = _Tap(sys.stdout), _Tap(sys.stderr)
-    sys.stdout, sys.stderr = out, err  # type: ignore[assignment]
+    sys.stdout, sys.stderr = out, err
     try:
         try:
             rc = body()

@@ -103,12 +103,14 @@ def reach_mongodb(uri: str, *, source: str, timeout_s: float | None = None,
         client.close()
 
 
-def reach_store(uri: str, *, source: str, database: str, aggregates: str,
+def reach_store(uri: str, *, source: str, database: str, aggregates: str | None,
                 appname: str = "aggbox") -> None:
     """:func:`reach_mongodb`, then :func:`check_archives` on the same server."""
     from pymongo import MongoClient
 
     reach_mongodb(uri, source=source, appname=appname)
+    if not aggregates:
+        return
     client: Any = MongoClient(uri, appname=appname, serverSelectionTimeoutMS=int(
         DEFAULT_TIMEOUT_S * 1000))
     try:
