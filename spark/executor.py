@@ -276,7 +276,8 @@ def _deployment_row(exc: DeploymentError, task_attempt: int) -> Any:
     import pyarrow as pa
 
     line = str(exc)
-    values: list[Any] = ["", None, None, DEPLOYMENT_FAILED, line, line, [], 0, False, task_attempt, None]
+    values: list[Any] = ["", None, None, DEPLOYMENT_FAILED, line, line, [], 0, False,
+                         task_attempt, None]
     return pa.RecordBatch.from_arrays(
         [pa.array([v], type=t) for v, t in zip(values, _arrow_types(), strict=True)],
         names=list(OUTCOME_COLUMNS))

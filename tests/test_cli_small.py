@@ -109,9 +109,9 @@ def test_misspelt_section_is_an_error_with_the_closest_one(
     config = _config(tmp_path, '[sprak]\nmaster = "local[1]"\n')
     rc, _, err = run(capsys, "deadletters", "list", "--config", config)
     assert rc == 1
-    assert err.strip() == (f"aggbox deadletters: error: config file {config}: unknown section [sprak]; "
-                           "did you mean [spark]? (sections: [aggbox], [spark], [dispatcher])"
-                           ), err
+    assert err.strip() == (f"aggbox deadletters: error: config file {config}: unknown section "
+                           "[sprak]; did you mean [spark]? (sections: [aggbox], [spark], "
+                           "[dispatcher])"), err
 
 
 @pytest.mark.parametrize(("command", "module", "line"), [

@@ -13,9 +13,9 @@ asked at all (:func:`silent`): a server that accepts and never answers costs one
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
 import socket
 import struct
+from collections.abc import Sequence
 from typing import Final
 
 import bson
