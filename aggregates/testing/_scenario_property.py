@@ -50,7 +50,7 @@ def check_fault_tolerance(
     flow: Callable[[Scenario], object], registry: Registry, *,
     effects: Effects | None = None,
     faults: Collection[FaultKind] = DELIVERY_FAULTS + EFFECT_FAULTS,
-    max_faults: int = 6, max_examples: int = 8, derandomize: bool = True,
+    max_faults: int = 6, max_examples: int = 6, derandomize: bool = True,
     at_least_once: Collection[str] = (), hash_seeds: bool = False,
     timeline_file: str | os.PathLike[str] | None = None,
     **scenario_options: Any,

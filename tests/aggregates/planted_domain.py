@@ -275,7 +275,7 @@ def _stamped() -> Registry:
 
     @notes.handles("Noted")
     def noted(state: Notes, msg: Message) -> Notes:
-        return replace(state, seen=(*state.seen, msg.occurred_at.isoformat()))
+        return replace(state, seen=(*state.seen, str(msg.occurred_at)))
 
     return Registry([notes])
 
