@@ -17,7 +17,13 @@ from aggregates.message.envelope import Message
 from aggregates.message.outcomes import Outcome
 from aggregates.testing._scenario_backends import Backend
 from aggregates.testing._scenario_effects import EffectDesk
-from aggregates.testing._scenario_faults import FaultKind, FaultPoint, FaultSource, ScriptedFaults
+from aggregates.testing._scenario_faults import (
+    FaultKind,
+    FaultPoint,
+    FaultSource,
+    ScriptedFaults,
+    kinds_at,
+)
 from aggregates.testing._scenario_queue import Delivery, not_settled
 from aggregates.testing._scenario_queue import key as _key
 from aggregates.testing._scenario_timeline import Exchange, Timeline
@@ -100,7 +106,10 @@ class FlowEngine:
             self._deliver(self._queue.popleft())
 
     def _pick(self, point: FaultPoint, d: Delivery) -> FaultKind | None:
-        return None if d.copy else self._faults.pick(point, d.msg.type)
+        if d.copy:
+            return None
+        fault = self._faults.pick(point, d.msg.type)
+        return fault if fault in kinds_at(point) else None  # a source's own may not fit
 
     def _deliver(self, d: Delivery, *, reply: bool = False) -> None:
         fault = self._pick("reply" if reply else "timer" if d.timer else "deliver", d)

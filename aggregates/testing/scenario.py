@@ -143,9 +143,13 @@ class Scenario(FlowEngine):
     # -- input ----------------------------------------------------------------------------
     def given(self, *messages: Message) -> Scenario:
         """Deliver set-up messages and run the flow; each must be applied."""
-        start, n = len(self.timeline), len(self.outcomes)
+        start = len(self.timeline)
         self.when(*messages)
-        first = {o.message_id: o for o in reversed(self.outcomes[n:])}
+        wanted = {m.message_id for m in messages}
+        first: dict[str, Outcome] = {}
+        for o in self.outcomes:  # the first outcome of each, as outcome() finds it
+            if o.message_id in wanted:
+                first.setdefault(o.message_id, o)
         for m in messages:
             o = first.get(m.message_id) or self.outcome(m.message_id)
             if o.outcome != "applied":
