@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from aggregates.core.errors import AggboxError, ConfigurationError
+from aggregates.core.samevalue import same_value
 
 __all__ = ["SEEDS", "check_hash_seeds"]
 
@@ -76,14 +77,14 @@ def check_hash_seeds(flow: Callable[..., object], registry: object, effects: obj
         seeded.append((f"PYTHONHASHSEED={seed}", dict(pickle.loads(out))))
     # Fresh processes that differ only in their hash seed and disagree: hash order is seen.
     for (first, base), (label, states) in itertools.combinations(seeded, 2):
-        if states != base:
+        if not same_value(states, base):  # a NaN in a state is the same NaN
             raise error(f"the undisturbed run ends differently under {label} than under "
                         f"{first} (two fresh processes that differ only in their hash seed): "
                         "a handler follows the iteration order of a set of strings (or "
                         "another hash order) — iterate sorted(...) before emitting or "
                         "storing:\n" + _diff(first, base, label, states))
     label, states = seeded[0]
-    if states != expected:  # the seeds agree among themselves: not the hash order
+    if not same_value(states, expected):  # the seeds agree among themselves
         raise error("the undisturbed run ends the same in three fresh processes "
                     f"(PYTHONHASHSEED={', '.join(map(str, SEEDS))}) but differently in this "
                     "one — state this process kept between runs (a module-level counter, "
@@ -94,7 +95,8 @@ def check_hash_seeds(flow: Callable[..., object], registry: object, effects: obj
 
 def _diff(first: str, base: dict[tuple[str, str], Any], label: str,
           states: dict[tuple[str, str], Any]) -> str:
-    keys = sorted(k for k in set(states) | set(base) if states.get(k) != base.get(k))
+    keys = sorted(k for k in set(states) | set(base)
+                  if not same_value(states.get(k), base.get(k)))
     shown = "\n".join(f"  {t}/{i}: {first}: {_cut(base.get((t, i), '(absent)'))}\n"
                       f"  {' ' * len(t + i)}  {label}: {_cut(states.get((t, i), '(absent)'))}"
                       for t, i in keys[:3])

@@ -13,6 +13,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
+from aggregates.core.samevalue import same_value
 from aggregates.domain.effects import Effects
 from aggregates.testing._blame import effect_blame, first_difference
 from aggregates.testing._scenario_timeline import Timeline
@@ -43,7 +44,7 @@ def judge(expected: dict[tuple[str, str], Any], calls: dict[str, int], sc: Scena
           base: Scenario) -> Problem | None:
     """The problem of run ``sc`` (``faulted``: faults were injected), or ``None``."""
     got = sc.states()
-    if got != expected:
+    if not same_value(got, expected):  # a NaN in a state is the same NaN
         # An effect that answered the same call differently is to blame, not a handler.
         blame = effect_blame((base.effect_calls, base.timeline), (sc.effect_calls, sc.timeline))
         if blame is not None:
@@ -57,7 +58,8 @@ def judge(expected: dict[tuple[str, str], Any], calls: dict[str, int], sc: Scena
                     "its state and the message that changes from run to run (the clock, "
                     "random numbers, uuid4, a global counter or other state kept between "
                     "runs)")
-        keys = sorted(k for k in set(expected) | set(got) if expected.get(k) != got.get(k))
+        keys = sorted(k for k in set(expected) | set(got)
+                      if not same_value(expected.get(k), got.get(k)))
         labels = ("undisturbed", "under faults") if faulted else ("in one run", "in another")
         return Problem(what, state_diff(expected, got, keys, labels),
                        {"/".join(k) for k in keys}, sc.timeline)
