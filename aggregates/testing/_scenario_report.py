@@ -62,8 +62,15 @@ def failure(problem: Problem, injected: Sequence[PlannedFault], coverage: Covera
     timeline = problem.timeline
     fault_lines = [e for e in timeline if e.kind == "fault"]
     if injected:
-        named = [f"{f} ({_where(f, e, timeline)})"
-                 for f, e in zip(injected, fault_lines, strict=False)]
+        named, used = [], set()
+        for f in injected:  # each fault with the timeline line it left (if it acted)
+            e = next((x for x in fault_lines if x.step not in used and x.type == f.type
+                      and f.kind in (x.outcome, x.reason)), None)
+            if e is None:
+                named.append(str(f))
+                continue
+            used.add(e.step)
+            named.append(f"{f} ({_where(f, e, timeline)})")
         head = (f"under {len(injected)} fault{'s' * (len(injected) > 1)} — "
                 f"{', '.join(named)} — ")
     else:
