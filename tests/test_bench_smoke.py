@@ -84,6 +84,9 @@ SMOKE: dict[str, list[tuple[list[str], dict[str, Any]]]] = {
           "10", "--probe-seconds", "0.5"],
          {"json": ["writes", "intact", "latency_p50_ms_start", "latency_p50_ms_end"]}),
     ],
+    "faultcheck.py": [
+        (["--smoke", "--json"], {"json": ["smoke"]}),
+    ],
     "h2_chunks.py": [
         (["--minutes", "0.03", "--writers", "1", "--interval", "1"],
          {"lines": [" s  oplog ", "result: "]}),
