@@ -42,6 +42,7 @@ from aggregates.fold import DeadLetter
 from aggregates.fold.document import F_PARTITION, F_TIMERS, F_TYPE, F_VERSION
 from aggregates.store.deadletters import dead_letter_update
 from aggregates.wire.outbound import InvalidEntry
+from dispatcher.core.errors import check_fatal
 from dispatcher.core.faults import Faults
 from dispatcher.core.timing import REAL_TIME, pause
 from dispatcher.observe.metrics import Metrics
@@ -146,6 +147,7 @@ class TimerFirer:
             try:
                 res = await self.fire_due()
             except Exception as exc:
+                check_fatal(exc, self.name)  # a wrong password or privilege ends the run
                 self.on_error(exc)
                 await pause(REAL_TIME, self.idle_s, stop)
                 continue
