@@ -334,6 +334,7 @@ def test_dispatch_without_uri_hands_the_embedded_server_to_the_daemon(
         def __init__(self, settings: Any, *, store: Any) -> None:
             stores.append(store)
             self.metrics = Metrics()  # --once prints its counters
+            self.once_left: dict[str, tuple[int, int]] = {}  # and what is left
 
         async def run(self, **_kw: Any) -> int:
             return 0
