@@ -16,15 +16,12 @@ Order within an aggregate: :func:`spark.order.order_within_aggregates` (the defi
 :func:`aggregates.fold.ordering.delivery_order`).
 
 The MongoDB URI is required (``mongodb_uri=`` or ``settings.mongodb_uri``): a library never
-starts a server by itself. The ``aggbox`` command resolves "no URI given" to its embedded
-local server once, before it builds the pipeline (docs/design.md, "Layering").
+starts a server; ``aggbox`` resolves "no URI given" itself (docs/design.md, "Layering").
 
-Every input record ends in exactly one outcome. :class:`RunResult` compares the number of
-input records with the number of outcome rows (released parked messages are counted apart)
-and :meth:`RunResult.raise_for_accounting` fails the run (or the micro-batch) otherwise
-(:mod:`spark.results`).
-Re-running the same input, or Spark re-running a task, is harmless: what was already
-applied comes back as ``duplicate``.
+Every input record ends in exactly one outcome: :class:`RunResult` compares the input
+count with the outcome rows (released parked messages apart) and
+:meth:`RunResult.raise_for_accounting` fails the run otherwise (:mod:`spark.results`).
+Re-running the same input, or a task, is harmless: what was applied comes back ``duplicate``.
 
 ``spark`` may be a Spark Connect session (``SparkSession.builder.remote(...)``, a
 Databricks notebook's): DataFrames only — no ``sparkContext``, RDDs or accumulators;
@@ -229,19 +226,31 @@ class Pipeline:
         # The run stamp: the run, and the micro-batch in a stream (docs/design.md "Counts that
         # survive retries").
         run = run_id if batch_id is None else f"{run_id}/{batch_id}"
-        outcomes = self._plan(raw, seen_in, run).observe(
+        written = self._plan(raw, seen_in, run).observe(
             seen_out, F.count(F.lit(1)).alias("rows"),
             F.array_join(F.collect_list(STATS_COLUMN), "\n").alias("stats"),
-        ).where(F.col("outcome") != DEPLOYMENT_FAILED).drop(STATS_COLUMN)
+        ).drop(STATS_COLUMN)
+        outcomes = written.where(F.col("outcome") != DEPLOYMENT_FAILED)
+        connect = is_connect(raw.sparkSession)
+        marker = None
+        if connect:
+            # A Connect session returns no observed values, which also carry a task's
+            # deployment error: keep the written rows, marker included, and look (docs/
+            # design.md "Deployment errors").
+            kept = written.localCheckpoint(eager=True)
+            marker = kept.where(F.col("outcome") == DEPLOYMENT_FAILED).select("reason").first()
+            outcomes = kept.where(F.col("outcome") != DEPLOYMENT_FAILED)
+        if marker is not None:
+            raise DeploymentError(str(marker["reason"]))
         target = None
         if outcomes_path:
             part = f"batch_id={batch_id}" if batch_id is not None else f"run_id={run_id}"
             target = outcomes_path.rstrip("/") + "/" + part
             outcomes.write.mode("overwrite").parquet(target)
             outcomes = raw.sparkSession.read.schema(OUTCOME_SCHEMA).parquet(target)
-        elif keep_outcomes or is_connect(raw.sparkSession):
+        elif keep_outcomes and not connect:
             outcomes = outcomes.localCheckpoint(eager=True)
-        else:
+        elif not connect:
             outcomes.write.format("noop").mode("overwrite").save()
             outcomes = None
         observed_in, observed_out = seen_in.get, seen_out.get
