@@ -1,0 +1,130 @@
+"""The batch fold's glue (docs/design.md "The batch fold"): which aggregate types the native
+core folds (:func:`spec_of`), the core's environment (registered once), and the writes it
+built as pymongo operations (:func:`write_op`).
+
+The native core folds the common path of a slice — messages applied or duplicates, plain
+emits, no timers or upcasts, a document it understands — and gives anything else back to
+:func:`aggregates.fold.fold`, the definition, which folds the slice from the same snapshot.
+Without the core (no Rust toolchain, or ``AGGBOX_PURE=1``) every slice takes the definition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from typing import Any
+
+import bson
+from bson.codec_options import CodecOptions
+from bson.raw_bson import RawBSONDocument
+from pymongo import InsertOne, UpdateOne
+
+from aggregates.codec.check import scalar_dataclass_fields
+from aggregates.core.ids import AGGBOX_NAMESPACE
+from aggregates.core.tracecontext import emit_trace, trace_headers
+from aggregates.dedup import HighWater, Inbox, NoDedup
+from aggregates.domain.aggregate import AggregateType, TypedHandler, dump_payload_checked
+from aggregates.fold.document import F_VERSION
+from aggregates.message.emit import AggregateRef, Emit
+from aggregates.message.envelope import Message, Source
+from aggregates.message.outcomes import Outcome
+
+__all__ = ["NATIVE", "RAW_OPTIONS", "available", "spec_of", "write_op"]
+
+try:
+    if os.environ.get("AGGBOX_PURE") == "1":
+        raise ImportError("AGGBOX_PURE=1")
+    import _aggbox_native as _core
+
+    _ = _core.fold_slice  # a core built before the batch fold: pure path
+    NATIVE: Any = _core
+except (ImportError, AttributeError):
+    NATIVE = None
+
+#: How the batch fold reads documents: their BSON, undecoded.
+RAW_OPTIONS: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument)
+
+_lock = threading.Lock()
+_ready = False
+#: Aggregate type → its spec, or None when the definition folds every slice of it.
+_specs: dict[int, tuple[AggregateType[Any], Any]] = {}
+
+
+def available() -> bool:
+    """Whether the native batch fold runs in this process and context (no per-message
+    tracing: the handling spans are the definition's)."""
+    return NATIVE is not None and emit_trace.get() is None
+
+
+def _init() -> None:
+    global _ready
+    with _lock:
+        if _ready:
+            return
+        from datetime import UTC
+
+        opts = CodecOptions()
+
+        def encode_value(value: Any) -> bytes:
+            return bson.encode({"v": value}, codec_options=opts)
+
+        NATIVE.fold_init(Message, Emit, Source, Outcome, AggregateRef, UTC, encode_value,
+                         trace_headers, dump_payload_checked, scalar_dataclass_fields,
+                         AGGBOX_NAMESPACE.bytes)
+        _ready = True
+
+
+def spec_of(atype: AggregateType[Any]) -> Any:
+    """The native core's spec of ``atype`` (cached), or None when its slices always take the
+    definition: a dedup strategy of its own (a subclass), upcasters registered."""
+    if NATIVE is None:
+        return None
+    found = _specs.get(id(atype))
+    if found is not None and found[0] is atype:
+        return found[1]
+    _init()
+    spec = _build(atype)
+    with _lock:
+        _specs[id(atype)] = (atype, spec)
+    return spec
+
+
+def _build(atype: AggregateType[Any]) -> Any:
+    d = atype.dedup
+    window, horizon_us, always, contiguous, max_sources = 1, 0, False, False, 1
+    if type(d) is Inbox:
+        kind = "inbox"
+        window, always = d.window, d.lookup == "always"
+        horizon_us = (d.horizon.days * 86_400 + d.horizon.seconds) * 1_000_000 \
+            + d.horizon.microseconds
+    elif type(d) is HighWater:
+        kind, contiguous, max_sources = "high-water", d.mode == "contiguous", d.max_sources
+    elif type(d) is NoDedup:
+        kind = "none"
+    else:
+        return None
+    if atype.upcasts:
+        return None
+    handlers: dict[str, tuple[Any, Any]] = {}
+    for mtype in atype.message_types:
+        h = atype.handler_for(mtype)
+        # A typed handler's payload is validated by its core validator, as TypedHandler.parse
+        # does (a failure is the definition's invalid_payload).
+        handlers[mtype] = (h.fn, h._validate) if isinstance(h, TypedHandler) else (h, None)
+    codec = atype.codec
+    fast = None
+    if codec._fast is not None and dataclasses.is_dataclass(codec.state_type):
+        fast = (codec.state_type, [(name, list(allowed)) for name, allowed in codec._fast])
+    return NATIVE.TypeSpec(atype.name, kind, window, horizon_us, always, contiguous,
+                           max_sources, atype.max_outbox, atype.topic, atype.state_version,
+                           handlers, atype.load_state, codec.dump_checked, codec._loaded,
+                           fast, codec._plain_dict)
+
+
+def write_op(aggregate_id: str, version: int, op: bytes, insert: bool) -> Any:
+    """The pymongo operation of a write the core built (its BSON sent as it is)."""
+    doc = RawBSONDocument(op)
+    if insert:
+        return InsertOne(doc)
+    return UpdateOne({"_id": aggregate_id, F_VERSION: version}, doc, upsert=True)
