@@ -11,14 +11,17 @@ from decimal import Decimal, Inexact, InvalidOperation
 from typing import Any, Final, cast
 from uuid import UUID
 
+import bson
 from bson.binary import Binary
 from bson.decimal128 import Decimal128
 from bson.int64 import Int64
 from bson.objectid import ObjectId
 from pydantic import ValidationError
 
+from aggregates.core.jsonvalue import INT64_MAX, INT64_MIN
+
 __all__ = ["PLAIN_TYPES", "Unstorable", "from_bson", "path_text", "to_bson", "unknown_in",
-           "validation_summary", "without"]
+           "unstorable_at", "validation_summary", "without"]
 
 #: Types stored as themselves.
 PLAIN_TYPES: Final = frozenset({str, int, float, bool, type(None), bytes})
@@ -37,6 +40,8 @@ class Unstorable(Exception):
 def to_bson(v: Any) -> Any:
     t = type(v)
     if t in PLAIN_TYPES:
+        if t is int and not INT64_MIN <= v <= INT64_MAX:
+            raise Unstorable(_int_reason(v))
         return v
     if t is dict:
         out = {}
@@ -77,14 +82,24 @@ def to_bson(v: Any) -> Any:
     if isinstance(v, str | int | float | bytes):  # subclasses: store the plain value
         for base in (bool, int, float, str, bytes):
             if isinstance(v, base):
-                return cast(Any, base)(v)
+                return to_bson(cast(Any, base)(v))
     if isinstance(v, Mapping):
         return to_bson(dict(v))
     if isinstance(v, list | tuple):
         return _seq(v)
     if isinstance(v, set | frozenset):
         return to_bson(frozenset(v))
+    if t.__module__ == "numpy" and hasattr(v, "tolist"):  # scalars and arrays, by value
+        plain = v.tolist()
+        if type(plain) is not t:  # an object array's element that is itself numpy: refused
+            return to_bson(plain)
     raise Unstorable(f"a value of type {t.__name__} cannot be stored in MongoDB")
+
+
+def _int_reason(v: int) -> str:
+    shown = v if abs(v) < 10**30 else f"~{float(v):.3e}"
+    return (f"the integer {shown} is outside MongoDB's 64-bit range (-2**63 .. 2**63-1); "
+            "store it as a string or a Decimal")
 
 
 def _seq(v: Any) -> list[Any]:
@@ -119,6 +134,34 @@ def _datetime(v: datetime) -> datetime:
                           "stores milliseconds: truncate it first, e.g. "
                           "v.replace(microsecond=v.microsecond // 1000 * 1000)")
     return v if not off else v.astimezone(UTC)
+
+
+def unstorable_at(doc: Any, path: str) -> str | None:
+    """Where in ``doc`` (a document about to be BSON-encoded) the first value is that BSON
+    cannot encode, and why (``state.v: the integer ... is outside ...``); ``None`` if none
+    is found. For a message whose write failed to encode: names the field."""
+    stack: list[tuple[str, Any]] = [(path, doc)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, Mapping):
+            for k in reversed(list(v)):
+                if type(k) is not str or "\x00" in k:
+                    return f"{where}.{k!r}: document keys are strings without NUL"
+                stack.append((f"{where}.{k}", v[k]))
+        elif type(v) is list or type(v) is tuple:
+            stack.extend((f"{where}[{i}]", x) for i, x in reversed(list(enumerate(v))))
+        elif isinstance(v, int) and not isinstance(v, bool) and not INT64_MIN <= v <= INT64_MAX:
+            return f"{where}: {_int_reason(v)}"
+        else:
+            try:
+                bson.encode({"v": v})
+            except Exception as exc:
+                reason = ("the text holds a lone surrogate, which is not UTF-8"
+                          if isinstance(v, str) else
+                          f"a value of type {type(v).__name__} cannot be stored in MongoDB "
+                          f"({' '.join(str(exc).split())[:200]})")
+                return f"{where}: {reason}"
+    return None
 
 
 def from_bson(v: Any) -> Any:

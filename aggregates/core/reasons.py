@@ -97,22 +97,29 @@ REASON_DOCS: Final[Mapping[Reason, ReasonDoc]] = {
         "aggregate is blocked: replay, then `aggbox parked release`. Raise `RetryableError` "
         "for transient failures instead: the batch is retried."),
     Reason.INVALID_STATE: ReasonDoc(
-        _DEAD, "the handler's new state has a field name starting with `$` or containing `.`; "
-        "or the stored state cannot be loaded: it does not fit the state type, was written by "
-        "a newer `state_version` (`_sv`), or a state migration is missing or raised "
-        "(docs/evolving-schemas.md)",
-        "Fix the handler (field names must not become MongoDB operators or paths); for a "
-        "stored state, deploy the newer definitions or fix the migration (the detail names "
-        "it); replay."),
+        _DEAD, "the handler's new state cannot be stored: a field name starting with `$` or "
+        "containing `.`, or a value BSON cannot hold — an int outside 64 bits, a naive or "
+        "sub-millisecond datetime, text that is not UTF-8, a type of its own (numpy values are "
+        "stored by value; NaN and infinity are stored: docs/concepts.md \"What each value "
+        "becomes\"); the detail names the field. Or the stored state cannot be loaded: it does "
+        "not fit the state type, was written by a newer `state_version` (`_sv`), or a state "
+        "migration is missing or raised (docs/evolving-schemas.md)",
+        "Fix the handler (field names must not become MongoDB operators or paths; store such "
+        "a value as a string); for a stored state, deploy the newer definitions or fix the "
+        "migration (the detail names it); replay."),
     Reason.INVALID_EMIT: ReasonDoc(
-        _DEAD, "an emitted message is invalid (bad `Emit`, payload keys with `$` or `.`, a "
-        "float NaN or infinity in the payload — not JSON, the detail names the field; the "
-        "state may hold them: it is stored as BSON, never published)",
-        "Fix the handler; replay."),
+        _DEAD, "an emitted message is invalid: a bad `Emit`, or a payload value that is not "
+        "JSON by the rule of docs/design.md \"JSON values\" — NaN or infinity (of any float "
+        "type, numpy's too), an int outside 64 bits, bytes, text that is not UTF-8, a type "
+        "of its own, keys with `$` or `.` — refused where the handler returns it, before "
+        "anything is stored; the detail names the field (`emit[0].payload.amount: NaN is not "
+        "JSON …`). The state may hold NaN: it is stored as BSON, never published",
+        "Fix the handler (send null, a string or a finite number); replay."),
     Reason.INVALID_TIMER: ReasonDoc(
         _DEAD, "a `Schedule` or `Cancel` is invalid (a bad key, neither or both of `at=` and "
-        "`after=`, a naive or out-of-range time, an invalid `Emit`), or the aggregate would "
-        "hold more than 100 pending timers",
+        "`after=`, a naive or out-of-range time, an invalid `Emit` — its payload follows the "
+        "emits' rule, the detail names the field), or the aggregate would hold more than 100 "
+        "pending timers",
         "Fix the handler (cancel timers that are no longer needed, or reuse keys); replay."),
     Reason.INVALID_PAYLOAD: ReasonDoc(
         _DEAD, "a typed handler's payload does not validate into its payload class; the detail "
@@ -254,10 +261,10 @@ REASON_DOCS: Final[Mapping[Reason, ReasonDoc]] = {
         "violation)",
         "Read the error; fix the cause; re-send."),
     Reason.INVALID_OUTBOX_ENTRY: ReasonDoc(
-        _DISPATCH_DEAD, "a stored outbox entry cannot form an envelope (a hand-edited or "
-        "corrupted document), or its payload holds a float NaN or infinity, which JSON cannot "
-        "carry (the detail names the field; the handler's emit is refused as `invalid_emit` "
-        "since, so only an entry stored before or by hand)",
+        _DISPATCH_DEAD, "a stored outbox entry cannot form an envelope, or its payload holds a "
+        "value that is not JSON (the detail names the field): only an entry stored by hand "
+        "or by an older aggbox — the fold refuses such an emit as `invalid_emit` or "
+        "`invalid_timer` before it is stored",
         "Inspect the raw entry (`aggbox deadletters show`); re-send by hand if needed."),
     Reason.BROKER_UNAVAILABLE: ReasonDoc(
         _DISPATCH_RETRY, "the broker did not take the record this time (timeout, connection)",
@@ -284,9 +291,12 @@ REASON_DOCS: Final[Mapping[Reason, ReasonDoc]] = {
     Reason.EFFECT_ERROR: ReasonDoc(
         _EFFECT_RETRY, "an effect or query function raised something other than an "
         "`EffectError` (a bug or an unexpected answer); treated as retryable, the traceback "
-        "is in the log file",
+        "is in the log file. Also, final, when it returned a result that cannot be the "
+        "`on_success` payload (not a dict, or a value that is not JSON by docs/design.md "
+        "\"JSON values\": the detail names the field, `result.amount`): the call took "
+        "effect, the aggregate receives the `on_failure` message",
         "Fix the function (raise `RetryableEffectError`/`PermanentEffectError` for the "
-        "resource's answers) and deploy."),
+        "resource's answers; return JSON values) and deploy."),
     Reason.EFFECT_NOT_CONFIGURED: ReasonDoc(
         _EFFECT_RETRY, "an entry's type is an effect that other live dispatcher instances "
         "execute and this one does not have: it is not published (that would end the effect "

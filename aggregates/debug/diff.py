@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from aggregates.core.samevalue import same_value
+
 _MISSING: Any = type("Missing", (), {"__repr__": lambda self: "<missing>"})()
 
 #: Stands for a field that does not exist on one side of a diff.
@@ -25,9 +27,18 @@ def state_diff(before: Mapping[str, Any] | None, after: Mapping[str, Any] | None
         path = f"{prefix}{key}"
         if isinstance(old, Mapping) and isinstance(new, Mapping):
             out.update(state_diff(old, new, prefix=path + "."))
-        elif old != new or (type(old) is not type(new) and not _same_number(old, new)):
+        elif _changed(old, new):
             out[path] = (old, new)
     return out
+
+
+def _changed(old: Any, new: Any) -> bool:
+    """A NaN that stays NaN is no change; ``0.0`` → ``-0.0`` is (it is stored so); ``1`` →
+    ``1.0`` is not (the same number)."""
+    if isinstance(old, float) and isinstance(new, float):
+        return not same_value(old, new)
+    return not same_value(old, new, strict=False) or (type(old) is not type(new)
+                                                      and not _same_number(old, new))
 
 
 def _same_number(a: Any, b: Any) -> bool:

@@ -6,7 +6,8 @@ runner (:mod:`dispatcher.effects.runner`) and the in-memory scenarios of
   its published envelope;
 - :func:`retry_reason` — a failed call (an exception, a timeout) as ``(reason, error)``:
   :class:`~aggregates.domain.effects.PermanentEffectError` is final, everything else retryable;
-- :func:`payload_problem` — why a returned value cannot be the success reply's payload;
+- :func:`result_payload` — a returned value as the success reply's payload (its JSON form),
+  or why it cannot be (:func:`payload_problem`: only the why);
 - :func:`exhausted_error` — the error text once ``max_attempts`` calls were begun.
 
 The reply message itself is :func:`aggregates.domain.effects.reply_message`.
@@ -19,12 +20,13 @@ from datetime import datetime
 from typing import Any, Final
 
 from aggregates.core.errors import EnvelopeError
+from aggregates.core.jsonvalue import NotJSONValue, json_payload
 from aggregates.core.reasons import Reason
 from aggregates.domain.effects import Effect, EffectCall, EffectError
 from aggregates.message.envelope import Message
 
-__all__ = ["MAX_ERROR", "effect_call", "exhausted_error", "payload_problem", "retry_reason",
-           "with_attempt"]
+__all__ = ["MAX_ERROR", "effect_call", "exhausted_error", "payload_problem", "result_payload",
+           "retry_reason", "with_attempt"]
 
 #: Error texts are cut to this many characters (in attempt records and replies).
 MAX_ERROR: Final = 2000
@@ -74,21 +76,34 @@ def exhausted_error(effect: Effect, last: str | None) -> str:
     return f"{effect.max_attempts} attempts; last: {last or 'no result recorded'}"
 
 
-def payload_problem(payload: Any, effect: Effect, *, aggregate_type: str,
-                    aggregate_id: str) -> str | None:
-    """Why ``payload`` (what the effect function returned, ``None`` already made ``{}``)
-    cannot be the payload of the ``on_success`` message; ``None`` if it can. The call took
-    effect all the same: the aggregate then receives a failure (``effect_error``)."""
+def result_payload(payload: Any, effect: Effect, *, aggregate_type: str, aggregate_id: str
+                   ) -> tuple[dict[str, Any] | None, str | None]:
+    """What the effect function returned (``None`` already made ``{}``) as the payload of the
+    ``on_success`` message — in its JSON form, by the rule every published payload follows
+    (docs/design.md "JSON values": a numpy number as its value, a ``Decimal`` as its text)
+    — and ``None``; or ``None`` and why it cannot be (a NaN, an int outside 64 bits, bytes,
+    a type of its own: the detail names the field, ``result.amount``). The call took effect
+    all the same: the aggregate then receives a failure (``effect_error``)."""
     if not isinstance(payload, Mapping):
-        return (f"the {effect.type} function returned {type(payload).__name__}, not a "
-                "payload dict (or None)")
+        return None, (f"the {effect.type} function returned {type(payload).__name__}, not a "
+                      "payload dict (or None)")
     try:
+        plain = json_payload(payload, "result")
         Message.from_dict({"message_id": "x", "type": effect.on_success,
                            "aggregate_type": aggregate_type,
-                           "aggregate_id": aggregate_id, "payload": dict(payload)})
-    except EnvelopeError as exc:
-        return f"the {effect.type} result cannot be a message payload: {exc}"
-    return None
+                           "aggregate_id": aggregate_id, "payload": dict(plain)})
+    except (NotJSONValue, EnvelopeError) as exc:
+        return None, f"the {effect.type} result cannot be a message payload: {exc}"
+    return (dict(plain) if plain is payload else plain), None
+
+
+def payload_problem(payload: Any, effect: Effect, *, aggregate_type: str,
+                    aggregate_id: str) -> str | None:
+    """Why ``payload`` cannot be the payload of the ``on_success`` message (see
+    :func:`result_payload`, whose JSON form is what the reply is to carry); ``None`` if it
+    can."""
+    return result_payload(payload, effect, aggregate_type=aggregate_type,
+                          aggregate_id=aggregate_id)[1]
 
 
 def text(value: object) -> str:

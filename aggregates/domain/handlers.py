@@ -8,7 +8,6 @@ import builtins
 import dataclasses
 import functools
 import inspect
-import math
 from collections.abc import Callable
 from typing import Any, Generic, TypeAlias
 
@@ -16,6 +15,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from aggregates.codec import scalar_dataclass_fields
 from aggregates.core.errors import AggboxError, ConfigurationError
+from aggregates.core.jsonvalue import INT64_MAX, INT64_MIN, json_payload
+from aggregates.domain.typedjson import dump_json
 from aggregates.message.emit import Handled, P, S
 from aggregates.message.envelope import Message
 
@@ -63,16 +64,22 @@ def payload_adapter(cls: builtins.type[Any]) -> TypeAdapter[Any]:
 _SCALAR_FIELDS: dict[builtins.type[Any], tuple[tuple[str, tuple[type, ...]], ...] | None] = {}
 
 
-def dump_payload(obj: object) -> dict[str, Any]:
-    """A payload object as the JSON-safe dict the outbox stores. Raises ``TypeError`` for an
-    object that is not a pydantic model or dataclass instance, or pydantic's errors."""
-    return dump_payload_checked(obj)[0]
+def dump_payload(obj: object, path: str = "payload") -> dict[str, Any]:
+    """A payload object as the JSON dict the outbox stores: pydantic's JSON mode, and values
+    it does not know judged by the rule of docs/design.md "JSON values"
+    (:mod:`aggregates.core.jsonvalue`). Raises
+    :class:`~aggregates.core.jsonvalue.NotJSONValue` naming the field under ``path``,
+    ``TypeError`` for an object that is not a pydantic model or dataclass instance, or
+    pydantic's errors."""
+    return dump_payload_checked(obj, path)[0]
 
 
-def dump_payload_checked(obj: object) -> tuple[dict[str, Any], bool]:
-    """:func:`dump_payload`, and whether the dict's keys are known to be valid MongoDB field
-    names without looking (a dataclass of scalar fields read directly: its keys are Python
-    identifiers; the hot path of typed emits)."""
+def dump_payload_checked(obj: object, path: str = "payload") -> tuple[dict[str, Any], bool]:
+    """:func:`dump_payload`, and whether it took the hot path of typed emits: a dataclass
+    of scalar fields read directly (keys: Python identifiers; a float finite, an int in
+    MongoDB's 64-bit range — anything else takes pydantic's dump and the rule's check). A
+    str is taken as it is there: one holding a lone surrogate is refused by the store's
+    BSON encoding, which names the field (``aggregates.codec.bson.unstorable_at``)."""
     cls = builtins.type(obj)
     try:
         fast = _SCALAR_FIELDS[cls]
@@ -82,24 +89,33 @@ def dump_payload_checked(obj: object) -> tuple[dict[str, Any], bool]:
         out: dict[str, Any] = {}
         for name, allowed in fast:
             v = getattr(obj, name)
-            if builtins.type(v) not in allowed or (builtins.type(v) is float
-                                                  and not math.isfinite(v)):
+            t = builtins.type(v)
+            if t not in allowed or (t is float and v - v != 0.0) or (
+                    t is int and not INT64_MIN <= v <= INT64_MAX):
                 break
             out[name] = v
         else:
             return out, True
-    return _dump_payload_slow(obj), False
+    return _dump_payload_slow(obj, path), False
 
 
-def _dump_payload_slow(obj: object) -> dict[str, Any]:
+def _dump_payload_slow(obj: object, path: str) -> dict[str, Any]:
     cls = builtins.type(obj)
     if not is_payload_class(cls):
         raise TypeError(f"payload must be a dict, a pydantic model or a dataclass instance; "
                         f"got {cls.__name__}")
-    out = payload_adapter(cls).dump_python(obj, mode="json", warnings="error")
+    adapter = payload_adapter(cls)
+    out = dump_json(adapter, obj, path, check_nulls=not _chose_inf_nan(cls))
     if not isinstance(out, dict):
         raise TypeError(f"{cls.__name__} dumps to {builtins.type(out).__name__}, not a dict")
-    return out
+    return json_payload(out, path)
+
+
+def _chose_inf_nan(cls: builtins.type[Any]) -> bool:
+    """Whether the class chose how pydantic writes a NaN or infinity it infers the type of
+    (``ser_json_inf_nan``): then a ``null`` in its dump is that choice, not a lost NaN."""
+    config = getattr(cls, "model_config", None) or getattr(cls, "__pydantic_config__", None)
+    return isinstance(config, dict) and "ser_json_inf_nan" in config
 
 
 def _describe(exc: ValidationError, cls: builtins.type[Any], limit: int = 3) -> str:

@@ -41,11 +41,13 @@ from aggregates.fold.result import Changes, DeadLetter, FoldResult, Parked
 from aggregates.fold.steps import (
     DUPLICATE,
     Refusal,
+    added_bytes,
     check_result,
     dead,
     park,
     run_handler,
     too_large,
+    unencodable,
 )
 from aggregates.fold.timers import TimerStep, maybe_fired
 from aggregates.message import outcomes as oc
@@ -256,17 +258,11 @@ class _Folder:
         """Strict pass: the bytes this message adds (its outbox entries, inbox entry and new
         timers; a removed timer is not subtracted), if the document stays within its size
         budget."""
-        try:
-            added = entries_size(entries) + _INBOX_ENTRY_BYTES + len(msg.message_id)
-            if timers is not None:
-                added += entries_size(timers.added)
-        except Exception as exc:  # a payload value BSON cannot store
-            raise dead(Reason.INVALID_EMIT,
-                        f"emitted payload cannot be stored in MongoDB: {exc}") from None
+        added = added_bytes(entries, timers) + _INBOX_ENTRY_BYTES + len(msg.message_id)
         try:
             size = self._size_with(state_doc)
-        except Exception as exc:
-            raise dead(Reason.INVALID_STATE, f"state cannot be stored in MongoDB: {exc}") from None
+        except Exception as exc:  # a value BSON cannot store: the field is named
+            raise unencodable(Reason.INVALID_STATE, state_doc, "state", exc) from None
         if size + added > self.max_bytes:
             raise too_large(self.snap, state_doc, added, self.max_bytes)
         return added

@@ -12,11 +12,10 @@ from typing import Any
 
 import bson
 
-from aggregates.core.errors import AggboxError, HandlerError, InvalidFieldName
+from aggregates.core.errors import AggboxError, HandlerError
 from aggregates.core.fastbuild import storable_text
-from aggregates.core.fieldnames import check_field_names
 from aggregates.core.ids import emitted_message_id
-from aggregates.core.jsonnumbers import NonJSONNumber
+from aggregates.core.jsonvalue import NotJSONValue, json_payload
 from aggregates.core.tracecontext import trace_headers
 from aggregates.domain.aggregate import AggregateRef, AggregateType, Emit, dump_payload_checked
 from aggregates.fold.document import Snapshot
@@ -55,18 +54,23 @@ def outbox_entries(atype: AggregateType[Any], snap: Snapshot, msg: Message,
             raise EmitError(f"Emit #{i}: the type must be a non-empty string (a dict "
                             f"payload needs a type name); got {etype!r}")
         payload: Any = e.payload
-        if isinstance(payload, dict):
-            # The handler's own dict: copied (shallow), so the entry does not change if the
-            # handler keeps and mutates it.
-            payload, trusted = dict(payload), False
-        else:  # a payload object (pydantic model, dataclass), dumped JSON-safe: a new dict
-            try:
-                payload, trusted = dump_payload_checked(payload)
-            except Exception as exc:
-                raise EmitError(
-                    f"Emit({etype!r}) #{i}: the payload must be a dict, a pydantic model "
-                    f"or a dataclass instance that dumps to JSON; "
-                    f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
+        # What is published must be JSON: the payload in its JSON form (docs/design.md
+        # "JSON values"), or the emit refused naming the field.
+        try:
+            if isinstance(payload, dict):
+                plain = json_payload(payload)
+                # The handler's own dict is copied (shallow), so the entry does not change
+                # if the handler keeps and mutates it; a converted payload is new already.
+                payload = dict(payload) if plain is payload else plain
+            else:  # a payload object (pydantic model, dataclass), dumped: a new dict
+                payload = dump_payload_checked(payload)[0]
+        except NotJSONValue as exc:  # its path starts "payload"
+            raise EmitError(f"Emit({etype!r}) #{i}: emit[{i}].{exc}") from None
+        except Exception as exc:
+            raise EmitError(
+                f"Emit({etype!r}) #{i}: the payload must be a dict, a pydantic model "
+                f"or a dataclass instance that dumps to JSON; "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())}") from None
         to, headers, sv = e.to, e.headers, e.schema_version
         # The common emit (no topic, key, headers or schema version; a good address) needs
         # no further checks: the hot path. An address of two non-empty ASCII strings is
@@ -80,13 +84,6 @@ def outbox_entries(atype: AggregateType[Any], snap: Snapshot, msg: Message,
             problem = _emit_problem(e)
             if problem is not None:
                 raise EmitError(f"Emit({etype!r}) #{i}: {problem}")
-        if not trusted:
-            try:  # keys, and no NaN or infinity: what is published must be JSON
-                check_field_names(payload, f"emit[{i}].payload", finite=True)
-            except InvalidFieldName as exc:
-                raise EmitError(str(exc)) from None
-            except NonJSONNumber as exc:
-                raise EmitError(f"Emit({etype!r}) #{i}: {exc}") from None
         entry: dict[str, Any] = {
             "id": emitted_message_id(type_name, agg_id, cause, i),
             "type": etype,

@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 import bson
 
+from aggregates.codec.bson import unstorable_at
 from aggregates.core.errors import (
     DeploymentError,
     HandlerError,
@@ -28,6 +29,7 @@ from aggregates.fold.document import Snapshot
 from aggregates.fold.handler_result import (
     EmitError,
     EmitHeaders,
+    entries_size,
     normalise_result,
     outbox_entries,
 )
@@ -35,8 +37,8 @@ from aggregates.fold.timers import TimerError, TimerOp, TimerStep, split_timer_o
 from aggregates.message.emit import Cancel, Schedule
 from aggregates.message.envelope import Message
 
-__all__ = ["DUPLICATE", "Refusal", "check_result", "dead", "deployment_error", "park",
-           "run_handler", "too_large"]
+__all__ = ["DUPLICATE", "Refusal", "added_bytes", "check_result", "dead", "deployment_error",
+           "park", "run_handler", "too_large", "unencodable"]
 
 
 class Refusal(Exception):
@@ -176,6 +178,28 @@ def check_result(atype: AggregateType[Any], snap: Snapshot, msg: Message, result
         if not (timers.added or timers.removed):  # e.g. a Cancel of no pending timer
             timers = None
     return new_state, state_doc, entries, timers
+
+
+def added_bytes(entries: list[dict[str, Any]], timers: TimerStep | None) -> int:
+    """The BSON size of a step's outbox entries and new timers; a value BSON cannot encode
+    dead-letters the message naming the field (``invalid_emit`` / ``invalid_timer``)."""
+    try:
+        added = entries_size(entries)
+    except Exception as exc:
+        raise unencodable(Reason.INVALID_EMIT, entries, "emit", exc) from None
+    try:
+        return added + (entries_size(timers.added) if timers is not None else 0)
+    except Exception as exc:
+        raise unencodable(Reason.INVALID_TIMER, timers.added if timers else [], "timer",
+                          exc) from None
+
+
+def unencodable(reason: str, doc: Any, path: str, exc: Exception) -> Refusal:
+    """A step whose state, outbox entries or timers BSON cannot encode: dead-lettered
+    ``reason``, naming the field (:func:`aggregates.codec.bson.unstorable_at`)."""
+    what = {"emit": "emitted payload", "timer": "timer"}.get(path, path)
+    where = unstorable_at(doc, path) or f"{type(exc).__name__}: {exc}"
+    return dead(reason, f"{what} cannot be stored in MongoDB: {where}")
 
 
 def too_large(snap: Snapshot, state_doc: dict[str, Any], added: int, budget: int) -> Refusal:

@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from aggregates.core.samevalue import same_value
 from aggregates.fold.result import Changes
 from aggregates.testing._scenario_effects import EffectCallRecord
 from aggregates.testing._scenario_timeline import Timeline
@@ -21,48 +22,57 @@ RUNS = ("in the first run", "in the second")
 
 
 def first_difference(a: Any, b: Any, path: str,
-                     labels: tuple[str, str] = ("before", "after")) -> str:
-    """Where ``a`` and ``b`` first differ, as text: the field's path and both values."""
+                     labels: tuple[str, str] = ("before", "after"), *,
+                     strict: bool = True) -> str:
+    """Where ``a`` and ``b`` first differ, as text: the field's path and both values. Values
+    are compared with :func:`~aggregates.core.samevalue.same_value` (NaN equals NaN; with
+    ``strict``, ``-0.0`` differs from ``0.0``)."""
     if type(a) is not type(b):
         return (f"{path}: {type(a).__name__} {a!r:.80} {labels[0]}, {type(b).__name__} "
                 f"{b!r:.80} {labels[1]}")
+
+    def differ(x: Any, y: Any) -> bool:
+        return not same_value(x, y, strict=strict) or type(x) is not type(y)
+
     if dataclasses.is_dataclass(a) and not isinstance(a, type):
         for f in dataclasses.fields(a):
             x, y = getattr(a, f.name), getattr(b, f.name)
-            if x != y or type(x) is not type(y):
-                return first_difference(x, y, f"{path}.{f.name}", labels)
+            if differ(x, y):
+                return first_difference(x, y, f"{path}.{f.name}", labels, strict=strict)
     elif hasattr(a, "model_fields") and hasattr(a, "model_dump"):
         for k in type(a).model_fields:
             x, y = getattr(a, k), getattr(b, k)
-            if x != y or type(x) is not type(y):
-                return first_difference(x, y, f"{path}.{k}", labels)
+            if differ(x, y):
+                return first_difference(x, y, f"{path}.{k}", labels, strict=strict)
     elif isinstance(a, Mapping):
         for k in sorted(set(a) | set(b), key=str):
             if k not in a or k not in b:
                 return f"{path}.{k}: {'only ' + labels[0] if k in a else 'only ' + labels[1]}"
-            if a[k] != b[k] or type(a[k]) is not type(b[k]):
-                return first_difference(a[k], b[k], f"{path}.{k}", labels)
+            if differ(a[k], b[k]):
+                return first_difference(a[k], b[k], f"{path}.{k}", labels, strict=strict)
     elif isinstance(a, list | tuple) and len(a) == len(b):
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            if x != y or type(x) is not type(y):
-                return first_difference(x, y, f"{path}[{i}]", labels)
+            if differ(x, y):
+                return first_difference(x, y, f"{path}[{i}]", labels, strict=strict)
     return f"{path}: {a!r:.80} {labels[0]}, {b!r:.80} {labels[1]}"
 
 
 def run_difference(first: Changes, second: Changes) -> str | None:
     """Where two runs of the same handling differ first (``None``: they agree): the state
-    (``state.<field>``), an emitted entry (``emit[i] (<type>).<field>``) or the timers."""
-    if first.state != second.state:
+    (``state.<field>``), an emitted entry (``emit[i] (<type>).<field>``) or the timers.
+    Compared by value as stored (:func:`~aggregates.core.samevalue.same_value`): a NaN
+    is the same NaN in both runs, ``-0.0`` is not ``0.0``."""
+    if not same_value(first.state, second.state):
         return first_difference(first.state, second.state, "state", RUNS)
     a, b = first.outbox, second.outbox
-    if a != b:
+    if not same_value(a, b):
         if len(a) != len(b):
             return (f"emits: {[e.get('type') for e in a]} {RUNS[0]}, "
                     f"{[e.get('type') for e in b]} {RUNS[1]}")
         for i, (x, y) in enumerate(zip(a, b, strict=True)):
-            if x != y:
+            if not same_value(x, y):
                 return first_difference(x, y, f"emit[{i}] ({x.get('type')})", RUNS)
-    if first.timers != second.timers:
+    if not same_value(first.timers, second.timers):
         return first_difference(first.timers, second.timers, "timers", RUNS)
     return None
 
@@ -76,12 +86,12 @@ def effect_blame(undisturbed: tuple[Sequence[EffectCallRecord], Timeline],
     for (calls, timeline), label in ((undisturbed, "undisturbed"), (disturbed, "under faults")):
         for recs in _results(calls).values():
             for later in recs[1:]:
-                if later.result != recs[0].result:
+                if not same_value(later.result, recs[0].result):
                     return _blame(recs[0], later, timeline,
                                   (f"at its first attempt ({label})",
                                    f"at attempt {later.call.attempt} ({label})"))
     for k, recs in got.items():
-        if k in base and base[k][0].result != recs[0].result:
+        if k in base and not same_value(base[k][0].result, recs[0].result):
             return _blame(base[k][0], recs[0], disturbed[1], ("undisturbed", "under faults"))
     return None
 

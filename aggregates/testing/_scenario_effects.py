@@ -21,7 +21,7 @@ from aggregates.core.errors import ConfigurationError
 from aggregates.core.reasons import Reason
 from aggregates.domain.effect_rules import (
     exhausted_error,
-    payload_problem,
+    result_payload,
     retry_reason,
     text,
     with_attempt,
@@ -223,12 +223,12 @@ class EffectDesk:
 
     def _succeed(self, att: _Attempt, effect: Effect, call: EffectCall, result: Any,
                  answer: str) -> Settled:
-        payload = {} if result is None else result
-        problem = payload_problem(payload, effect, aggregate_type=call.aggregate_type,
-                                  aggregate_id=call.aggregate_id)
-        if problem is not None:
-            return self._fail(att, Reason.EFFECT_ERROR, problem, answer)
-        att.final, att.result = True, dict(payload)
+        payload, problem = result_payload({} if result is None else result, effect,
+                                          aggregate_type=call.aggregate_type,
+                                          aggregate_id=call.aggregate_id)
+        if payload is None:
+            return self._fail(att, Reason.EFFECT_ERROR, problem or "", answer)
+        att.final, att.result = True, payload
         return self._settled(att, answer)
 
     def _fail(self, att: _Attempt, reason: str, error: str, answer: str) -> Settled:

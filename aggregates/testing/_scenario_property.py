@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from aggregates.core.errors import AggboxError, ConfigurationError
+from aggregates.core.samevalue import same_value
 from aggregates.domain.aggregate import Registry
 from aggregates.domain.effects import Effects
 from aggregates.testing._blame import effect_blame, first_difference
@@ -219,7 +220,7 @@ def _problem(expected: dict[tuple[str, str], Any], calls: dict[str, int], sc: Sc
              source: PlannedFaults, effects: Effects | None,
              at_least_once: Collection[str], base: Scenario | None = None) -> str | None:
     got = sc.states()
-    if got != expected:
+    if not same_value(got, expected):  # a NaN in a state is the same NaN
         # An effect that answered the same call differently is to blame, not a handler.
         blame = None if base is None else effect_blame((base.effect_calls, base.timeline),
                                                        (sc.effect_calls, sc.timeline))
@@ -257,7 +258,7 @@ def _diff(want: dict[tuple[str, str], Any], got: dict[tuple[str, str], Any]) -> 
     lines = []
     for key in sorted(set(want) | set(got)):
         a, b = want.get(key, "(absent)"), got.get(key, "(absent)")
-        if a != b:
+        if not same_value(a, b):
             if key in want and key in got:  # the first field that differs, then both states
                 lines.append(f"  {key[0]}/{key[1]} first differs at " + first_difference(
                     a, b, "state", ("undisturbed", "under faults")))

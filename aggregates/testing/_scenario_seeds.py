@@ -19,6 +19,7 @@ from types import ModuleType
 from typing import Any
 
 from aggregates.core.errors import AggboxError, ConfigurationError
+from aggregates.core.samevalue import same_value
 
 __all__ = ["SEEDS", "check_hash_seeds"]
 
@@ -74,9 +75,10 @@ def check_hash_seeds(flow: Callable[..., object], registry: object, effects: obj
                         f"{last}")
         results.append((f"PYTHONHASHSEED={seed}", dict(pickle.loads(out))))
     for (first, base), (label, states) in itertools.combinations(results, 2):
-        if states == base:
+        if same_value(states, base):  # a NaN in a state is the same NaN
             continue
-        keys = sorted(k for k in set(states) | set(base) if states.get(k) != base.get(k))
+        keys = sorted(k for k in set(states) | set(base)
+                      if not same_value(states.get(k), base.get(k)))
         diff = "\n".join(f"  {t}/{i}: {first}: {base.get((t, i), '(absent)')!r}\n"
                          f"  {' ' * len(t + i)}  {label}: {states.get((t, i), '(absent)')!r}"
                          for t, i in keys)

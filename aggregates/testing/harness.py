@@ -13,7 +13,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Generic, TypeVar, cast
 
 from aggregates.core.errors import AggboxError, ConfigurationError, HandlerError
+from aggregates.core.reasons import Reason
+from aggregates.core.samevalue import same_value
 from aggregates.domain.aggregate import AggregateType
+from aggregates.domain.effect_rules import result_payload
 from aggregates.domain.effects import Effect, reply_message
 from aggregates.fold import DeadLetter, Parked, fold
 from aggregates.fold.document import Snapshot
@@ -188,14 +191,14 @@ class AggregateHarness(Generic[S]):
         except Exception as exc:
             raise HandlerError(f"{name}: the stored state cannot be loaded back "
                                f"({type(exc).__name__}: {exc})") from exc
-        if back != state:
-            where = _first_difference(state, back, "state")
+        if not _equal(back, state) and not same_value(state, back, strict=False):  # NaN
+            where = _first_difference(state, back, "state", strict=False)
             raise HandlerError(
                 f"{name}: the state does not survive the store's round trip: {where}. Use "
                 "field types the codec stores (docs/concepts.md \"State types\") and an "
                 "__eq__ that compares the stored fields")
         again = codec.dump(back)
-        if again != doc:
+        if not _equal(again, doc) and not same_value(again, doc, strict=False):
             where = _first_difference(doc, again, "state")
             raise HandlerError(f"{name}: the stored state changes when loaded and stored "
                                f"again: {where}")
@@ -228,8 +231,10 @@ class AggregateHarness(Generic[S]):
         runner would (docs/side-effects.md): the entry leaves the outbox and the aggregate
         handles ``effect.on_success`` with ``result`` — or, with ``failure=(reason,
         error)``, ``effect.on_failure`` with ``{reason, error, attempts}`` — under the
-        reply's real id, so delivering it twice gives ``duplicate``. The effect function
-        itself is not called: test it on its own."""
+        reply's real id, so delivering it twice gives ``duplicate``. A ``result`` goes in
+        its JSON form, or — when the runner could not send it (a NaN, bytes: docs/design.md
+        "JSON values") — as the ``effect_error`` failure the runner sends instead, naming
+        the field. The effect function itself is not called: test it on its own."""
         found = [i for i, e in enumerate(self.outbox) if e.get("type") == effect.type]
         if not found:
             pending = [e.get("type") for e in self.outbox]
@@ -237,6 +242,11 @@ class AggregateHarness(Generic[S]):
                               f"outbox (pending: {pending}); emit it first")
         i = found[0]
         entry = self.outbox[i]
+        if failure is None:  # the runner's rule: the result in its JSON form, or a failure
+            result, problem = result_payload(result or {}, effect,
+                                             aggregate_type=self.atype.name,
+                                             aggregate_id=self.snapshot.aggregate_id)
+            failure = None if problem is None else (Reason.EFFECT_ERROR, problem)
         msg = reply_message(effect, entry, aggregate_type=self.atype.name,
                             aggregate_id=self.snapshot.aggregate_id, result=result,
                             failure=failure, attempts=attempts, at=self.now)
@@ -301,11 +311,24 @@ class _RecordingCodec:
         return doc
 
 
+def _equal(a: Any, b: Any) -> bool:
+    """``a == b`` by the state's own ``__eq__`` (``False`` where it cannot say: a numpy
+    array in a dict state)."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
+
+
 def _freeze(value: Any) -> Any:
+    """A snapshot of a state document, compared by value: a float by its representation
+    (a NaN is the same NaN, ``-0.0`` is not ``0.0``)."""
     if isinstance(value, Mapping):
         return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
     if isinstance(value, list | tuple):
         return tuple(_freeze(v) for v in value)
+    if isinstance(value, float):
+        return (float, float.__repr__(value))
     return value
 
 
