@@ -141,7 +141,7 @@ class NativePass(CollectionPass):
     def _evicted(self, p: Pending) -> Sequence[Any]:
         res = p.result
         if isinstance(res, _NativeResult):
-            return res.fold.archive  # type: ignore[no-any-return]
+            return res.fold.archive
         return super()._evicted(p)
 
     def _written(self, p: Pending) -> None:
@@ -149,7 +149,7 @@ class NativePass(CollectionPass):
         if isinstance(res, _NativeResult):
             res.snapshot = res.fold.written()
             self.raw.pop(p.work.aggregate_id, None)  # the document is not as read any more
-            self._settle(p.work, res, p.size)  # type: ignore[arg-type]
+            self._settle(p.work, res, p.size)
             return
         self.raw.pop(p.work.aggregate_id, None)
         super()._written(p)

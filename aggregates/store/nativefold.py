@@ -35,7 +35,7 @@ __all__ = ["NATIVE", "RAW_OPTIONS", "available", "spec_of", "write_op"]
 try:
     if os.environ.get("AGGBOX_PURE") == "1":
         raise ImportError("AGGBOX_PURE=1")
-    import _aggbox_native as _core
+    import _aggbox_native as _core  # type: ignore[import-untyped]
 
     _ = _core.fold_slice  # a core built before the batch fold: pure path
     NATIVE: Any = _core
@@ -64,7 +64,7 @@ def _init() -> None:
             return
         from datetime import UTC
 
-        opts = CodecOptions()
+        opts: CodecOptions[dict[str, Any]] = CodecOptions()
 
         def encode_value(value: Any) -> bytes:
             return bson.encode({"v": value}, codec_options=opts)

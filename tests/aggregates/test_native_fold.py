@@ -13,6 +13,7 @@ folds), and ids with ``/``, ``$``, ``.`` and non-ASCII characters.
 
 from __future__ import annotations
 
+import itertools
 from datetime import timedelta
 from typing import Any
 
@@ -132,7 +133,7 @@ def test_native_fold_writes_what_the_definition_writes(
         cuts: list[int], stamps: list[int], replay: bool) -> None:
     messages = [Message.from_dict(e) for e in envs]
     edges = sorted({0, len(messages), *[min(c, len(messages)) for c in cuts]})
-    batches = [messages[a:b] for a, b in zip(edges, edges[1:], strict=False)]
+    batches = [messages[a:b] for a, b in itertools.pairwise(edges)]
     if replay:  # the whole input again: duplicates, claims of an earlier attempt
         batches.append(messages)
     stamps = (stamps * 2)[:len(batches)]
