@@ -8,40 +8,16 @@ built. A slice the core gives back — and every slice of an aggregate with park
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 import bson
 
 from aggregates.fold.document import Snapshot
-from aggregates.fold.result import DeadLetter, Parked
-from aggregates.message.outcomes import Outcome
 from aggregates.store.chunks import Work
-from aggregates.store.nativefold import NATIVE, RAW_OPTIONS, available, write_op
+from aggregates.store.nativefold import NATIVE, RAW_OPTIONS, available
 from aggregates.store.write_pass import CollectionPass, Pending
 
 __all__ = ["NativePass"]
-
-_NONE: Final[list[Any]] = []  # the side lists of a native fold: always empty, never mutated
-
-
-@dataclass(frozen=True, slots=True)
-class _Changes:
-    empty: bool
-
-
-@dataclass(slots=True)
-class _NativeResult:
-    """A native fold as the pass settles it (the fields of a FoldResult it reads)."""
-
-    fold: Any
-    changes: _Changes
-    outcomes: list[Outcome]
-    snapshot: Any = None
-    dead_letters: list[DeadLetter] = field(default_factory=lambda: _NONE)
-    parked: list[Parked] = field(default_factory=lambda: _NONE)
-    released: list[str] = field(default_factory=lambda: _NONE)
-
 
 _UNREAD: Final = object()
 
@@ -56,8 +32,11 @@ class NativePass(CollectionPass):
         self.raw: dict[str, bytes | None] = {}
         self._raw_coll = self.coll.with_options(codec_options=RAW_OPTIONS)
         stamp = self.ctx.run
-        self._stamp = (stamp.run, stamp.attempt) if stamp is not None else None
         self._native = available()
+        self._fold_ctx = NATIVE.FoldCtx(
+            spec, self.now, self.ctx.settings.max_document_bytes,
+            (stamp.run, stamp.attempt) if stamp is not None else None,
+            self.coll.codec_options)
 
     # -- reading ----------------------------------------------------------------------
     def _read(self, ids: list[str]) -> dict[str, Any]:
@@ -104,52 +83,51 @@ class NativePass(CollectionPass):
             snap = self.snaps[w.aggregate_id]
             if isinstance(snap, Snapshot):
                 pairs.extend(self._pairs(w, snap))
-            else:
+            elif snap.exists:  # a missing document never archived an id
                 pairs.extend((w.aggregate_id, m) for m in snap.lookup_ids(
                     self.spec, w.messages, w.pos, len(w.messages)))
         found, tags = self.archive.lookup_tagged(pairs) if pairs else ({}, {})
         for w in works:
             snap = self.snaps[w.aggregate_id]
-            rec = snap.dedup if isinstance(snap, Snapshot) else snap
-            rec.looked_up(found.get(w.aggregate_id, {}), tags.get(w.aggregate_id))
+            if isinstance(snap, Snapshot):
+                snap.dedup.looked_up(found.get(w.aggregate_id, {}), tags.get(w.aggregate_id))
+            elif snap.exists:
+                snap.looked_up(found.get(w.aggregate_id, {}), tags.get(w.aggregate_id))
 
     # -- folding and writing ----------------------------------------------------------
     def _fold(self, w: Work, n: int) -> Any:
         snap = self.snaps[w.aggregate_id]
         if not isinstance(snap, Snapshot):
             if self._native:
-                s = self.ctx.settings
-                res = NATIVE.fold_slice(self.spec, snap, w.messages, w.pos, w.pos + n,
-                                        self.now, s.max_document_bytes, w.conflicts + 1,
-                                        self._stamp, self.coll.codec_options)
+                res = self._fold_ctx.fold(snap, w.messages, w.pos, w.pos + n, w.conflicts + 1)
                 if res is not None:
                     self.result.stats.native_slices += 1
-                    result = _NativeResult(res, _Changes(res.op is None), res.outcomes)
                     if res.op is None:
-                        result.snapshot = res.written()
-                    return result
+                        res.settle()
+                    return res
             self._to_definition(w)
         return super()._fold(w, n)
 
     def _op(self, p: Pending) -> Any:
         res = p.result
-        if isinstance(res, _NativeResult):
-            aid = p.work.aggregate_id
-            return write_op(aid, self.snaps[aid].version, res.fold.op, res.fold.op_insert)
+        if type(res) is _NATIVE_FOLD:
+            return res.op
         return super()._op(p)
 
     def _evicted(self, p: Pending) -> Sequence[Any]:
         res = p.result
-        if isinstance(res, _NativeResult):
-            return res.fold.archive
+        if type(res) is _NATIVE_FOLD:
+            return res.archive  # type: ignore[no-any-return]
         return super()._evicted(p)
 
     def _written(self, p: Pending) -> None:
         res = p.result
-        if isinstance(res, _NativeResult):
-            res.snapshot = res.fold.written()
-            self.raw.pop(p.work.aggregate_id, None)  # the document is not as read any more
+        self.raw.pop(p.work.aggregate_id, None)  # the document is not as read any more
+        if type(res) is _NATIVE_FOLD:
+            res.settle()
             self._settle(p.work, res, p.size)
             return
-        self.raw.pop(p.work.aggregate_id, None)
         super()._written(p)
+
+
+_NATIVE_FOLD: Final = NATIVE.NativeFold if NATIVE is not None else None

@@ -25,12 +25,11 @@ from aggregates.core.ids import AGGBOX_NAMESPACE
 from aggregates.core.tracecontext import emit_trace, trace_headers
 from aggregates.dedup import HighWater, Inbox, NoDedup
 from aggregates.domain.aggregate import AggregateType, TypedHandler, dump_payload_checked
-from aggregates.fold.document import F_VERSION
 from aggregates.message.emit import AggregateRef, Emit
 from aggregates.message.envelope import Message, Source
 from aggregates.message.outcomes import Outcome
 
-__all__ = ["NATIVE", "RAW_OPTIONS", "available", "spec_of", "write_op"]
+__all__ = ["NATIVE", "RAW_OPTIONS", "available", "spec_of"]
 
 try:
     if os.environ.get("AGGBOX_PURE") == "1":
@@ -71,7 +70,7 @@ def _init() -> None:
 
         NATIVE.fold_init(Message, Emit, Source, Outcome, AggregateRef, UTC, encode_value,
                          trace_headers, dump_payload_checked, scalar_dataclass_fields,
-                         AGGBOX_NAMESPACE.bytes)
+                         AGGBOX_NAMESPACE.bytes, InsertOne, UpdateOne, RawBSONDocument)
         _ready = True
 
 
@@ -120,11 +119,3 @@ def _build(atype: AggregateType[Any]) -> Any:
                            max_sources, atype.max_outbox, atype.topic, atype.state_version,
                            handlers, atype.load_state, codec.dump_checked, codec._loaded,
                            fast, codec._plain_dict)
-
-
-def write_op(aggregate_id: str, version: int, op: bytes, insert: bool) -> Any:
-    """The pymongo operation of a write the core built (its BSON sent as it is)."""
-    doc = RawBSONDocument(op)
-    if insert:
-        return InsertOne(doc)
-    return UpdateOne({"_id": aggregate_id, F_VERSION: version}, doc, upsert=True)

@@ -104,7 +104,9 @@ class Pending:
     """One aggregate's slice folded in this round, with the write that stores it."""
 
     work: Work
-    result: FoldResult
+    #: The fold's result: a FoldResult, or the native core's (read the same way:
+    #: aggregates/store/native_pass.py)
+    result: Any
     size: int  # messages in the slice
 
 
@@ -229,7 +231,8 @@ class CollectionPass:
 
     def _evicted(self, p: Pending) -> Sequence[Any]:
         """The dedup entries leaving the document with ``p``'s write."""
-        return p.result.changes.dedup.archive
+        res: FoldResult = p.result
+        return res.changes.dedup.archive
 
     def _write(self, pending: list[Pending]) -> list[WriteError]:
         """Archive what leaves the documents, then send the round's conditional writes."""

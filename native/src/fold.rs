@@ -51,6 +51,13 @@ pub struct Env {
     s_duplicate: Py<PyString>,
     empty_tuple: Py<PyTuple>,
     namespace: [u8; 16],
+    /// pymongo's `InsertOne`, `UpdateOne` and bson's `RawBSONDocument`: the writes as sent.
+    insert_one: Py<PyAny>,
+    update_one: Py<PyAny>,
+    raw_document: Py<PyAny>,
+    s_id: Py<PyString>,
+    s_v: Py<PyString>,
+    s_upsert: Py<PyString>,
 }
 
 /// A payload class (kept alive) and its scalar fields, when it has only such fields.
@@ -97,6 +104,9 @@ pub fn fold_init(
     dump_payload: Py<PyAny>,
     scalar_fields: Py<PyAny>,
     namespace: &Bound<'_, PyBytes>,
+    insert_one: Py<PyAny>,
+    update_one: Py<PyAny>,
+    raw_document: Py<PyAny>,
 ) -> PyResult<()> {
     // SAFETY: imports the datetime C API once (idempotent), GIL held.
     unsafe {
@@ -126,6 +136,12 @@ pub fn fold_init(
         s_duplicate: PyString::intern(py, "duplicate").unbind(),
         empty_tuple: PyTuple::empty(py).unbind(),
         namespace: ns,
+        insert_one,
+        update_one,
+        raw_document,
+        s_id: PyString::intern(py, "_id").unbind(),
+        s_v: PyString::intern(py, "_v").unbind(),
+        s_upsert: PyString::intern(py, "upsert").unbind(),
     };
     let _ = ENV.set(e);
     Ok(())
@@ -841,12 +857,17 @@ struct StateNow {
     doc: Option<Py<PyAny>>,
 }
 
-/// The result of a native fold: the write, the outcomes, the archive entries, the snapshot.
+/// The result of a native fold, read by the pass as it reads a `FoldResult`: the write,
+/// the outcomes, the archive entries, and the snapshot once settled.
 #[pyclass(module = "_aggbox_native")]
 pub struct NativeFold {
-    /// The write's BSON: the update document (`op_insert` False) or the new document.
+    /// The write as pymongo sends it (`InsertOne`/`UpdateOne` of a `RawBSONDocument`), or
+    /// None when the slice changes nothing.
     #[pyo3(get)]
-    op: Option<Py<PyBytes>>,
+    op: Option<Py<PyAny>>,
+    /// The write's BSON (the new document, or the update document).
+    #[pyo3(get)]
+    op_bytes: Option<Py<PyBytes>>,
     #[pyo3(get)]
     op_insert: bool,
     #[pyo3(get)]
@@ -855,23 +876,94 @@ pub struct NativeFold {
     /// tag)]` lists (archived first, `aggregates.dedup.archive`).
     #[pyo3(get)]
     archive: Py<PyList>,
-    /// The snapshot after the write (version not yet raised: `written()` does).
+    /// The snapshot after the write, set by `settle()`.
+    #[pyo3(get)]
+    snapshot: Option<Py<NativeSnap>>,
     snap: Option<NativeSnap>,
+    empty_list: Py<PyList>,
 }
 
 #[pymethods]
 impl NativeFold {
-    /// The snapshot once the write succeeded (or, without a write, as it was).
-    fn written(&mut self) -> PyResult<NativeSnap> {
+    /// Whether the slice needs no write (`Changes.empty`).
+    #[getter]
+    fn empty(&self) -> bool {
+        self.op.is_none()
+    }
+
+    /// The fold's changes, as the pass asks for them (`res.changes.empty`).
+    #[getter]
+    fn changes(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    /// A native fold has no dead letters, parked or released messages (it hands those
+    /// slices back).
+    #[getter]
+    fn dead_letters(&self, py: Python<'_>) -> Py<PyList> {
+        self.empty_list.clone_ref(py)
+    }
+
+    #[getter]
+    fn parked(&self, py: Python<'_>) -> Py<PyList> {
+        self.empty_list.clone_ref(py)
+    }
+
+    #[getter]
+    fn released(&self, py: Python<'_>) -> Py<PyList> {
+        self.empty_list.clone_ref(py)
+    }
+
+    /// Sets `snapshot`: the document once the write succeeded (or, without a write, as it
+    /// was).
+    fn settle(&mut self, py: Python<'_>) -> PyResult<()> {
         let mut s = self
             .snap
             .take()
-            .ok_or_else(|| PyRuntimeError::new_err("written() called twice"))?;
+            .ok_or_else(|| PyRuntimeError::new_err("settle() called twice"))?;
         if self.op.is_some() {
             s.version += 1;
             s.exists = true;
         }
-        Ok(s)
+        self.snapshot = Some(Py::new(py, s)?);
+        Ok(())
+    }
+}
+
+/// What a pass's native folds share: the aggregate type, the writer's clock, budget, run
+/// stamp, and how the collection decodes documents.
+#[pyclass(frozen, module = "_aggbox_native")]
+pub struct FoldCtx {
+    spec: Py<TypeSpec>,
+    now: Py<PyAny>,
+    max_document_bytes: i64,
+    stamp: Option<(String, String)>,
+    codec_options: Py<PyAny>,
+}
+
+#[pymethods]
+impl FoldCtx {
+    #[new]
+    #[pyo3(signature = (spec, now, max_document_bytes, stamp, codec_options))]
+    fn new(spec: Py<TypeSpec>, now: Py<PyAny>, max_document_bytes: i64,
+           stamp: Option<(String, String)>, codec_options: Py<PyAny>) -> Self {
+        FoldCtx { spec, now, max_document_bytes, stamp, codec_options }
+    }
+
+    /// `fold_slice` with this context.
+    fn fold<'py>(
+        &self,
+        py: Python<'py>,
+        snap: &NativeSnap,
+        messages: &Bound<'py, PyList>,
+        start: usize,
+        stop: usize,
+        attempt: i64,
+    ) -> PyResult<Option<NativeFold>> {
+        let spec = self.spec.get();
+        fold_slice(py, spec, snap, messages, start, stop, self.now.bind(py),
+                   self.max_document_bytes, attempt, self.stamp.clone(),
+                   Some(self.codec_options.bind(py)))
     }
 }
 
@@ -1900,12 +1992,33 @@ impl<'a> Folder<'a> {
             self.snap.state_raw = None;
             self.snap.state_bytes = state_bson.as_ref().map_or(0, |s| if s.len() > 5 { s.len() as i64 } else { 0 });
         }
+        let (op_obj, op_bytes) = match op {
+            None => (None, None),
+            Some(bytes) => {
+                let b = PyBytes::new(py, &bytes);
+                let raw = e.raw_document.bind(py).call1((&b,))?;
+                let obj = if insert {
+                    e.insert_one.bind(py).call1((raw,))?
+                } else {
+                    let filter = PyDict::new(py);
+                    filter.set_item(e.s_id.bind(py), self.snap.aid.bind(py))?;
+                    filter.set_item(e.s_v.bind(py), self.snap.version)?;
+                    let kw = PyDict::new(py);
+                    kw.set_item(e.s_upsert.bind(py), true)?;
+                    e.update_one.bind(py).call((filter, raw), Some(&kw))?
+                };
+                (Some(obj.unbind()), Some(b.unbind()))
+            }
+        };
         Ok(Some(NativeFold {
-            op: op.map(|b| PyBytes::new(py, &b).unbind()),
+            op: op_obj,
+            op_bytes,
             op_insert: insert,
             outcomes: outcomes.unbind(),
             archive: archive.unbind(),
+            snapshot: None,
             snap: Some(self.snap),
+            empty_list: PyList::empty(py).unbind(),
         }))
     }
 }
@@ -1995,5 +2108,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<TypeSpec>()?;
     m.add_class::<NativeSnap>()?;
     m.add_class::<NativeFold>()?;
+    m.add_class::<FoldCtx>()?;
     Ok(())
 }
