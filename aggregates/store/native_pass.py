@@ -12,6 +12,8 @@ from typing import Any, Final
 
 import bson
 
+from aggregates.core.bulk import WriteError
+from aggregates.dedup.archive import InboxArchive
 from aggregates.fold.document import Snapshot
 from aggregates.store.chunks import Work
 from aggregates.store.nativefold import NATIVE, RAW_OPTIONS, available
@@ -36,7 +38,7 @@ class NativePass(CollectionPass):
         self._fold_ctx = NATIVE.FoldCtx(
             spec, self.now, self.ctx.settings.max_document_bytes,
             (stamp.run, stamp.attempt) if stamp is not None else None,
-            self.coll.codec_options)
+            self.coll.codec_options, self.ctx.store_now)
 
     # -- reading ----------------------------------------------------------------------
     def _read(self, ids: list[str]) -> dict[str, Any]:
@@ -114,10 +116,21 @@ class NativePass(CollectionPass):
             return res.op
         return super()._op(p)
 
+    def _write(self, pending: list[Pending]) -> list[WriteError]:
+        archive = self.archive
+        if archive is not None:
+            # The native folds' evicted ids come as the archive's documents, built in the
+            # core; the definition's as entries. Both are stored before the round's writes.
+            docs = [d for p in pending if type(p.result) is _NATIVE_FOLD
+                    for d in p.result.archive]
+            if docs:
+                assert isinstance(archive, InboxArchive)
+                archive.insert_documents(docs)
+        return super()._write(pending)
+
     def _evicted(self, p: Pending) -> Sequence[Any]:
-        res = p.result
-        if type(res) is _NATIVE_FOLD:
-            return res.archive  # type: ignore[no-any-return]
+        if type(p.result) is _NATIVE_FOLD:
+            return ()  # stored by _write
         return super()._evicted(p)
 
     def _written(self, p: Pending) -> None:

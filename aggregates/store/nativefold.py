@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+from datetime import timedelta
 from typing import Any
 
 import bson
@@ -91,12 +92,11 @@ def spec_of(atype: AggregateType[Any]) -> Any:
 
 def _build(atype: AggregateType[Any]) -> Any:
     d = atype.dedup
-    window, horizon_us, always, contiguous, max_sources = 1, 0, False, False, 1
+    window, horizon_us, skew_us, always, contiguous, max_sources = 1, 0, 0, False, False, 1
     if type(d) is Inbox:
         kind = "inbox"
         window, always = d.window, d.lookup == "always"
-        horizon_us = (d.horizon.days * 86_400 + d.horizon.seconds) * 1_000_000 \
-            + d.horizon.microseconds
+        horizon_us, skew_us = _micros(d.horizon), _micros(d.clock_skew)
     elif type(d) is HighWater:
         kind, contiguous, max_sources = "high-water", d.mode == "contiguous", d.max_sources
     elif type(d) is NoDedup:
@@ -115,7 +115,11 @@ def _build(atype: AggregateType[Any]) -> Any:
     fast = None
     if codec._fast is not None and dataclasses.is_dataclass(codec.state_type):
         fast = (codec.state_type, [(name, list(allowed)) for name, allowed in codec._fast])
-    return NATIVE.TypeSpec(atype.name, kind, window, horizon_us, always, contiguous,
+    return NATIVE.TypeSpec(atype.name, kind, window, horizon_us, skew_us, always, contiguous,
                            max_sources, atype.max_outbox, atype.topic, atype.state_version,
                            handlers, atype.load_state, codec.dump_checked, codec._loaded,
                            fast, codec._plain_dict)
+
+
+def _micros(d: timedelta) -> int:
+    return (d.days * 86_400 + d.seconds) * 1_000_000 + d.microseconds

@@ -152,7 +152,7 @@ pub fn fold_init(
 #[derive(Clone, Copy, PartialEq)]
 enum Dedup {
     None,
-    Inbox { window: usize, horizon_us: i64, always: bool },
+    Inbox { window: usize, horizon_us: i64, skew_us: i64, always: bool },
     High { contiguous: bool, max_sources: usize },
 }
 
@@ -180,14 +180,15 @@ pub struct TypeSpec {
 impl TypeSpec {
     #[new]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (name, dedup_kind, window, horizon_us, lookup_always, contiguous,
-                        max_sources, max_outbox, topic, state_version, handlers, load_state,
-                        dump_checked, loaded, fast_state, plain_dict))]
+    #[pyo3(signature = (name, dedup_kind, window, horizon_us, skew_us, lookup_always,
+                        contiguous, max_sources, max_outbox, topic, state_version, handlers,
+                        load_state, dump_checked, loaded, fast_state, plain_dict))]
     fn new(
         name: Bound<'_, PyString>,
         dedup_kind: &str,
         window: usize,
         horizon_us: i64,
+        skew_us: i64,
         lookup_always: bool,
         contiguous: bool,
         max_sources: usize,
@@ -203,7 +204,7 @@ impl TypeSpec {
     ) -> PyResult<Self> {
         let dedup = match dedup_kind {
             "none" => Dedup::None,
-            "inbox" => Dedup::Inbox { window, horizon_us, always: lookup_always },
+            "inbox" => Dedup::Inbox { window, horizon_us, skew_us, always: lookup_always },
             "high-water" => Dedup::High { contiguous, max_sources },
             _ => return Err(PyRuntimeError::new_err(format!("unknown dedup kind {dedup_kind}"))),
         };
@@ -939,15 +940,19 @@ pub struct FoldCtx {
     max_document_bytes: i64,
     stamp: Option<(String, String)>,
     codec_options: Py<PyAny>,
+    /// The store's clock when it is not the writer's (the archive's expiry is put as far
+    /// ahead of it: `aggregates.dedup.archive.InboxArchive.write`).
+    store_now: Option<Py<PyAny>>,
 }
 
 #[pymethods]
 impl FoldCtx {
     #[new]
-    #[pyo3(signature = (spec, now, max_document_bytes, stamp, codec_options))]
+    #[pyo3(signature = (spec, now, max_document_bytes, stamp, codec_options, store_now=None))]
     fn new(spec: Py<TypeSpec>, now: Py<PyAny>, max_document_bytes: i64,
-           stamp: Option<(String, String)>, codec_options: Py<PyAny>) -> Self {
-        FoldCtx { spec, now, max_document_bytes, stamp, codec_options }
+           stamp: Option<(String, String)>, codec_options: Py<PyAny>,
+           store_now: Option<Py<PyAny>>) -> Self {
+        FoldCtx { spec, now, max_document_bytes, stamp, codec_options, store_now }
     }
 
     /// `fold_slice` with this context.
@@ -963,7 +968,8 @@ impl FoldCtx {
         let spec = self.spec.get();
         fold_slice(py, spec, snap, messages, start, stop, self.now.bind(py),
                    self.max_document_bytes, attempt, self.stamp.clone(),
-                   Some(self.codec_options.bind(py)))
+                   Some(self.codec_options.bind(py)),
+                   self.store_now.as_ref().map(|s| s.bind(py)))
     }
 }
 
@@ -972,7 +978,7 @@ impl FoldCtx {
 #[pyfunction]
 #[allow(clippy::too_many_arguments)]
 #[pyo3(signature = (spec, snap, messages, start, stop, now, max_document_bytes, attempt,
-                    stamp=None, codec_options_decode=None))]
+                    stamp=None, codec_options_decode=None, store_now=None))]
 pub fn fold_slice<'py>(
     py: Python<'py>,
     spec: &TypeSpec,
@@ -985,9 +991,17 @@ pub fn fold_slice<'py>(
     attempt: i64,
     stamp: Option<(String, String)>,
     codec_options_decode: Option<&Bound<'py, PyAny>>,
+    store_now: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Option<NativeFold>> {
     let e = env()?;
     let mut f = Folder::new(py, e, spec, snap.copy(py), now, stamp)?;
+    if let Some(sn) = store_now {
+        // SAFETY: GIL held.
+        f.store_now_us = match unsafe { b::datetime_us(sn.as_ptr(), e.utc.as_ptr()) } {
+            Some(us) => Some(us),
+            None => return Ok(None),
+        };
+    }
     if !f.load(py, codec_options_decode)? {
         return Ok(None);
     }
@@ -1020,6 +1034,7 @@ struct Folder<'a> {
     entries: Vec<Vec<u8>>,
     /// Message ids already recorded (inbox index, built on first use).
     index: Option<HashMap<String, Option<String>>>,
+    store_now_us: Option<i64>,
 }
 
 impl<'a> Folder<'a> {
@@ -1054,6 +1069,7 @@ impl<'a> Folder<'a> {
             done: Vec::new(),
             entries: Vec::new(),
             index: None,
+            store_now_us: None,
         })
     }
 
@@ -1636,6 +1652,46 @@ impl<'a> Folder<'a> {
         Ok(Some(buf))
     }
 
+    /// The inbox archive's document of an evicted entry, as
+    /// `aggregates.dedup.archive.InboxArchive.write` builds it: `_id` (the length-prefixed
+    /// key), `a`, `m`, `at` (archived at), `t`, `h` (when it has one), `w` (a run stamp's
+    /// write version), `x` (the expiry: `max(t, now) + horizon + clock_skew`, put as far ahead
+    /// of the store's clock as of the writer's; undated ids have none).
+    fn archive_doc(&self, en: &Entry, horizon_us: i64, skew_us: i64) -> Vec<u8> {
+        let mut buf = Vec::with_capacity(160);
+        let doc = b::open(&mut buf);
+        let mut key = Vec::with_capacity(self.snap.aid_b.len() + en.id.len() + 8);
+        // SAFETY: aid_b is the UTF-8 of a str.
+        let aid = unsafe { std::str::from_utf8_unchecked(&self.snap.aid_b) };
+        crate::push_i64(&mut key, aid.chars().count() as i64);
+        key.push(b':');
+        key.extend_from_slice(&self.snap.aid_b);
+        key.extend_from_slice(en.id.as_bytes());
+        b::put_str(&mut buf, b"_id", &key);
+        b::put_str(&mut buf, b"a", &self.snap.aid_b);
+        b::put_str(&mut buf, b"m", en.id.as_bytes());
+        b::put_date(&mut buf, b"at", self.now_ms);
+        if let Some(ms) = en.t_ms {
+            b::put_date(&mut buf, b"t", ms);
+        }
+        if let Some(h) = en.effective_hash() {
+            b::put_str(&mut buf, b"h", h.as_bytes());
+        }
+        if let Some(tag) = en.tag {
+            b::put_int(&mut buf, b"w", tag);
+        }
+        if let Some(ms) = en.t_ms {
+            let expire = (ms * 1000).max(self.now_us) + horizon_us + skew_us;
+            let x = match self.store_now_us {
+                Some(sn) => sn + (expire - self.now_us),
+                None => expire,
+            };
+            b::put_date(&mut buf, b"x", x.div_euclid(1000));
+        }
+        b::end(&mut buf, doc);
+        buf
+    }
+
     /// The end of the slice: sizes, the dedup record's part, the write and the outcomes.
     fn finish(mut self, py: Python<'_>, max_bytes: i64, attempt: i64) -> PyResult<Option<NativeFold>> {
         let e = self.e;
@@ -1698,7 +1754,7 @@ impl<'a> Folder<'a> {
         let archive = PyList::empty(py);
         let mut dedup_changed = false;
         match self.spec.dedup {
-            Dedup::Inbox { window, .. } if self.pending > 0 => {
+            Dedup::Inbox { window, horizon_us, skew_us, .. } if self.pending > 0 => {
                 dedup_changed = true;
                 let stamped = self.stamp.is_some();
                 let n = self.snap.inbox.len();
@@ -1712,34 +1768,21 @@ impl<'a> Folder<'a> {
                 if n > keep {
                     let evicted: Vec<Entry> = self.snap.inbox.drain(..n - keep).collect();
                     for en in evicted {
-                        let item = PyList::empty(py);
-                        item.append(&en.id)?;
                         match en.t_ms {
                             Some(ms) => {
-                                let dt = match b::utc_datetime(py, ms, e.utc.bind(py)) {
-                                    Some(d) => d,
-                                    None => return Ok(None),
-                                };
-                                item.append(dt)?;
                                 if self.snap.floor_ms.is_none_or(|f| ms > f) {
                                     self.snap.floor_ms = Some(ms);
                                 }
                             }
-                            None => {
-                                item.append(py.None())?;
-                                self.snap.undated = true;
-                            }
-                        }
-                        match &en.hash {
-                            Some(h) => item.append(h)?,
-                            None => item.append(py.None())?,
+                            None => self.snap.undated = true,
                         }
                         if let Some(tag) = en.tag {
-                            item.append(tag)?;
                             self.snap.archived_tags.insert(en.id.clone(), tag);
                         }
                         self.snap.archived.insert(en.id.clone(), en.effective_hash().map(str::to_string));
-                        archive.append(item)?;
+                        let doc = self.archive_doc(&en, horizon_us, skew_us);
+                        let b = PyBytes::new(py, &doc);
+                        archive.append(e.raw_document.bind(py).call1((b,))?)?;
                     }
                     self.index = None;
                 }

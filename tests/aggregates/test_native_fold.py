@@ -108,8 +108,11 @@ def _run(db: Any, batches: list[list[Message]], stamps: list[int], native: bool,
          **kw: Any) -> tuple[list[Any], list[dict[str, list[bytes]]], list[tuple[int, int]]]:
     outcomes, dumps, counts = [], [], []
     for batch, stamp in zip(batches, stamps, strict=True):
+        # Odd stamps: a store whose clock is not the writer's (the archive's expiry moves).
         writer = StoreWriter(db, registry, settings=_settings(**kw), clock=lambda: CLOCK,
-                             native=native, run=STAMPS[stamp])
+                             native=native, run=STAMPS[stamp],
+                             store_clock=(lambda: CLOCK + timedelta(hours=5, microseconds=7))
+                             if stamp % 2 else None)
         writer.ensure_indexes()
         outcomes.append(writer.process(batch))
         dumps.append(_dump(db))
@@ -193,3 +196,36 @@ def test_a_slice_handed_back_after_a_native_write_reads_the_document_again(
     assert native >= 1 and definition >= 1
     assert [o.outcome for o in out_n[0]] == ["applied", "applied", "dead_lettered",
                                               "applied", "applied"]
+
+
+@pytest.mark.skipif(NATIVE is None, reason="without the native core there is one fold")
+@pytest.mark.parametrize("store_clock", [False, True])
+def test_ids_leaving_the_inbox_are_archived_as_the_definition_archives_them(
+        mongo_client: MongoClient[dict[str, Any]], store_clock: bool) -> None:
+    """A hot aggregate (window 3, slices of 2) over three batches — undated messages, dated
+    ones, a run stamp, redeliveries — leaves the same documents, archive documents (their
+    expiry with and without a store clock of its own) and outcomes both ways."""
+    def env(i: int, dated: bool) -> dict[str, Any]:
+        e: dict[str, Any] = {"message_id": f"h{i}", "type": "Op", "aggregate_type": "Acct",
+                             "aggregate_id": "hot/1", "payload": {"n": i, "emit": ["dict"]}}
+        if dated:
+            e["occurred_at"] = (T0 + timedelta(seconds=i, microseconds=1000)).isoformat()
+        return e
+
+    first = [Message.from_dict(env(i, i % 3 != 0)) for i in range(9)]
+    second = [Message.from_dict(env(i, i % 3 != 0)) for i in range(5, 16)]
+    third = first[:4] + second[-3:]
+    results = []
+    for native in (False, True):
+        name = f"nf_archive_{int(native)}_{int(store_clock)}"
+        mongo_client.drop_database(name)
+        try:
+            results.append(_run(mongo_client[name], [first, second, third],
+                                [1 if store_clock else 2] * 3, native))
+        finally:
+            mongo_client.drop_database(name)
+    (out_d, dump_d, _), (out_n, dump_n, counts_n) = results
+    assert out_n == out_d
+    assert dump_n == dump_d
+    assert len(dump_n[-1]["nf_accts_inbox_archive"]) >= 10
+    assert sum(n for n, _ in counts_n) >= 6
