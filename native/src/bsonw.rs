@@ -18,7 +18,6 @@ pub const T_DOUBLE: u8 = 0x01;
 pub const T_STRING: u8 = 0x02;
 pub const T_DOC: u8 = 0x03;
 pub const T_ARRAY: u8 = 0x04;
-pub const T_BINARY: u8 = 0x05;
 pub const T_BOOL: u8 = 0x08;
 pub const T_DATE: u8 = 0x09;
 pub const T_NULL: u8 = 0x0A;
@@ -48,32 +47,8 @@ pub fn key(buf: &mut Vec<u8>, t: u8, name: &[u8]) {
     buf.push(0);
 }
 
-/// The element name of array index `i`.
-pub fn index_key(buf: &mut Vec<u8>, t: u8, i: usize) {
-    buf.push(t);
-    let mut tmp = [0u8; 20];
-    let mut n = tmp.len();
-    let mut v = i;
-    loop {
-        n -= 1;
-        tmp[n] = b'0' + (v % 10) as u8;
-        v /= 10;
-        if v == 0 {
-            break;
-        }
-    }
-    buf.extend_from_slice(&tmp[n..]);
-    buf.push(0);
-}
-
 pub fn put_str(buf: &mut Vec<u8>, name: &[u8], s: &[u8]) {
     key(buf, T_STRING, name);
-    buf.extend_from_slice(&((s.len() + 1) as i32).to_le_bytes());
-    buf.extend_from_slice(s);
-    buf.push(0);
-}
-
-pub fn str_value(buf: &mut Vec<u8>, s: &[u8]) {
     buf.extend_from_slice(&((s.len() + 1) as i32).to_le_bytes());
     buf.extend_from_slice(s);
     buf.push(0);
@@ -207,53 +182,6 @@ pub fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
     let doy = (153 * mp + 2) / 5 + d - 1;
     let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
     era * 146097 + doe - 719468
-}
-
-/// (year, month, day) of days since 1970-01-01.
-pub fn civil_from_days(z: i64) -> (i64, i64, i64) {
-    let z = z + 719468;
-    let era = if z >= 0 { z } else { z - 146096 } / 146097;
-    let doe = z - era * 146097;
-    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    (if m <= 2 { y + 1 } else { y }, m, d)
-}
-
-/// An aware UTC datetime of `ms` milliseconds since the epoch (years 1..9999), or None.
-pub fn utc_datetime<'py>(py: Python<'py>, ms: i64, utc: &Bound<'py, PyAny>) -> Option<Bound<'py, PyAny>> {
-    let days = ms.div_euclid(86_400_000);
-    let rest = ms.rem_euclid(86_400_000);
-    let (y, m, d) = civil_from_days(days);
-    if !(1..=9999).contains(&y) {
-        return None;
-    }
-    // SAFETY: the GIL is held; the datetime C API is imported by the caller (PyDateTime_IMPORT).
-    unsafe {
-        let api = ffi::PyDateTimeAPI();
-        if api.is_null() {
-            return None;
-        }
-        let o = ((*api).DateTime_FromDateAndTime)(
-            y as i32,
-            m as i32,
-            d as i32,
-            (rest / 3_600_000) as i32,
-            (rest / 60_000 % 60) as i32,
-            (rest / 1000 % 60) as i32,
-            (rest % 1000 * 1000) as i32,
-            utc.as_ptr(),
-            (*api).DateTimeType,
-        );
-        if o.is_null() {
-            ffi::PyErr_Clear();
-            return None;
-        }
-        Some(Bound::from_owned_ptr(py, o))
-    }
 }
 
 /// Writes value `o` as the element `name` (an index when `name` is None) of the document

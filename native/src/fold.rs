@@ -21,43 +21,46 @@ use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
 
-use crate::bsonw::{self as b, Elem};
+use crate::bsonw as b;
 use crate::slots::{dict_get, Slots};
+use crate::snap::{could_be_archived, Entry, NativeSnap};
+use crate::values::{hw_key, msg_time_ms, plain_json, plain_state, storable};
+use crate::write::{put_py, scalar_storable};
 
 // ---------------------------------------------------------------- environment
 
 /// The Python classes and functions the fold needs, registered once by
 /// `aggregates.store.nativefold`.
 pub struct Env {
-    message: Slots,
-    emit: Slots,
-    source: Slots,
-    outcome: Slots,
-    aggregate_ref: Py<PyType>,
-    utc: Py<PyAny>,
+    pub(crate) message: Slots,
+    pub(crate) emit: Slots,
+    pub(crate) source: Slots,
+    pub(crate) outcome: Slots,
+    pub(crate) aggregate_ref: Py<PyType>,
+    pub(crate) utc: Py<PyAny>,
     /// `bson.encode({"v": value}, codec_options=...)` for values not encoded here.
-    encode_value: Py<PyAny>,
+    pub(crate) encode_value: Py<PyAny>,
     /// `aggregates.core.tracecontext.trace_headers`.
-    trace_headers: Py<PyAny>,
+    pub(crate) trace_headers: Py<PyAny>,
     /// `aggregates.domain.aggregate.dump_payload_checked`.
-    dump_payload: Py<PyAny>,
+    pub(crate) dump_payload: Py<PyAny>,
     /// `aggregates.codec.check.scalar_dataclass_fields`, and what it said per class.
-    scalar_fields: Py<PyAny>,
-    payload_fields: Mutex<HashMap<usize, PayloadFields>>,
+    pub(crate) scalar_fields: Py<PyAny>,
+    pub(crate) payload_fields: Mutex<HashMap<usize, PayloadFields>>,
     /// `"aggbox-kind"` and `"event"`.
-    kind_header: Py<PyString>,
-    kind_event: Py<PyString>,
-    s_applied: Py<PyString>,
-    s_duplicate: Py<PyString>,
-    empty_tuple: Py<PyTuple>,
-    namespace: [u8; 16],
+    pub(crate) kind_header: Py<PyString>,
+    pub(crate) kind_event: Py<PyString>,
+    pub(crate) s_applied: Py<PyString>,
+    pub(crate) s_duplicate: Py<PyString>,
+    pub(crate) empty_tuple: Py<PyTuple>,
+    pub(crate) namespace: [u8; 16],
     /// pymongo's `InsertOne`, `UpdateOne` and bson's `RawBSONDocument`: the writes as sent.
-    insert_one: Py<PyAny>,
-    update_one: Py<PyAny>,
-    raw_document: Py<PyAny>,
-    s_id: Py<PyString>,
-    s_v: Py<PyString>,
-    s_upsert: Py<PyString>,
+    pub(crate) insert_one: Py<PyAny>,
+    pub(crate) update_one: Py<PyAny>,
+    pub(crate) raw_document: Py<PyAny>,
+    pub(crate) s_id: Py<PyString>,
+    pub(crate) s_v: Py<PyString>,
+    pub(crate) s_upsert: Py<PyString>,
 }
 
 /// A payload class (kept alive) and its scalar fields, when it has only such fields.
@@ -65,7 +68,7 @@ type PayloadFields = (Py<PyAny>, Option<Vec<(Py<PyString>, Vec<usize>)>>);
 
 static ENV: OnceLock<Env> = OnceLock::new();
 
-fn env() -> PyResult<&'static Env> {
+pub(crate) fn env() -> PyResult<&'static Env> {
     ENV.get().ok_or_else(|| PyRuntimeError::new_err("_aggbox_native.fold_init was not called"))
 }
 
@@ -73,16 +76,16 @@ const MSG_FIELDS: [&str; 11] = [
     "message_id", "type", "aggregate_type", "aggregate_id", "payload", "occurred_at",
     "source", "correlation_id", "causation_id", "headers", "schema_version",
 ];
-const M_ID: usize = 0;
-const M_TYPE: usize = 1;
-const M_ATYPE: usize = 2;
-const M_AID: usize = 3;
-const M_PAYLOAD: usize = 4;
-const M_AT: usize = 5;
-const M_SOURCE: usize = 6;
-const M_CORR: usize = 7;
-const M_HEADERS: usize = 9;
-const M_SV: usize = 10;
+pub(crate) const M_ID: usize = 0;
+pub(crate) const M_TYPE: usize = 1;
+pub(crate) const M_ATYPE: usize = 2;
+pub(crate) const M_AID: usize = 3;
+pub(crate) const M_PAYLOAD: usize = 4;
+pub(crate) const M_AT: usize = 5;
+pub(crate) const M_SOURCE: usize = 6;
+pub(crate) const M_CORR: usize = 7;
+pub(crate) const M_HEADERS: usize = 9;
+pub(crate) const M_SV: usize = 10;
 const EMIT_FIELDS: [&str; 7] = ["type", "payload", "to", "topic", "key", "headers", "schema_version"];
 const OUTCOME_FIELDS: [&str; 9] = [
     "message_id", "aggregate_type", "aggregate_id", "outcome", "reason", "detail",
@@ -150,7 +153,7 @@ pub fn fold_init(
 // ---------------------------------------------------------------- the aggregate type
 
 #[derive(Clone, Copy, PartialEq)]
-enum Dedup {
+pub(crate) enum Dedup {
     None,
     Inbox { window: usize, horizon_us: i64, skew_us: i64, always: bool },
     High { contiguous: bool, max_sources: usize },
@@ -159,21 +162,20 @@ enum Dedup {
 /// What the fold needs of one aggregate type (built once per type by the glue).
 #[pyclass(frozen, module = "_aggbox_native")]
 pub struct TypeSpec {
-    name: Py<PyString>,
-    name_b: Vec<u8>,
-    dedup: Dedup,
-    max_outbox: usize,
-    topic: Option<Py<PyAny>>,
-    state_version: i64,
+    pub(crate) name_b: Vec<u8>,
+    pub(crate) dedup: Dedup,
+    pub(crate) max_outbox: usize,
+    pub(crate) topic: Option<Py<PyAny>>,
+    pub(crate) state_version: i64,
     /// message type → (function, typed payload parser or None)
-    handlers: Py<PyDict>,
+    pub(crate) handlers: Py<PyDict>,
     /// `atype.load_state`, `codec.dump_checked`, `codec._loaded` (a ContextVar).
-    load_state: Py<PyAny>,
-    dump_checked: Py<PyAny>,
-    loaded: Py<PyAny>,
+    pub(crate) load_state: Py<PyAny>,
+    pub(crate) dump_checked: Py<PyAny>,
+    pub(crate) loaded: Py<PyAny>,
     /// A scalar-field dataclass state: its class and (field name, allowed exact types).
-    fast_state: Option<(Py<PyAny>, Vec<(Py<PyString>, Vec<usize>)>)>,
-    plain_dict: bool,
+    pub(crate) fast_state: Option<(Py<PyAny>, Vec<(Py<PyString>, Vec<usize>)>)>,
+    pub(crate) plain_dict: bool,
 }
 
 #[pymethods]
@@ -210,7 +212,6 @@ impl TypeSpec {
         };
         let name_b = name.to_str()?.as_bytes().to_vec();
         Ok(TypeSpec {
-            name: name.unbind(),
             name_b,
             dedup,
             max_outbox,
@@ -234,628 +235,20 @@ impl TypeSpec {
     }
 }
 
-// ---------------------------------------------------------------- the snapshot
-
-#[derive(Clone)]
-struct Entry {
-    id: String,
-    /// occurred_at in milliseconds (None: undated)
-    t_ms: Option<i64>,
-    /// The payload hash as stored (None: null; an empty one counts as none).
-    hash: Option<String>,
-    tag: Option<i64>,
-}
-
-impl Entry {
-    fn effective_hash(&self) -> Option<&str> {
-        self.hash.as_deref().filter(|h| !h.is_empty())
-    }
-}
-
-#[derive(Clone)]
-struct Segment {
-    a: String,
-    v: i64,
-    hw: Option<Vec<(String, i64)>>,
-    x: Option<Vec<String>>,
-}
-
-#[derive(Clone)]
-struct Run {
-    stored_id: Option<String>,
-    segments: Vec<Segment>,
-}
-
-/// What the fold knows of one aggregate document: as read (from its BSON) or as the last
-/// native fold of it wrote it.
-#[pyclass(module = "_aggbox_native")]
-pub struct NativeSnap {
-    aid: Py<PyString>,
-    aid_b: Vec<u8>,
-    version: i64,
-    seq: i64,
-    outbox_count: usize,
-    size_bytes: i64,
-    /// The stored state's BSON size (0 for none or empty), and the state to load: the raw
-    /// sub-document, or the object a previous fold ended with.
-    state_bytes: i64,
-    state_raw: Option<Vec<u8>>,
-    state_obj: Option<Py<PyAny>>,
-    inbox: Vec<Entry>,
-    floor_ms: Option<i64>,
-    undated: bool,
-    hw: HashMap<String, i64>,
-    archived: HashMap<String, Option<String>>,
-    archived_tags: HashMap<String, i64>,
-    archive_known: bool,
-    lookup_floor_ms: Option<i64>,
-    lookup_undated: bool,
-    run: Option<Run>,
-    /// Whether the document exists (version > 0).
-    #[pyo3(get)]
-    exists: bool,
-}
-
-#[pymethods]
-impl NativeSnap {
-    /// The snapshot of a missing document.
-    #[staticmethod]
-    fn missing(aid: Bound<'_, PyString>) -> PyResult<Self> {
-        let aid_b = aid.to_str()?.as_bytes().to_vec();
-        Ok(NativeSnap {
-            aid: aid.unbind(),
-            aid_b,
-            version: 0,
-            seq: 0,
-            outbox_count: 0,
-            size_bytes: 0,
-            state_bytes: 0,
-            state_raw: None,
-            state_obj: None,
-            inbox: Vec::new(),
-            floor_ms: None,
-            undated: false,
-            hw: HashMap::new(),
-            archived: HashMap::new(),
-            archived_tags: HashMap::new(),
-            archive_known: false,
-            lookup_floor_ms: None,
-            lookup_undated: false,
-            run: None,
-            exists: false,
-        })
-    }
-
-    /// The snapshot of a stored document's BSON, or None when the fold cannot take it (a
-    /// layout, state version, block, timer or field it leaves to the definition).
-    #[staticmethod]
-    fn read(aid: Bound<'_, PyString>, raw: &[u8], state_version: i64) -> PyResult<Option<Self>> {
-        let mut s = NativeSnap::missing(aid)?;
-        Ok(if s.parse(raw, state_version) { Some(s) } else { None })
-    }
-
-    #[getter]
-    fn version(&self) -> i64 {
-        self.version
-    }
-
-    /// The message ids of `messages[start:stop]` the inbox archive must be asked about
-    /// (`aggregates.dedup.inbox.needs_archive`); empty when the record never archived one.
-    fn lookup_ids<'py>(
-        &self,
-        py: Python<'py>,
-        spec: &TypeSpec,
-        messages: &Bound<'py, PyList>,
-        start: usize,
-        stop: usize,
-    ) -> PyResult<Bound<'py, PyList>> {
-        let out = PyList::empty(py);
-        let always = match spec.dedup {
-            Dedup::Inbox { always, .. } => always,
-            _ => return Ok(out),
-        };
-        if self.floor_ms.is_none() && !self.undated {
-            return Ok(out);
-        }
-        let e = env()?;
-        let utc = e.utc.as_ptr();
-        for i in start..stop.min(messages.len()) {
-            let m = messages.get_item(i)?;
-            // SAFETY: checked to be a Message; GIL held.
-            unsafe {
-                if !e.message.is(m.as_ptr()) {
-                    continue;
-                }
-                let t = msg_time_ms(&e.message, m.as_ptr(), utc);
-                let t = match t {
-                    Some(t) => t,
-                    None => return Err(PyRuntimeError::new_err("occurred_at not UTC")),
-                };
-                if !always && !could_be_archived(t, self.floor_ms, self.undated) {
-                    continue;
-                }
-                let id = e.message.get(m.as_ptr(), M_ID);
-                let ids = b::utf8(id).unwrap_or_default();
-                let ids = std::str::from_utf8(ids).unwrap_or_default();
-                if !self.inbox.iter().any(|x| x.id == ids) {
-                    out.append(Bound::from_borrowed_ptr(py, id))?;
-                }
-            }
-        }
-        Ok(out)
-    }
-
-    /// Records the archive's answer (`DedupRecord.looked_up`): message id → payload hash,
-    /// and the write versions of those stored with one.
-    #[pyo3(signature = (found, tags=None))]
-    fn looked_up(
-        &mut self,
-        found: &Bound<'_, PyDict>,
-        tags: Option<&Bound<'_, PyDict>>,
-    ) -> PyResult<()> {
-        for (k, v) in found.iter() {
-            let h: Option<String> = if v.is_none() { None } else { Some(v.extract()?) };
-            self.archived.insert(k.extract()?, h);
-        }
-        if let Some(tags) = tags {
-            for (k, v) in tags.iter() {
-                self.archived_tags.insert(k.extract()?, v.extract()?);
-            }
-        }
-        self.lookup_floor_ms = self.floor_ms;
-        self.lookup_undated = self.undated;
-        self.archive_known = true;
-        Ok(())
-    }
-}
-
-fn could_be_archived(t: Option<i64>, floor: Option<i64>, undated: bool) -> bool {
-    match t {
-        None => undated,
-        Some(t) => matches!(floor, Some(f) if t <= f),
-    }
-}
-
-impl NativeSnap {
-    fn copy(&self, py: Python<'_>) -> NativeSnap {
-        NativeSnap {
-            aid: self.aid.clone_ref(py),
-            aid_b: self.aid_b.clone(),
-            version: self.version,
-            seq: self.seq,
-            outbox_count: self.outbox_count,
-            size_bytes: self.size_bytes,
-            state_bytes: self.state_bytes,
-            state_raw: self.state_raw.clone(),
-            state_obj: self.state_obj.as_ref().map(|o| o.clone_ref(py)),
-            inbox: self.inbox.clone(),
-            floor_ms: self.floor_ms,
-            undated: self.undated,
-            hw: self.hw.clone(),
-            archived: self.archived.clone(),
-            archived_tags: self.archived_tags.clone(),
-            archive_known: self.archive_known,
-            lookup_floor_ms: self.lookup_floor_ms,
-            lookup_undated: self.lookup_undated,
-            run: self.run.clone(),
-            exists: self.exists,
-        }
-    }
-
-    /// Reads a stored document; false when the fold must leave it to the definition.
-    fn parse(&mut self, raw: &[u8], state_version: i64) -> bool {
-        let elems = match b::elements(raw) {
-            Some(e) => e,
-            None => return false,
-        };
-        self.size_bytes = raw.len() as i64;
-        let mut version = None;
-        let mut sv = 1;
-        for el in &elems {
-            match el.name {
-                b"_v" => version = el.int(),
-                b"_lv" => {
-                    if el.int32() != Some(1) {
-                        return false;
-                    }
-                }
-                b"_sv" => match el.int32() {
-                    Some(v) => sv = v,
-                    None => return false,
-                },
-                b"_blocked" => {
-                    if !el.is_null() {
-                        return false;
-                    }
-                }
-                b"_seq" => match el.int() {
-                    Some(v) => self.seq = v,
-                    None => return false,
-                },
-                b"outbox" => match el.doc().and_then(b::elements) {
-                    Some(items) if el.t == b::T_ARRAY => self.outbox_count = items.len(),
-                    _ => {
-                        if !el.is_null() {
-                            return false;
-                        }
-                    }
-                },
-                b"state" => {
-                    if el.t == b::T_DOC {
-                        if el.value.len() > 5 {
-                            self.state_bytes = el.value.len() as i64;
-                        }
-                        self.state_raw = Some(el.value.to_vec());
-                    } else if !el.is_null() {
-                        return false;
-                    }
-                }
-                b"inbox" => {
-                    if !el.is_null() && !self.read_inbox(el) {
-                        return false;
-                    }
-                }
-                b"inbox_archive_floor" => {
-                    if let Some(ms) = el.date() {
-                        self.floor_ms = Some(ms);
-                    } else if !el.is_null() {
-                        return false;
-                    }
-                }
-                b"inbox_archive_undated" => {
-                    if el.t != b::T_BOOL {
-                        if !el.is_null() {
-                            return false;
-                        }
-                    } else {
-                        self.undated = el.value[0] != 0;
-                    }
-                }
-                b"hw" => {
-                    if !el.is_null() && !self.read_hw(el) {
-                        return false;
-                    }
-                }
-                b"_run" => {
-                    if !self.read_run(el) {
-                        return false;
-                    }
-                }
-                // Timers are left alone by a slice that schedules none; `_tseq` likewise.
-                _ => {}
-            }
-        }
-        match version {
-            Some(v) if v > 0 => self.version = v,
-            _ => return false,
-        }
-        self.exists = true;
-        sv == state_version
-    }
-
-    fn read_inbox(&mut self, el: &Elem<'_>) -> bool {
-        let items = match el.doc().and_then(b::elements) {
-            Some(i) if el.t == b::T_ARRAY => i,
-            _ => return false,
-        };
-        for it in items {
-            let parts = match it.doc().and_then(b::elements) {
-                Some(p) if it.t == b::T_ARRAY && (3..=4).contains(&p.len()) => p,
-                _ => return false,
-            };
-            let id = match parts[0].string() {
-                Some(s) => String::from_utf8_lossy(s).into_owned(),
-                None => return false,
-            };
-            let t_ms = if parts[1].is_null() {
-                None
-            } else {
-                match parts[1].date() {
-                    Some(ms) => Some(ms),
-                    None => return false,
-                }
-            };
-            let hash = if parts[2].is_null() {
-                None
-            } else {
-                match parts[2].string() {
-                    Some(s) => Some(String::from_utf8_lossy(s).into_owned()),
-                    None => return false,
-                }
-            };
-            let tag = if parts.len() == 4 {
-                match parts[3].int32() {
-                    Some(v) => Some(v),
-                    None => return false,
-                }
-            } else {
-                None
-            };
-            self.inbox.push(Entry { id, t_ms, hash, tag });
-        }
-        true
-    }
-
-    fn read_hw(&mut self, el: &Elem<'_>) -> bool {
-        let items = match el.doc().and_then(b::elements) {
-            Some(i) if el.t == b::T_DOC => i,
-            _ => return false,
-        };
-        for it in items {
-            let k = match std::str::from_utf8(it.name) {
-                Ok(k) => k.to_string(),
-                Err(_) => return false,
-            };
-            match it.int() {
-                Some(v) => {
-                    self.hw.insert(k, v);
-                }
-                None => return false,
-            }
-        }
-        true
-    }
-
-    /// `_run` as `aggregates.dedup.runstate.read_run` reads it (segments without `a` or an
-    /// int `v` dropped); anything it would read differently is left to the definition.
-    fn read_run(&mut self, el: &Elem<'_>) -> bool {
-        if el.is_null() {
-            self.run = Some(Run { stored_id: None, segments: Vec::new() });
-            return true;
-        }
-        let fields = match el.doc().and_then(b::elements) {
-            Some(f) if el.t == b::T_DOC => f,
-            _ => return false,
-        };
-        let mut id = None;
-        let mut segments = Vec::new();
-        for f in &fields {
-            match f.name {
-                b"id" => match f.string() {
-                    Some(s) => id = Some(String::from_utf8_lossy(s).into_owned()),
-                    None => return false,
-                },
-                b"w" => {
-                    let segs = match f.doc().and_then(b::elements) {
-                        Some(s) if f.t == b::T_ARRAY => s,
-                        _ => return false,
-                    };
-                    for s in segs {
-                        match read_segment(&s) {
-                            Some(Some(seg)) => segments.push(seg),
-                            Some(None) => {}
-                            None => return false,
-                        }
-                    }
-                }
-                _ => return false,
-            }
-        }
-        match id {
-            Some(id) => self.run = Some(Run { stored_id: Some(id), segments }),
-            None => return false,
-        }
-        true
-    }
-
-    fn index(&self) -> HashMap<&str, Option<&str>> {
-        self.inbox.iter().map(|e| (e.id.as_str(), e.effective_hash())).collect()
-    }
-}
-
-/// A stored run segment: Some(None) when `read_run` drops it, None when it is not what
-/// aggbox writes (left to the definition).
-fn read_segment(s: &Elem<'_>) -> Option<Option<Segment>> {
-    let f = s.doc().and_then(b::elements)?;
-    if s.t != b::T_DOC {
-        return None;
-    }
-    let names: Vec<&[u8]> = f.iter().map(|e| e.name).collect();
-    let order_ok = matches!(
-        names.as_slice(),
-        [b"a", b"v"] | [b"a", b"v", b"hw"] | [b"a", b"v", b"x"] | [b"a", b"v", b"hw", b"x"]
-    );
-    if !order_ok {
-        return None;
-    }
-    let a = String::from_utf8_lossy(f[0].string()?).into_owned();
-    let v = match f[1].int32() {
-        Some(v) => v,
-        None => return Some(None), // not an int: read_run drops it
-    };
-    let mut seg = Segment { a, v, hw: None, x: None };
-    for e in &f[2..] {
-        let items = b::elements(e.doc()?)?;
-        if e.t != b::T_ARRAY {
-            return None;
-        }
-        if e.name == b"hw" {
-            let mut marks = Vec::new();
-            for p in items {
-                let pair = b::elements(p.doc()?)?;
-                if p.t != b::T_ARRAY || pair.len() != 2 {
-                    return None;
-                }
-                marks.push((String::from_utf8_lossy(pair[0].string()?).into_owned(), pair[1].int32()?));
-            }
-            seg.hw = Some(marks);
-        } else {
-            let mut xs = Vec::new();
-            for x in items {
-                xs.push(String::from_utf8_lossy(x.string()?).into_owned());
-            }
-            seg.x = Some(xs);
-        }
-    }
-    Some(Some(seg))
-}
-
-// ---------------------------------------------------------------- helpers
-
-/// occurred_at of a Message in milliseconds: Some(None) undated, None when it is not a
-/// datetime this module reads (left to the definition).
-///
-/// Safety: `m` is a Message, GIL held.
-unsafe fn msg_time_ms(slots: &Slots, m: *mut ffi::PyObject, utc: *mut ffi::PyObject) -> Option<Option<i64>> {
-    let at = slots.get(m, M_AT);
-    if at.is_null() {
-        return None;
-    }
-    if at == ffi::Py_None() {
-        return Some(None);
-    }
-    let api = ffi::PyDateTimeAPI();
-    let dt = at as *mut ffi::PyDateTime_DateTime;
-    if ffi::Py_TYPE(at) != (*api).DateTimeType || (*dt).hastzinfo == 0 || (*dt).tzinfo != utc {
-        return None;
-    }
-    // Only whole milliseconds (what parse_time gives): the inbox stores milliseconds.
-    if ffi::PyDateTime_DATE_GET_MICROSECOND(at) % 1000 != 0 {
-        return None;
-    }
-    b::datetime_ms(at, utc).map(Some)
-}
-
-/// A str MongoDB can store, non-empty (`storable_text`): its UTF-8.
-unsafe fn storable(o: *mut ffi::PyObject) -> Option<&'static [u8]> {
-    if o.is_null() || !b::is_str(o) {
-        return None;
-    }
-    let s = b::utf8(o)?;
-    if s.is_empty() {
-        None
-    } else {
-        Some(s)
-    }
-}
-
-/// `hw_key(type, id)`: each part with `%`, `/`, `.`, `$` and NUL percent-encoded.
-fn hw_key(t: &[u8], id: &[u8]) -> String {
-    let mut out = Vec::with_capacity(t.len() + id.len() + 1);
-    escape_field(&mut out, t);
-    out.push(b'/');
-    escape_field(&mut out, id);
-    String::from_utf8(out).expect("escaped UTF-8")
-}
-
-fn escape_field(out: &mut Vec<u8>, s: &[u8]) {
-    for &c in s {
-        match c {
-            b'%' => out.extend_from_slice(b"%25"),
-            b'/' => out.extend_from_slice(b"%2F"),
-            b'.' => out.extend_from_slice(b"%2E"),
-            b'$' => out.extend_from_slice(b"%24"),
-            0 => out.extend_from_slice(b"%00"),
-            _ => out.push(c),
-        }
-    }
-}
-
-/// Whether `o` is plain JSON all the way down as `aggregates.core.jsonvalue` defines it (so
-/// the definition stores it as it is): exact str (UTF-8), int in int64, finite float, bool,
-/// None, dict with valid keys, list or tuple; at most `depth` levels deeper.
-unsafe fn plain_json(o: *mut ffi::PyObject, depth: u32) -> bool {
-    if o == ffi::Py_None() || o == ffi::Py_True() || o == ffi::Py_False() {
-        return true;
-    }
-    if b::is_str(o) {
-        return b::utf8(o).is_some();
-    }
-    if b::is_int(o) {
-        return b::int64(o).is_some();
-    }
-    if b::is_float(o) {
-        return ffi::PyFloat_AsDouble(o).is_finite();
-    }
-    if depth >= 60 {
-        return false;
-    }
-    if b::is_dict(o) {
-        let mut pos: ffi::Py_ssize_t = 0;
-        let mut k: *mut ffi::PyObject = std::ptr::null_mut();
-        let mut v: *mut ffi::PyObject = std::ptr::null_mut();
-        while ffi::PyDict_Next(o, &mut pos, &mut k, &mut v) != 0 {
-            if !b::is_str(k) {
-                return false;
-            }
-            match b::utf8(k) {
-                Some(s) if s.first() != Some(&b'$') && !s.contains(&b'.') && !s.contains(&0) => {}
-                _ => return false,
-            }
-            if !plain_json(v, depth + 1) {
-                return false;
-            }
-        }
-        return true;
-    }
-    if b::is_list(o) || b::is_tuple(o) {
-        let (n, items) = b::seq_items(o);
-        for i in 0..n {
-            if !plain_json(*items.offset(i), depth + 1) {
-                return false;
-            }
-        }
-        return true;
-    }
-    false
-}
-
-/// A dict state the codec stores as it is (`to_bson` of plain values copies them; keys
-/// checked by `check_field_names`): like [`plain_json`], NaN and infinities allowed.
-unsafe fn plain_state(o: *mut ffi::PyObject, depth: u32) -> bool {
-    if b::is_float(o) {
-        return true;
-    }
-    if depth >= 60 {
-        return false;
-    }
-    if b::is_dict(o) {
-        let mut pos: ffi::Py_ssize_t = 0;
-        let mut k: *mut ffi::PyObject = std::ptr::null_mut();
-        let mut v: *mut ffi::PyObject = std::ptr::null_mut();
-        while ffi::PyDict_Next(o, &mut pos, &mut k, &mut v) != 0 {
-            if !b::is_str(k) {
-                return false;
-            }
-            match b::utf8(k) {
-                Some(s) if s.first() != Some(&b'$') && !s.contains(&b'.') && !s.contains(&0) => {}
-                _ => return false,
-            }
-            if !plain_state(v, depth + 1) {
-                return false;
-            }
-        }
-        return true;
-    }
-    if b::is_list(o) {
-        let n = ffi::PyList_GET_SIZE(o);
-        for i in 0..n {
-            if !plain_state(ffi::PyList_GET_ITEM(o, i), depth + 1) {
-                return false;
-            }
-        }
-        return true;
-    }
-    if b::is_tuple(o) {
-        return false; // to_bson makes a list of it: the same BSON, but leave it to Python
-    }
-    plain_json(o, depth)
-}
-
 // ---------------------------------------------------------------- the fold
 
 /// What one message of the slice came to.
-struct Done {
-    msg: Py<PyAny>,
-    applied: bool,
-    emitted: Vec<String>,
+pub(crate) struct Done {
+    pub(crate) msg: Py<PyAny>,
+    pub(crate) applied: bool,
+    pub(crate) emitted: Vec<String>,
 }
 
 /// The state after a message: its object, and its document when the codec had to dump it
 /// (None: a scalar-field dataclass or plain dict, encoded directly at the end).
-struct StateNow {
-    obj: Py<PyAny>,
-    doc: Option<Py<PyAny>>,
+pub(crate) struct StateNow {
+    pub(crate) obj: Py<PyAny>,
+    pub(crate) doc: Option<Py<PyAny>>,
 }
 
 /// The result of a native fold, read by the pass as it reads a `FoldResult`: the write,
@@ -865,23 +258,23 @@ pub struct NativeFold {
     /// The write as pymongo sends it (`InsertOne`/`UpdateOne` of a `RawBSONDocument`), or
     /// None when the slice changes nothing.
     #[pyo3(get)]
-    op: Option<Py<PyAny>>,
+    pub(crate) op: Option<Py<PyAny>>,
     /// The write's BSON (the new document, or the update document).
     #[pyo3(get)]
-    op_bytes: Option<Py<PyBytes>>,
+    pub(crate) op_bytes: Option<Py<PyBytes>>,
     #[pyo3(get)]
-    op_insert: bool,
+    pub(crate) op_insert: bool,
     #[pyo3(get)]
-    outcomes: Py<PyList>,
+    pub(crate) outcomes: Py<PyList>,
     /// Inbox entries leaving the document with this write, as `[id, occurred_at, hash(,
     /// tag)]` lists (archived first, `aggregates.dedup.archive`).
     #[pyo3(get)]
-    archive: Py<PyList>,
+    pub(crate) archive: Py<PyList>,
     /// The snapshot after the write, set by `settle()`.
     #[pyo3(get)]
-    snapshot: Option<Py<NativeSnap>>,
-    snap: Option<NativeSnap>,
-    empty_list: Py<PyList>,
+    pub(crate) snapshot: Option<Py<NativeSnap>>,
+    pub(crate) snap: Option<NativeSnap>,
+    pub(crate) empty_list: Py<PyList>,
 }
 
 #[pymethods]
@@ -935,14 +328,14 @@ impl NativeFold {
 /// stamp, and how the collection decodes documents.
 #[pyclass(frozen, module = "_aggbox_native")]
 pub struct FoldCtx {
-    spec: Py<TypeSpec>,
-    now: Py<PyAny>,
-    max_document_bytes: i64,
-    stamp: Option<(String, String)>,
-    codec_options: Py<PyAny>,
+    pub(crate) spec: Py<TypeSpec>,
+    pub(crate) now: Py<PyAny>,
+    pub(crate) max_document_bytes: i64,
+    pub(crate) stamp: Option<(String, String)>,
+    pub(crate) codec_options: Py<PyAny>,
     /// The store's clock when it is not the writer's (the archive's expiry is put as far
     /// ahead of it: `aggregates.dedup.archive.InboxArchive.write`).
-    store_now: Option<Py<PyAny>>,
+    pub(crate) store_now: Option<Py<PyAny>>,
 }
 
 #[pymethods]
@@ -1015,26 +408,26 @@ pub fn fold_slice<'py>(
     f.finish(py, max_document_bytes, attempt)
 }
 
-struct Folder<'a> {
-    e: &'a Env,
-    spec: &'a TypeSpec,
-    snap: NativeSnap,
-    now_ms: i64,
-    now_us: i64,
-    stamp: Option<(String, String)>,
-    state: Option<StateNow>,
-    applied: bool,
+pub(crate) struct Folder<'a> {
+    pub(crate) e: &'a Env,
+    pub(crate) spec: &'a TypeSpec,
+    pub(crate) snap: NativeSnap,
+    pub(crate) now_ms: i64,
+    pub(crate) now_us: i64,
+    pub(crate) stamp: Option<(String, String)>,
+    pub(crate) state: Option<StateNow>,
+    pub(crate) applied: bool,
     /// Inbox entries added by this fold (pending: never evicted by its own write).
-    pending: usize,
+    pub(crate) pending: usize,
     /// hw keys changed, in first-change order, and the marks before the first change.
-    hw_changed: Vec<String>,
-    before: Vec<(String, i64)>,
-    done: Vec<Done>,
+    pub(crate) hw_changed: Vec<String>,
+    pub(crate) before: Vec<(String, i64)>,
+    pub(crate) done: Vec<Done>,
     /// This fold's outbox entries as BSON documents, in order.
-    entries: Vec<Vec<u8>>,
+    pub(crate) entries: Vec<Vec<u8>>,
     /// Message ids already recorded (inbox index, built on first use).
-    index: Option<HashMap<String, Option<String>>>,
-    store_now_us: Option<i64>,
+    pub(crate) index: Option<HashMap<String, Option<String>>>,
+    pub(crate) store_now_us: Option<i64>,
 }
 
 impl<'a> Folder<'a> {
@@ -1119,7 +512,7 @@ impl<'a> Folder<'a> {
         self.snap.archived.get(id).cloned()
     }
 
-    fn own_run(&self) -> bool {
+    pub(crate) fn own_run(&self) -> bool {
         match (&self.stamp, &self.snap.run) {
             (Some((run, _)), Some(r)) => r.stored_id.as_deref() == Some(run.as_str()),
             _ => false,
@@ -1652,497 +1045,6 @@ impl<'a> Folder<'a> {
         Ok(Some(buf))
     }
 
-    /// The inbox archive's document of an evicted entry, as
-    /// `aggregates.dedup.archive.InboxArchive.write` builds it: `_id` (the length-prefixed
-    /// key), `a`, `m`, `at` (archived at), `t`, `h` (when it has one), `w` (a run stamp's
-    /// write version), `x` (the expiry: `max(t, now) + horizon + clock_skew`, put as far ahead
-    /// of the store's clock as of the writer's; undated ids have none).
-    fn archive_doc(&self, en: &Entry, horizon_us: i64, skew_us: i64) -> Vec<u8> {
-        let mut buf = Vec::with_capacity(160);
-        let doc = b::open(&mut buf);
-        let mut key = Vec::with_capacity(self.snap.aid_b.len() + en.id.len() + 8);
-        // SAFETY: aid_b is the UTF-8 of a str.
-        let aid = unsafe { std::str::from_utf8_unchecked(&self.snap.aid_b) };
-        crate::push_i64(&mut key, aid.chars().count() as i64);
-        key.push(b':');
-        key.extend_from_slice(&self.snap.aid_b);
-        key.extend_from_slice(en.id.as_bytes());
-        b::put_str(&mut buf, b"_id", &key);
-        b::put_str(&mut buf, b"a", &self.snap.aid_b);
-        b::put_str(&mut buf, b"m", en.id.as_bytes());
-        b::put_date(&mut buf, b"at", self.now_ms);
-        if let Some(ms) = en.t_ms {
-            b::put_date(&mut buf, b"t", ms);
-        }
-        if let Some(h) = en.effective_hash() {
-            b::put_str(&mut buf, b"h", h.as_bytes());
-        }
-        if let Some(tag) = en.tag {
-            b::put_int(&mut buf, b"w", tag);
-        }
-        if let Some(ms) = en.t_ms {
-            let expire = (ms * 1000).max(self.now_us) + horizon_us + skew_us;
-            let x = match self.store_now_us {
-                Some(sn) => sn + (expire - self.now_us),
-                None => expire,
-            };
-            b::put_date(&mut buf, b"x", x.div_euclid(1000));
-        }
-        b::end(&mut buf, doc);
-        buf
-    }
-
-    /// The end of the slice: sizes, the dedup record's part, the write and the outcomes.
-    fn finish(mut self, py: Python<'_>, max_bytes: i64, attempt: i64) -> PyResult<Option<NativeFold>> {
-        let e = self.e;
-        let utc = e.utc.as_ptr();
-        let fb = e.encode_value.bind(py);
-        // The state document's BSON (the last dump, or the state encoded directly).
-        let mut state_bson: Option<Vec<u8>> = None;
-        if self.applied {
-            let st = self.state.as_ref().unwrap();
-            let mut buf = Vec::with_capacity(128);
-            // SAFETY: GIL held; objects alive.
-            let ok = unsafe {
-                match &st.doc {
-                    Some(d) => put_doc(py, &mut buf, d.as_ptr(), utc, fb)?,
-                    None => {
-                        if let Some((_, fields)) = &self.spec.fast_state {
-                            let o = b::open(&mut buf);
-                            for (name, _) in fields {
-                                let v = st.obj.bind(py).getattr(name.bind(py))?;
-                                put_py(py, &mut buf, name.bind(py).to_str()?.as_bytes(), v.as_ptr(), utc, fb)?;
-                            }
-                            b::end(&mut buf, o);
-                            true
-                        } else {
-                            put_doc(py, &mut buf, st.obj.as_ptr(), utc, fb)?
-                        }
-                    }
-                }
-            };
-            if !ok {
-                return Ok(None);
-            }
-            // The fast pass's size (aggregates.fold._Folder._fast_size).
-            let inbox = self.pending as i64 * 64;
-            let both = if self.entries.is_empty() {
-                buf.len() as i64
-            } else {
-                let arr: i64 = 4 + self
-                    .entries
-                    .iter()
-                    .enumerate()
-                    .map(|(i, d)| 2 + digits(i) + d.len() as i64)
-                    .sum::<i64>()
-                    + 1;
-                // len(encode({"e": outbox, "s": state})) - 3
-                (4 + 3 + arr + 3 + buf.len() as i64 + 1) - 3
-            };
-            let size = self.snap.size_bytes - self.snap.state_bytes + both + inbox;
-            if size > max_bytes {
-                return Ok(None);
-            }
-            self.snap.size_bytes = size;
-            state_bson = Some(buf);
-        }
-        let version = self.snap.version + 1;
-        // -- the dedup record's part (stamped_changes)
-        let mut set_dedup: Vec<u8> = Vec::new(); // elements of $set (or the new document)
-        let mut hw_elems: Vec<(String, i64)> = Vec::new();
-        let mut inbox_push: Option<(Vec<u8>, i64)> = None; // ($each array, $slice)
-        let archive = PyList::empty(py);
-        let mut dedup_changed = false;
-        match self.spec.dedup {
-            Dedup::Inbox { window, horizon_us, skew_us, .. } if self.pending > 0 => {
-                dedup_changed = true;
-                let stamped = self.stamp.is_some();
-                let n = self.snap.inbox.len();
-                if stamped {
-                    for en in &mut self.snap.inbox[n - self.pending..] {
-                        en.tag = Some(version);
-                    }
-                }
-                let (floor0, undated0) = (self.snap.floor_ms, self.snap.undated);
-                let keep = window.max(self.pending);
-                if n > keep {
-                    let evicted: Vec<Entry> = self.snap.inbox.drain(..n - keep).collect();
-                    for en in evicted {
-                        match en.t_ms {
-                            Some(ms) => {
-                                if self.snap.floor_ms.is_none_or(|f| ms > f) {
-                                    self.snap.floor_ms = Some(ms);
-                                }
-                            }
-                            None => self.snap.undated = true,
-                        }
-                        if let Some(tag) = en.tag {
-                            self.snap.archived_tags.insert(en.id.clone(), tag);
-                        }
-                        self.snap.archived.insert(en.id.clone(), en.effective_hash().map(str::to_string));
-                        let doc = self.archive_doc(&en, horizon_us, skew_us);
-                        let b = PyBytes::new(py, &doc);
-                        archive.append(e.raw_document.bind(py).call1((b,))?)?;
-                    }
-                    self.index = None;
-                }
-                if self.snap.floor_ms != floor0 {
-                    b::put_date(&mut set_dedup, b"inbox_archive_floor", self.snap.floor_ms.unwrap());
-                }
-                if self.snap.undated && !undated0 {
-                    b::put_bool(&mut set_dedup, b"inbox_archive_undated", true);
-                }
-                let mut arr = Vec::new();
-                let o = b::open(&mut arr);
-                let n = self.snap.inbox.len();
-                for (k, en) in self.snap.inbox[n - self.pending..].iter().enumerate() {
-                    let mut kb = Vec::new();
-                    b::index_name(&mut kb, k);
-                    b::key(&mut arr, b::T_ARRAY, &kb);
-                    let a = b::open(&mut arr);
-                    b::put_str(&mut arr, b"0", en.id.as_bytes());
-                    match en.t_ms {
-                        Some(ms) => b::put_date(&mut arr, b"1", ms),
-                        None => b::put_null(&mut arr, b"1"),
-                    }
-                    match &en.hash {
-                        Some(h) => b::put_str(&mut arr, b"2", h.as_bytes()),
-                        None => b::put_null(&mut arr, b"2"),
-                    }
-                    if let Some(tag) = en.tag {
-                        b::put_int(&mut arr, b"3", tag);
-                    }
-                    b::end(&mut arr, a);
-                }
-                b::end(&mut arr, o);
-                inbox_push = Some((arr, -(window.max(self.pending) as i64)));
-            }
-            Dedup::High { .. } if !self.hw_changed.is_empty() => {
-                dedup_changed = true;
-                for k in &self.hw_changed {
-                    hw_elems.push((k.clone(), self.snap.hw[k]));
-                }
-            }
-            _ => {}
-        }
-        // The run stamp (aggregates.dedup.runs.stamped_changes).
-        let mut run_elem: Option<Vec<u8>> = None; // the `_run` element: null or the stamp
-        if dedup_changed && (self.snap.run.is_some() || self.stamp.is_some()) {
-            match &self.stamp {
-                None => {
-                    let run = self.snap.run.as_mut().unwrap();
-                    if run.stored_id.is_some() {
-                        run.stored_id = None;
-                        run.segments.clear();
-                        let mut el = Vec::new();
-                        b::put_null(&mut el, b"_run");
-                        run_elem = Some(el);
-                    }
-                }
-                Some((rid, attempt_label)) => {
-                    let own = self.own_run();
-                    let mut segments = if own {
-                        self.snap.run.as_ref().unwrap().segments.clone()
-                    } else {
-                        Vec::new()
-                    };
-                    if segments.last().is_none_or(|s| s.a != *attempt_label) {
-                        segments.push(Segment { a: attempt_label.clone(), v: version, hw: None, x: None });
-                    }
-                    if !self.before.is_empty() {
-                        let seg = segments.last_mut().unwrap();
-                        if seg.hw.is_none() && seg.x.is_some() {
-                            return Ok(None); // the definition appends hw after x
-                        }
-                        let mut marks = seg.hw.clone().unwrap_or_default();
-                        for (k, mark) in &self.before {
-                            if !marks.iter().any(|(mk, _)| mk == k) {
-                                marks.push((k.clone(), *mark));
-                            }
-                        }
-                        seg.hw = Some(marks);
-                    }
-                    let mut el = Vec::new();
-                    b::key(&mut el, b::T_DOC, b"_run");
-                    let r = b::open(&mut el);
-                    b::put_str(&mut el, b"id", rid.as_bytes());
-                    b::key(&mut el, b::T_ARRAY, b"w");
-                    let w = b::open(&mut el);
-                    for (k, s) in segments.iter().enumerate() {
-                        let mut kb = Vec::new();
-                        b::index_name(&mut kb, k);
-                        b::key(&mut el, b::T_DOC, &kb);
-                        let so = b::open(&mut el);
-                        b::put_str(&mut el, b"a", s.a.as_bytes());
-                        b::put_int(&mut el, b"v", s.v);
-                        if let Some(marks) = &s.hw {
-                            b::key(&mut el, b::T_ARRAY, b"hw");
-                            let ho = b::open(&mut el);
-                            for (j, (mk, mv)) in marks.iter().enumerate() {
-                                let mut jb = Vec::new();
-                                b::index_name(&mut jb, j);
-                                b::key(&mut el, b::T_ARRAY, &jb);
-                                let po = b::open(&mut el);
-                                b::put_str(&mut el, b"0", mk.as_bytes());
-                                b::put_int(&mut el, b"1", *mv);
-                                b::end(&mut el, po);
-                            }
-                            b::end(&mut el, ho);
-                        }
-                        if let Some(xs) = &s.x {
-                            b::key(&mut el, b::T_ARRAY, b"x");
-                            let xo = b::open(&mut el);
-                            for (j, xv) in xs.iter().enumerate() {
-                                let mut jb = Vec::new();
-                                b::index_name(&mut jb, j);
-                                b::put_str(&mut el, &jb, xv.as_bytes());
-                            }
-                            b::end(&mut el, xo);
-                        }
-                        b::end(&mut el, so);
-                    }
-                    b::end(&mut el, w);
-                    b::end(&mut el, r);
-                    run_elem = Some(el);
-                    self.snap.run = Some(Run { stored_id: Some(rid.clone()), segments });
-                }
-            }
-        }
-        // -- the write
-        let empty = !self.applied && !dedup_changed && self.entries.is_empty();
-        let mut op: Option<Vec<u8>> = None;
-        let insert = !self.snap.exists;
-        if !empty {
-            let mut buf = Vec::with_capacity(512);
-            let doc = b::open(&mut buf);
-            let spec = self.spec;
-            if insert {
-                b::put_str(&mut buf, b"_id", &self.snap.aid_b);
-                b::put_int(&mut buf, b"_v", version);
-                b::put_str(&mut buf, b"_type", &spec.name_b);
-                b::put_int(&mut buf, b"_p", partition(&self.snap.aid_b));
-                b::put_int(&mut buf, b"_lv", 1);
-                if let Some(s) = &state_bson {
-                    b::key(&mut buf, b::T_DOC, b"state");
-                    buf.extend_from_slice(s);
-                    b::put_int(&mut buf, b"_sv", spec.state_version);
-                }
-                if self.applied {
-                    b::put_int(&mut buf, b"_seq", self.snap.seq);
-                }
-                if !hw_elems.is_empty() {
-                    b::key(&mut buf, b::T_DOC, b"hw");
-                    let h = b::open(&mut buf);
-                    for (k, v) in &hw_elems {
-                        b::put_int(&mut buf, k.as_bytes(), *v);
-                    }
-                    b::end(&mut buf, h);
-                }
-                buf.extend_from_slice(&set_dedup);
-                if let Some(r) = &run_elem {
-                    buf.extend_from_slice(r);
-                }
-                if !self.entries.is_empty() {
-                    put_entries(&mut buf, b"outbox", &self.entries);
-                }
-                if let Some((arr, _)) = &inbox_push {
-                    b::key(&mut buf, b::T_ARRAY, b"inbox");
-                    buf.extend_from_slice(arr);
-                }
-            } else {
-                b::key(&mut buf, b::T_DOC, b"$inc");
-                let inc = b::open(&mut buf);
-                b::put_int(&mut buf, b"_v", 1);
-                b::end(&mut buf, inc);
-                let has_set = state_bson.is_some() || self.applied || !hw_elems.is_empty()
-                    || !set_dedup.is_empty() || run_elem.is_some();
-                if has_set {
-                    b::key(&mut buf, b::T_DOC, b"$set");
-                    let s = b::open(&mut buf);
-                    if let Some(st) = &state_bson {
-                        b::key(&mut buf, b::T_DOC, b"state");
-                        buf.extend_from_slice(st);
-                        b::put_int(&mut buf, b"_sv", spec.state_version);
-                    }
-                    if self.applied {
-                        b::put_int(&mut buf, b"_seq", self.snap.seq);
-                    }
-                    for (k, v) in &hw_elems {
-                        let mut path = b"hw.".to_vec();
-                        path.extend_from_slice(k.as_bytes());
-                        b::put_int(&mut buf, &path, *v);
-                    }
-                    buf.extend_from_slice(&set_dedup);
-                    if let Some(r) = &run_elem {
-                        buf.extend_from_slice(r);
-                    }
-                    b::end(&mut buf, s);
-                }
-                if !self.entries.is_empty() || inbox_push.is_some() {
-                    b::key(&mut buf, b::T_DOC, b"$push");
-                    let p = b::open(&mut buf);
-                    if !self.entries.is_empty() {
-                        b::key(&mut buf, b::T_DOC, b"outbox");
-                        let o = b::open(&mut buf);
-                        put_entries(&mut buf, b"$each", &self.entries);
-                        b::end(&mut buf, o);
-                    }
-                    if let Some((arr, slice)) = &inbox_push {
-                        b::key(&mut buf, b::T_DOC, b"inbox");
-                        let o = b::open(&mut buf);
-                        b::key(&mut buf, b::T_ARRAY, b"$each");
-                        buf.extend_from_slice(arr);
-                        b::put_int(&mut buf, b"$slice", *slice);
-                        b::end(&mut buf, o);
-                    }
-                    b::end(&mut buf, p);
-                }
-            }
-            b::end(&mut buf, doc);
-            op = Some(buf);
-        }
-        // -- outcomes
-        let outcomes = PyList::empty(py);
-        let aattempt = attempt.into_pyobject(py)?;
-        let false_ = false.into_pyobject(py)?;
-        for d in &self.done {
-            let o = e.outcome.alloc(py)?;
-            let m = d.msg.bind(py);
-            // SAFETY: `o` is new with every slot NULL; `m` is a Message.
-            unsafe {
-                let mp = m.as_ptr();
-                e.outcome.set(&o, 0, &Bound::from_borrowed_ptr(py, e.message.get(mp, M_ID)));
-                e.outcome.set(&o, 1, &Bound::from_borrowed_ptr(py, e.message.get(mp, M_ATYPE)));
-                e.outcome.set(&o, 2, &Bound::from_borrowed_ptr(py, e.message.get(mp, M_AID)));
-                e.outcome.set(&o, 3, if d.applied { e.s_applied.bind(py).as_any() } else { e.s_duplicate.bind(py).as_any() });
-                e.outcome.set(&o, 4, &py.None().into_bound(py));
-                e.outcome.set(&o, 5, &py.None().into_bound(py));
-                if d.emitted.is_empty() {
-                    e.outcome.set(&o, 6, e.empty_tuple.bind(py).as_any());
-                } else {
-                    let t = PyTuple::new(py, d.emitted.iter().map(|s| PyString::new(py, s)))?;
-                    e.outcome.set(&o, 6, t.as_any());
-                }
-                e.outcome.set(&o, 7, aattempt.as_any());
-                e.outcome.set(&o, 8, false_.as_any());
-            }
-            outcomes.append(o)?;
-        }
-        // -- the snapshot after the write
-        if self.applied {
-            let st = self.state.take().unwrap();
-            self.snap.state_obj = Some(st.obj);
-            self.snap.state_raw = None;
-            self.snap.state_bytes = state_bson.as_ref().map_or(0, |s| if s.len() > 5 { s.len() as i64 } else { 0 });
-        }
-        let (op_obj, op_bytes) = match op {
-            None => (None, None),
-            Some(bytes) => {
-                let b = PyBytes::new(py, &bytes);
-                let raw = e.raw_document.bind(py).call1((&b,))?;
-                let obj = if insert {
-                    e.insert_one.bind(py).call1((raw,))?
-                } else {
-                    let filter = PyDict::new(py);
-                    filter.set_item(e.s_id.bind(py), self.snap.aid.bind(py))?;
-                    filter.set_item(e.s_v.bind(py), self.snap.version)?;
-                    let kw = PyDict::new(py);
-                    kw.set_item(e.s_upsert.bind(py), true)?;
-                    e.update_one.bind(py).call((filter, raw), Some(&kw))?
-                };
-                (Some(obj.unbind()), Some(b.unbind()))
-            }
-        };
-        Ok(Some(NativeFold {
-            op: op_obj,
-            op_bytes,
-            op_insert: insert,
-            outcomes: outcomes.unbind(),
-            archive: archive.unbind(),
-            snapshot: None,
-            snap: Some(self.snap),
-            empty_list: PyList::empty(py).unbind(),
-        }))
-    }
-}
-
-fn digits(i: usize) -> i64 {
-    let mut n = 1;
-    let mut v = i / 10;
-    while v > 0 {
-        n += 1;
-        v /= 10;
-    }
-    n
-}
-
-/// The entries as an array element `name`.
-fn put_entries(buf: &mut Vec<u8>, name: &[u8], entries: &[Vec<u8>]) {
-    b::key(buf, b::T_ARRAY, name);
-    let a = b::open(buf);
-    for (i, d) in entries.iter().enumerate() {
-        let mut kb = Vec::new();
-        b::index_name(&mut kb, i);
-        b::key(buf, b::T_DOC, &kb);
-        buf.extend_from_slice(d);
-    }
-    b::end(buf, a);
-}
-
-/// `_p`: the first 8 bytes of SHA-256 of the id, big-endian, modulo 256 (the 8th byte).
-fn partition(aid: &[u8]) -> i64 {
-    use sha2::{Digest, Sha256};
-    let d = Sha256::digest(aid);
-    d[7] as i64
-}
-
-/// A Python value as element `name`.
-///
-/// Safety: GIL held.
-unsafe fn put_py(
-    py: Python<'_>,
-    buf: &mut Vec<u8>,
-    name: &[u8],
-    o: *mut ffi::PyObject,
-    utc: *mut ffi::PyObject,
-    fb: &Bound<'_, PyAny>,
-) -> PyResult<()> {
-    match b::put_value(py, buf, name, o, utc, fb, 0) {
-        Ok(()) => Ok(()),
-        Err(b::Unencoded::Error) => Err(PyErr::fetch(py)),
-        Err(b::Unencoded::Foreign) => Err(PyRuntimeError::new_err("unencodable value")),
-    }
-}
-
-/// A dict as a document's bytes (no element name); false when it cannot be written.
-unsafe fn put_doc(
-    py: Python<'_>,
-    buf: &mut Vec<u8>,
-    o: *mut ffi::PyObject,
-    utc: *mut ffi::PyObject,
-    fb: &Bound<'_, PyAny>,
-) -> PyResult<bool> {
-    if !b::is_dict(o) {
-        return Ok(false);
-    }
-    match b::put_dict_body(py, buf, o, utc, fb, 0) {
-        Ok(ok) => Ok(ok),
-        Err(_) => {
-            ffi::PyErr_Clear();
-            Ok(false)
-        }
-    }
-}
-
-/// A value of a scalar-field dataclass state that BSON stores as it is.
-unsafe fn scalar_storable(v: *mut ffi::PyObject) -> bool {
-    if b::is_str(v) {
-        return b::utf8(v).is_some();
-    }
-    if b::is_int(v) {
-        return b::int64(v).is_some();
-    }
-    true
 }
 
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {

@@ -12,6 +12,9 @@
 mod bsonw;
 mod fold;
 mod slots;
+mod snap;
+mod values;
+mod write;
 
 use std::io::Write;
 use std::ptr::addr_of_mut;
