@@ -254,7 +254,11 @@ def test_what_is_left_to_python(prove: Any) -> None:
              f'{{{BASE},"payload":{{}},"occurred_at":1767225600123}}',
              f'{{{BASE},"payload":{{}},"source":{{"type":"F","id":"f","seq":1,"x":2}}}}',
              '{"message_id":" m","type":"T","aggregate_type":"A","aggregate_id":"a",'
-             '"payload":{}}', '[]', '{}', "", "x"]
+             '"payload":{}}', '{"message_id":"m\\u0000","type":"T","aggregate_type":"A",'
+             '"aggregate_id":"a","payload":{}}', '{"message_id":"' + "é" * 513 + '","type":"T",'
+             '"aggregate_type":"A","aggregate_id":"a","payload":{}}',
+             f'{{{BASE},"payload":{{}},"headers":{{"h":"v","$h":"w"}}}}',
+             f'{{{BASE},"payload":{{}},"schema_version":1.0}}', '[]', '{}', "", "x"]
     assert check(prove, lines, 0) == [False] * len(lines)
 
 
@@ -286,3 +290,16 @@ def test_the_library_uses_the_native_parse_when_the_core_is_in_use() -> None:
     """The probe line passed: with the core importable and ``AGGBOX_PURE`` unset, the
     executor's parse is native; with ``AGGBOX_PURE=1`` it is Python's."""
     assert (fastbatch.NATIVE_PROVE is not None) == ids.NATIVE
+
+
+def test_ids_with_white_space_around_them_are_left_to_python(prove: Any) -> None:
+    """``str.strip()``'s white space (every code point ``isspace``) at either end of an id
+    is Python's to refuse; other characters there (zero-width, BOM, NEL's neighbours) are
+    proven."""
+    spaces = [chr(c) for c in range(0x3001) if chr(c).isspace()]
+    others = ["\u200b", "\ufeff", "\u180e", "\x84", "\x86", "\u2027", "\u202a", "\u3001", "é"]
+    for ch in spaces + others:
+        lines = [json.dumps({"message_id": m, "type": "T", "aggregate_type": "A",
+                             "aggregate_id": "a", "payload": {}}, ensure_ascii=asc)
+                 for m in (ch + "x", "x" + ch, ch) for asc in (True, False)]
+        assert check(prove, lines, 0) == [ch in others] * len(lines), repr(ch)
