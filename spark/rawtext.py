@@ -96,6 +96,9 @@ class RawColumn:
         proves one (:func:`aggregates.message.fastbatch.native_prove`); rows whose
         ``skip`` is true are not parsed."""
         arr = self._arr
+        if self._count == 0:  # (an empty array may come without an offsets buffer)
+            self._texts, self._bad = [], {}
+            return []
         validity, offsets, data = arr.buffers()
         proven, texts, bad, _ = native_prove(data, offsets, validity, arr.offset, self._count,
                                              self._large, max_payload, skip)

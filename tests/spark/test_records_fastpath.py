@@ -220,3 +220,19 @@ def test_deep_lines_end_too_deep_whatever_the_recursion_limit() -> None:
             for i in range(2):
                 msg, reason, _, _ = check_row(rows, i, 0)
                 assert (msg, reason) == (None, Reason.PAYLOAD_TOO_DEEP)
+
+
+def test_empty_and_null_batches_read_as_the_python_path_reads_them() -> None:
+    for raw in ([], [None, None], ["", None, '{"message_id": "m"}'], [b"\xff", None]):
+        b = batch([], random.Random(0), spark_reasons=False, trace=False) if not raw else None
+        if b is None:
+            data = [x.encode() if isinstance(x, str) else x for x in raw]
+            b = pa.RecordBatch.from_pydict({
+                "_raw": pa.array(data, pa.binary()).view(pa.string()),
+                "_reason": pa.array([None] * len(raw), pa.string()),
+                "_detail": pa.array([None] * len(raw), pa.string())})
+        rows, python = Rows(b), python_rows(b)
+        got = [outcome(check_row(rows, i, 0)) for i in range(rows.count)]
+        assert got == [outcome(check_row(python, i, 0)) for i in range(python.count)]
+        assert [rows.raw[i] for i in range(rows.count)] == python.raw
+        assert rows.bad_encoding == python.bad_encoding
