@@ -1,7 +1,8 @@
 """The suite's core on both hot paths (docs/design.md "The hot path"): the golden ids and
-golden file, the oracles (in memory and on the local server: the batch fold) and the
-dedup/harness tests run once with the native core and once with ``AGGBOX_PURE=1``, each in
-a process of its own (the choice is made when ``aggregates.core.ids`` and
+golden file, the oracles (in memory and on the local server: the batch fold), the
+dedup/harness tests and the executor's parse (the native parse of Arrow batches against
+Python's) run once with the native core and once with ``AGGBOX_PURE=1``, each in a process
+of its own (the choice is made when ``aggregates.core.ids`` and
 ``aggregates.store.nativefold`` are imported). Both must pass: the native core changes no
 byte.
 
@@ -30,6 +31,8 @@ CORE_TESTS = [
     "tests/aggregates/test_dedup_and_harness.py",
     "tests/aggregates/test_ids_fastpath.py",
     "tests/aggregates/test_update_insert.py",
+    "tests/aggregates/test_envelope_native.py",
+    "tests/spark/test_records_fastpath.py",
     "tests/aggregates/test_oracle.py::test_random_streams_match_oracle_mongomock",
     "tests/aggregates/test_oracle_wide.py::"
     "test_everything_the_writer_decides_matches_the_oracle_mongomock",

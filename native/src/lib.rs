@@ -15,6 +15,7 @@ mod slots;
 mod snap;
 mod values;
 mod write;
+mod envelope;
 
 use std::io::Write;
 use std::ptr::addr_of_mut;
@@ -578,5 +579,6 @@ fn _aggbox_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(uuid5, m)?)?;
     m.add_function(wrap_pyfunction!(noop, m)?)?;
     fold::register(m)?;
+    envelope::register(m)?;
     Ok(())
 }
