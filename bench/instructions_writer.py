@@ -17,7 +17,7 @@ PER = 5
 NOW = datetime(2026, 1, 2, tzinfo=UTC)
 #: Component → what its loop does, per message (or per aggregate of ``PER`` messages).
 COMPONENTS = {
-    "parse": "JSON line → Message: the executor's parse (spark.records Rows + check_row; "
+    "parse": "JSON line → Message: the executor's parse (spark.executor.parse_rows; "
              "native when the core is in use, AGGBOX_PURE=1: Python's)",
     "handlers": "the domain's handler functions alone (typed payloads parsed in set-up)",
     "dedup": "the Inbox strategy: payload hash, decide and record per message, changes",
@@ -159,19 +159,12 @@ def run(ctx: dict[str, Any], component: str, start: int, stop: int) -> None:
     """``component``'s loop over messages [start, stop) (whole aggregates)."""
     atype, g0, g1 = ctx["atype"], start // PER, stop // PER
     if component == "parse":  # spark.executor._Partition.parse, dead letters aside
-        from spark.records import Rows, check_row
+        from spark.executor import parse_rows
+        from spark.records import Rows
 
-        rows = Rows(ctx["batch"].slice(start, stop - start))
-        max_payload = ctx["max_payload"]
-        messages = []
-        dead = []
-        for row in range(rows.count):
-            msg, reason, _, _ = check_row(rows, row, max_payload)
-            if reason is None and msg is not None:
-                messages.append(msg)
-            else:
-                dead.append(row)
-        assert len(messages) == stop - start, len(dead)
+        messages, failed = parse_rows(Rows(ctx["batch"].slice(start, stop - start)),
+                                      ctx["max_payload"])
+        assert len(messages) == stop - start, len(failed)
     elif component == "handlers":
         for fn, args in ctx["calls"][start:stop]:
             fn(*args)

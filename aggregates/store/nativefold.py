@@ -13,8 +13,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import threading
+import types
+import typing
 from datetime import timedelta
-from typing import Any
+from typing import Any, Final
 
 import bson
 from bson.codec_options import CodecOptions
@@ -105,12 +107,14 @@ def _build(atype: AggregateType[Any]) -> Any:
         return None
     if atype.upcasts:
         return None
-    handlers: dict[str, tuple[Any, Any]] = {}
+    handlers: dict[str, tuple[Any, Any, Any]] = {}
     for mtype in atype.message_types:
         h = atype.handler_for(mtype)
         # A typed handler's payload is validated by its core validator, as TypedHandler.parse
-        # does (a failure is the definition's invalid_payload).
-        handlers[mtype] = (h.fn, h._validate) if isinstance(h, TypedHandler) else (h, None)
+        # does (a failure is the definition's invalid_payload), or built directly for a plain
+        # dataclass of scalar fields (_direct_payload).
+        handlers[mtype] = ((h.fn, h._validate, _direct_payload(h.payload_type))
+                           if isinstance(h, TypedHandler) else (h, None, None))
     codec = atype.codec
     fast = None
     if codec._fast is not None and dataclasses.is_dataclass(codec.state_type):
@@ -123,3 +127,49 @@ def _build(atype: AggregateType[Any]) -> Any:
 
 def _micros(d: timedelta) -> int:
     return (d.days * 86_400 + d.seconds) * 1_000_000 + d.microseconds
+
+
+_EXACT: Final[dict[Any, type]] = {str: str, int: int, float: float, bool: bool,
+                                   type(None): type(None)}
+
+
+def _direct_payload(cls: Any) -> Any:
+    """For a plain stdlib dataclass whose fields are scalars (str, int, float, bool, None or
+    unions of them) and take no conversion — no pydantic configuration, ``__post_init__``,
+    slots, ``init=False`` field or default factory: the core's builder of its payload
+    objects, which takes a value only when its exact type is one of its field's (then
+    pydantic's validation returns it as it is: an int for a float field is converted, so it
+    is left to pydantic). None for any other class."""
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        return None
+    if (hasattr(cls, "__pydantic_fields__") or hasattr(cls, "__pydantic_config__")
+            or hasattr(cls, "__post_init__") or "__slots__" in cls.__dict__
+            or not cls.__dataclass_params__.init):  # type: ignore[attr-defined]
+        return None
+    try:
+        hints = typing.get_type_hints(cls, include_extras=True)
+    except Exception:
+        return None
+    fields = []
+    for f in dataclasses.fields(cls):
+        if not f.init or f.default_factory is not dataclasses.MISSING:
+            return None
+        allowed = _exact_types(hints.get(f.name))
+        if allowed is None:
+            return None
+        has_default = f.default is not dataclasses.MISSING
+        fields.append((f.name, list(allowed), has_default, f.default if has_default else None))
+    return NATIVE.DirectPayload(cls, fields)
+
+
+def _exact_types(tp: Any) -> tuple[type, ...] | None:
+    if tp in _EXACT:
+        return (_EXACT[tp],)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        out: tuple[type, ...] = ()
+        for a in typing.get_args(tp):
+            if a not in _EXACT:
+                return None
+            out += (_EXACT[a],)
+        return out
+    return None

@@ -150,6 +150,97 @@ pub fn fold_init(
     Ok(())
 }
 
+// ---------------------------------------------------------------- typed payloads
+
+/// A typed handler's payload class when it is a plain dataclass of scalar fields: its
+/// payload objects are built here from a payload dict whose values all have exactly a type
+/// the field takes as it is (what pydantic's validation gives for them: the class's
+/// `__new__`, then its `__dict__` in field order, missing fields from their defaults); any
+/// other payload is validated by pydantic (the glue decides which classes qualify:
+/// `aggregates.store.nativefold._direct_payload`).
+#[pyclass(frozen, module = "_aggbox_native")]
+pub struct DirectPayload {
+    cls: Py<PyType>,
+    /// (name, exact types taken as they are, the default when the field has one)
+    fields: Vec<(Py<PyString>, Vec<usize>, Option<Py<PyAny>>)>,
+}
+
+#[pymethods]
+impl DirectPayload {
+    #[new]
+    fn new(cls: Py<PyType>, fields: Vec<(Py<PyString>, Vec<Bound<'_, PyType>>, bool, Py<PyAny>)>) -> Self {
+        DirectPayload {
+            cls,
+            fields: fields
+                .into_iter()
+                .map(|(n, ts, has_default, d)| {
+                    (n, ts.iter().map(|t| t.as_ptr() as usize).collect(), has_default.then_some(d))
+                })
+                .collect(),
+        }
+    }
+
+    /// The payload object of `payload` (for the tests); None when pydantic must decide.
+    fn make<'py>(&self, py: Python<'py>, payload: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        self.build(py, payload)
+    }
+}
+
+impl DirectPayload {
+    fn build<'py>(&self, py: Python<'py>, payload: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let pp = payload.as_ptr();
+        // SAFETY: GIL held; dict reads of an exact dict; the new object is ours.
+        unsafe {
+            if !b::is_dict(pp) {
+                return Ok(None);
+            }
+            let mut found = 0;
+            let mut values: Vec<*mut ffi::PyObject> = Vec::with_capacity(self.fields.len());
+            for (name, allowed, default) in &self.fields {
+                let v = dict_get(pp, name.as_ptr());
+                if v.is_null() {
+                    match default {
+                        Some(d) => values.push(d.as_ptr()),
+                        None => return Ok(None), // missing: pydantic names it
+                    }
+                    continue;
+                }
+                if !allowed.contains(&(ffi::Py_TYPE(v) as usize)) {
+                    return Ok(None);
+                }
+                found += 1;
+                values.push(v);
+            }
+            if found != ffi::PyDict_Size(pp) as usize {
+                return Ok(None); // keys the class does not have: pydantic's rules
+            }
+            let tp = self.cls.as_ptr() as *mut ffi::PyTypeObject;
+            let new = match (*tp).tp_new {
+                Some(f) => f,
+                None => return Ok(None),
+            };
+            let empty = ffi::PyTuple_New(0);
+            let o = new(tp, empty, std::ptr::null_mut());
+            ffi::Py_DECREF(empty);
+            if o.is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            let obj = Bound::from_owned_ptr(py, o);
+            let d = ffi::PyObject_GenericGetDict(o, std::ptr::null_mut());
+            if d.is_null() {
+                return Err(PyErr::fetch(py));
+            }
+            let dict = Bound::from_owned_ptr(py, d);
+            for ((name, _, _), v) in self.fields.iter().zip(values) {
+                if ffi::PyDict_SetItem(dict.as_ptr(), name.as_ptr(), v) != 0 {
+                    return Err(PyErr::fetch(py));
+                }
+            }
+            Ok(Some(obj))
+        }
+    }
+}
+
 // ---------------------------------------------------------------- the aggregate type
 
 #[derive(Clone, Copy, PartialEq)]
@@ -675,8 +766,8 @@ impl<'a> Folder<'a> {
                 return Ok(false); // unknown_message_type (or upcasters registered)
             }
             let h = Bound::from_borrowed_ptr(py, h);
-            let (func, parse) = match h.cast::<PyTuple>() {
-                Ok(t) if t.len() == 2 => (t.get_item(0)?, t.get_item(1)?),
+            let (func, parse, direct) = match h.cast::<PyTuple>() {
+                Ok(t) if t.len() == 3 => (t.get_item(0)?, t.get_item(1)?, t.get_item(2)?),
                 _ => return Ok(false),
             };
             let state = self.state.as_ref().expect("loaded").obj.clone_ref(py);
@@ -684,7 +775,15 @@ impl<'a> Folder<'a> {
                 func.call1((state, m))
             } else {
                 let payload = Bound::from_borrowed_ptr(py, e.message.get(mp, M_PAYLOAD));
-                match parse.call1((payload,)) {
+                let built = match direct.cast::<DirectPayload>() {
+                    Ok(d) => d.get().build(py, &payload)?,
+                    Err(_) => None,
+                };
+                let parsed = match built {
+                    Some(obj) => Ok(obj),
+                    None => parse.call1((payload,)),
+                };
+                match parsed {
                     Ok(payload) => func.call1((state, payload, m)),
                     Err(_) => return Ok(false), // invalid_payload
                 }
@@ -1054,5 +1153,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<NativeSnap>()?;
     m.add_class::<NativeFold>()?;
     m.add_class::<FoldCtx>()?;
+    m.add_class::<DirectPayload>()?;
     Ok(())
 }

@@ -13,6 +13,7 @@ folds), and ids with ``/``, ``$``, ``.`` and non-ASCII characters.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from datetime import timedelta
 from typing import Any
@@ -229,3 +230,89 @@ def test_ids_leaving_the_inbox_are_archived_as_the_definition_archives_them(
     assert dump_n == dump_d
     assert len(dump_n[-1]["nf_accts_inbox_archive"]) >= 10
     assert sum(n for n, _ in counts_n) >= 6
+
+
+@dataclasses.dataclass(frozen=True)
+class _Frozen:
+    a: str
+    b: int
+    c: float
+    d: bool = False
+    e: int | None = None
+    f: str | int = "x"
+
+
+@dataclasses.dataclass
+class _Plain:
+    a: float | None
+    b: str = "b"
+
+
+class _Str(str):
+    pass
+
+
+_VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.floats(allow_nan=False),
+                    st.text(max_size=3), st.just(_Str("s")), st.just([1]), st.just({"k": 1}))
+
+
+@pytest.mark.skipif(NATIVE is None, reason="without the native core there is one fold")
+@settings(max_examples=examples(400), deadline=None)
+@given(cls=st.sampled_from([_Frozen, _Plain]),
+       payload=st.dictionaries(st.sampled_from(["a", "b", "c", "d", "e", "f", "zz"]), _VALUES))
+def test_a_payload_object_built_directly_is_the_one_pydantic_validates(
+        cls: type[Any], payload: dict[str, Any]) -> None:
+    """Typed payloads of plain scalar dataclasses are built by the core without pydantic
+    when every value is of exactly a type its field takes as it is: the object must be
+    pydantic's (its type, its fields, each value's type); any other payload — an int for a
+    float field, a bool for an int, a str subclass, a missing field, a key the class has
+    not — is left to pydantic (None)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from aggregates.store.nativefold import _direct_payload
+
+    direct = _direct_payload(cls)
+    assert direct is not None
+    built = direct.make(payload)
+    try:
+        expected = TypeAdapter(cls).validator.validate_python(payload)
+    except ValidationError:
+        assert built is None
+        return
+    if built is not None:
+        assert type(built) is cls
+        assert list(vars(built)) == list(vars(expected))
+        assert vars(built) == vars(expected)
+        assert [type(v) for v in vars(built).values()] == [
+            type(v) for v in vars(expected).values()]
+    else:  # pydantic converted or dropped something: the core must have declined
+        assert (any(type(payload[k]) is not type(getattr(expected, k)) for k in payload
+                    if hasattr(expected, k)) or set(payload) - set(vars(expected))
+                or any(isinstance(v, _Str) for v in payload.values()))
+
+
+def test_only_plain_scalar_dataclasses_are_built_directly() -> None:
+    from pydantic import BaseModel
+
+    from aggregates.store.nativefold import _direct_payload
+
+    @dataclasses.dataclass
+    class WithPostInit:
+        a: int
+
+        def __post_init__(self) -> None:
+            pass
+
+    @dataclasses.dataclass
+    class WithFactory:
+        a: list[int] = dataclasses.field(default_factory=list)
+
+    @dataclasses.dataclass(slots=True)
+    class Slotted:
+        a: int
+
+    class Model(BaseModel):
+        a: int
+
+    for cls in (WithPostInit, WithFactory, Slotted, Model):
+        assert _direct_payload(cls) is None, cls
