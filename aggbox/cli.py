@@ -11,12 +11,14 @@ A sub-command module exposes ``register(subparsers) -> None``; each parser it ad
 ``func=<callable(args) -> int>`` with ``set_defaults``. Heavy imports (pyspark,
 confluent_kafka) happen inside ``func`` so ``aggbox --help`` stays fast.
 
-Errors: an :class:`AggboxError` is printed as one line on stderr (exit status 1); any other
-exception too, with its traceback written to the log file (:mod:`aggbox.logs`), whose path
-the line names. Unknown ``AGGBOX_*`` environment variables are warned about (one line each,
-with the closest known name); an unknown config file section is an error (with the closest
-known one). A command whose extra (pyproject.toml optional dependencies) is not installed
-says which in one line (:data:`COMMAND_EXTRAS`).
+Errors: an :class:`AggboxError` is printed as one line on stderr, ``aggbox <command>: error:
+…`` (exit status 1); any other exception too, with its traceback written to the log file
+(:mod:`aggbox.logs`), whose path the line names. Unknown ``AGGBOX_*`` environment variables
+are warned about (one line each, with the closest known name); an unknown config file
+section is an error (with the closest known one). A command whose extra (pyproject.toml
+optional dependencies) is not installed says which in one line (:data:`COMMAND_EXTRAS`).
+With ``--json``, stdout holds one JSON object whatever happens
+(:mod:`aggbox.commands.json_errors`).
 """
 
 from __future__ import annotations
@@ -275,6 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if _command_word(words) == "dispatch":
         previous = signal.signal(signal.SIGTERM, _stop_before_start)
     try:
+        if "--json" in words:  # one JSON object on stdout whatever happens (issue 40)
+            from aggbox.commands.json_errors import one_json_object
+
+            return one_json_object(_command_word(words), lambda: _main(words))
         return _main(words)
     finally:
         if previous is not None:
@@ -301,14 +307,16 @@ def _main(argv: Sequence[str]) -> int:
     try:
         try:
             warn_unknown_settings(getattr(args, "config", None))
-        except ConfigurationError:
-            raise  # an unknown config file section
+        except ConfigurationError as exc:  # an unknown config file section
+            print(f"aggbox {args.command}: error: {_one_line_message(exc)}", file=sys.stderr)
+            # a command whose usage errors have an exit status of their own (check-store: 2)
+            return int(getattr(args, "config_error_status", 1))
         except Exception:  # a warning must never stop the command
             log.debug("checking for unknown settings failed", exc_info=True)
         rc: int = args.func(args)
         return rc
     except AggboxError as exc:
-        print(f"aggbox: error: {_one_line_message(exc)}", file=sys.stderr)
+        print(f"aggbox {args.command}: error: {_one_line_message(exc)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

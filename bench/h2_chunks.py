@@ -276,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="mongo-java-server's own oplog and H2 setup (before issue 22)")
     parser.add_argument("--minutes", type=float, default=8.0)
     parser.add_argument("--writers", type=int, default=2)
+    parser.add_argument("--interval", type=float, default=15.0,
+                        help="seconds between printed lines (the smoke run: 1)")
     parser.add_argument("--bare", action="store_true", help="H2 alone (see above)")
     parser.add_argument("--guard", action="store_true",
                         help="with --bare: register the version for each scan")
@@ -300,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         storage_errors = 0
         try:
             while not load.stop.is_set() and time.monotonic() - began < args.minutes * 60:
-                load.stop.wait(15)
+                load.stop.wait(args.interval)
                 log_text = log_path.read_text(errors="replace")
                 storage_errors = log_text.count("MVStoreException")
                 try:

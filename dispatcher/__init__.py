@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 _LAZY = {"Dispatcher": "dispatcher.daemon", "DispatcherSettings": "dispatcher.core.settings",
          "OutboundRecord": "dispatcher.publishers.record",
-         "build_record": "dispatcher.publishers.record",
+         "build_record": "dispatcher.publishers.builder",
          "PublishResult": "dispatcher.publishers", "Publisher": "dispatcher.publishers",
          "PublisherError": "dispatcher.publishers", "create_publisher": "dispatcher.publishers"}
 

@@ -54,6 +54,7 @@ from dispatcher.core.timing import REAL_TIME, Timing
 from dispatcher.effects.guard import EffectGuard, FleetEffects
 from dispatcher.leases.partlease import default_instance_id
 from dispatcher.observe.metrics import Health, Metrics, MetricsServer
+from dispatcher.outbox.backlog import pending_entries
 from dispatcher.publishers import Publisher, create_publisher
 from dispatcher.publishers.record import check_template
 from dispatcher.wiring import check_replies, effect_router, load_effects, resolve_collections
@@ -118,6 +119,9 @@ class Dispatcher:
         self._fatal: FatalStoreError | None = None
         #: the broker's publisher, before effect routing and guards wrap it
         self._broker: Publisher = self.publisher
+        #: ``--once``: collection → (pending entries, due timers) left after the run, in
+        #: every partition (not measured when the run gave up)
+        self.once_left: dict[str, tuple[int, int]] = {}
 
     # -- control ----------------------------------------------------------------------------
     def request_stop(self) -> None:
@@ -233,6 +237,7 @@ class Dispatcher:
             await asyncio.gather(*helpers, return_exceptions=True)
             if once and self._gave_up is None:
                 await self._measure_once()
+                await self._measure_left()
         finally:
             await self._close()
         log.info("dispatcher %s stopped", self.instance_id, extra={"instance": self.instance_id})
@@ -276,8 +281,9 @@ class Dispatcher:
                 if task.done() or now - w.progress_at <= limit:
                     continue
                 self._gave_up = (f"{w.name}: no progress for {limit:g}s in --once mode "
-                                 f"({w.outcomes.failure_summary()}); giving up with entries still "
-                                 "pending (once_timeout_s)")
+                                 f"({w.outcomes.failure_summary()}); giving up with "
+                                 f"{w.once_pending or 'entries still pending'} "
+                                 "(once_timeout_s)")
                 stop.set()
                 for t in self._tasks:
                     t.cancel()
@@ -323,6 +329,15 @@ class Dispatcher:
                     log.error("%s failed: %s", t.get_name(), t.exception())
                     rc = 1
         return rc
+
+    async def _measure_left(self) -> None:
+        """``--once``: what is left in each collection (every partition) after the run."""
+        for w in self.workers:
+            try:
+                self.once_left[w.name] = (await pending_entries(w.coll),
+                                          await w.timers.due_left())
+            except PyMongoError as exc:
+                log.debug("measuring what is left of %s failed: %s", w.name, exc)
 
     async def _measure_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

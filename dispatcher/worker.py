@@ -24,7 +24,8 @@ privilege: :mod:`aggregates.core.storeerrors`) ends the worker with
 
 Time is injected (:class:`~dispatcher.core.timing.Timing`: clock, pauses, backoff jitter). Each
 MongoDB round trip is reported to :class:`~dispatcher.observe.metrics.Health`; ``--once`` watches
-``progress_at``.
+``progress_at`` and ends when its entries and due timers are done, each partition held by
+a live instance and its own all published (none in takeover).
 """
 
 from __future__ import annotations
@@ -39,10 +40,7 @@ from pymongo.errors import OperationFailure, PyMongoError
 
 from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TYPE
 from aggregates.wire.fence import fence_scope
-from dispatcher.core.errors import (
-    FatalStoreError,
-    check_fatal,
-)
+from dispatcher.core.errors import FatalStoreError, check_fatal
 from dispatcher.core.faults import Faults
 from dispatcher.core.settings import DispatcherSettings
 from dispatcher.core.timing import REAL_TIME, Timing, pause
@@ -90,7 +88,8 @@ class CollectionWorker:
         self.fleet = fleet
         self.balancer = Balancer(self.leases, name=collection, interval_s=s.renew_interval_s,
                                  health=health, metrics=metrics, stop=stop, timing=timing,
-                                 on_contact=self._contact, on_error=self._note_error,
+                                 on_contact=self._contact,
+                                 on_error=lambda text: setattr(self.outcomes, "last_error", text),
                                  published=lambda: self.outcomes.counts.published,
                                  publishing=lambda: self.selection.partitions,
                                  on_members=self._on_members if fleet else None)
@@ -130,6 +129,7 @@ class CollectionWorker:
         self.mode: str = "standby"
         self.last_active_mode: str | None = None
         self._drained = False
+        self.once_pending: str | None = None  #: --once: what it still works on
         #: counts, backoff and progress; its failure lines are rate-limited
         self.outcomes = Outcomes(collection, retries=self.retries, metrics=metrics,
                                  health=health, timing=timing)
@@ -182,8 +182,7 @@ class CollectionWorker:
     def _select(self, partitions: frozenset[int] | tuple[()]) -> None:
         """Publish these partitions from now on (the stream, sweeps, retries and gauges
         select them). The resume token is kept only for the whole collection: a share of it
-        starts its stream at the current time (with the sweep that always accompanies a new
-        stream)."""
+        starts its stream now (with the sweep that always accompanies a new stream)."""
         self.selection.set(partitions)
         self.stream.checkpoints.key = self.scope if self.selection.full else None
 
@@ -210,9 +209,8 @@ class CollectionWorker:
 
     async def _drain_pull(self) -> PyMongoError | None:
         """Wait for the last ``$pull``. A failed one is logged (rate-limited) and counted
-        (``aggbox_dispatcher_pull_failures_total``): its entries stay pending and are
-        published again by whoever publishes the partition next. The error is returned so
-        that a fatal one ends the worker once the clean-up is done."""
+        (``aggbox_dispatcher_pull_failures_total``): its entries stay pending and are published
+        again. The error is returned: a fatal one ends the worker after the clean-up."""
         try:
             await self.cycle.drain()
         except PyMongoError as exc:
@@ -238,9 +236,6 @@ class CollectionWorker:
         self.health.contact(self.name)
         if self.mode == "standby":  # a server answer is all the progress a standby makes
             self.outcomes.progress()
-
-    def _note_error(self, text: str) -> None:
-        self.outcomes.last_error = text
 
     def _keep_going(self) -> bool:
         if self.stop.is_set() or self._drained:
@@ -369,8 +364,10 @@ class CollectionWorker:
         return True
 
     async def _run_once(self) -> None:
-        """Sweep until a complete sweep finds nothing left to do."""
-        self.mode = "once"
+        """Sweep until a complete sweep finds nothing left to do, then fire due timers until
+        none is left (failures retried as the outbox's: the watchdog ends a stuck run), until
+        every partition is held and published (:meth:`Balancer.complete`)."""
+        self.mode, self.once_pending = "once", "entries still pending"
         self.health.beat(self.name, role="active", mode="once")
         self.sweeps.request("once")
         while self._keep_going():
@@ -378,9 +375,18 @@ class CollectionWorker:
             if self.sweeps.reason is None:
                 last = self.sweeps.last
                 if last is not None and not (last.published or last.dead_lettered):
-                    await self.timers.fire_all_due()
-                    self._drained = True
-                    break
+                    self.once_pending = "due timers still pending"
+                    if not await self.timers.fire_all_due(
+                            self._keep_going, on_progress=self.outcomes.progress,
+                            stop=self.stop):
+                        raise LeaseLost()  # start over once the partitions are held again
+                    if self.balancer.complete(self.selection.partitions):
+                        self._drained, self.once_pending = not self.stop.is_set(), None
+                        break
+                    self.once_pending = "partitions no instance publishes yet"  # claimed in
+                    await self.balancer.next_round()  # the next rounds: LeaseLost, start over
+                    self.outcomes.progress()  # the store answered a lease round
+                    continue
                 self.sweeps.request("once")
             await self._guarded(self._pending)
 

@@ -31,8 +31,6 @@ __all__ = [
     "SparkSettings",
     "StreamResult",
     "build_session",
-    "run_batch",
-    "run_stream",
 ]
 
 _WHERE = {
@@ -41,8 +39,6 @@ _WHERE = {
     "Pipeline": "spark.pipeline",
     "RunResult": "spark.pipeline",
     "StreamResult": "spark.pipeline",
-    "run_batch": "spark.pipeline",
-    "run_stream": "spark.pipeline",
     "SparkSettings": "spark.settings",
     "build_session": "spark.session",
 }

@@ -18,6 +18,8 @@ from the writer (e.g. :class:`aggregates.core.errors.RetryableError` from a hand
 outage) fail the task; Spark retries it, and the retry finds what the failed attempt wrote:
 a message that attempt applied is counted ``applied`` once, with reason ``earlier_attempt``
 naming it (run stamps, :mod:`aggregates.dedup.runs`), a real duplicate stays ``duplicate``.
+All but a :class:`~aggregates.core.errors.DeploymentError`, which fails every attempt the
+same way: it ends the task with one row (:data:`DEPLOYMENT_FAILED`), not a retry.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from aggregates.core.errors import DeploymentError
 from aggregates.core.ids import raw_message_id
 from aggregates.core.settings import AggboxSettings
 from aggregates.dedup.runs import RunStamp
@@ -41,8 +44,9 @@ from spark.records import Ids, Rows, check_row_exact
 from spark.results import SAMPLED
 from spark.schema import OUTCOME_COLUMNS, outcome_columns
 
-__all__ = ["STATS_COLUMN", "STATS_KEYS", "Failed", "WriterTask", "get_client", "get_registry",
-           "parse_rows", "with_stats", "write_partition"]
+__all__ = ["DEPLOYMENT_FAILED", "STATS_COLUMN", "STATS_KEYS", "Failed", "WriterTask",
+           "deployment_failure", "get_client", "get_registry", "parse_rows", "with_stats",
+           "write_partition"]
 
 _lock = threading.Lock()
 _clients: dict[str, Any] = {}
@@ -254,26 +258,62 @@ def _write(task: WriterTask, batches: Iterator[Any]) -> Iterator[Any]:
 
     part: _Partition | None = None
     live: LiveCounts | None = None
-    for batch in batches:
-        if batch.num_rows == 0:
-            continue
-        if part is None:
-            part = _Partition(task)
-            if task.progress and task.run:
-                live = LiveCounts(part.db, task.run, *_partition_attempt())
-        messages, dead = part.parse(batch)
-        outcomes, types = part.write(part.take(messages, final=False), dead)
-        if live is not None:
-            live.add(batch.num_rows, outcomes)
-        if outcomes:
+    try:
+        for batch in batches:
+            if batch.num_rows == 0:
+                continue
+            if part is None:
+                part = _Partition(task)
+                if task.progress and task.run:
+                    live = LiveCounts(part.db, task.run, *_partition_attempt())
+            messages, dead = part.parse(batch)
+            outcomes, types = part.write(part.take(messages, final=False), dead)
+            if live is not None:
+                live.add(batch.num_rows, outcomes)
+            if outcomes:
+                yield part.to_arrow(outcomes, types)
+        if part is not None and part.carry:
+            outcomes, types = part.write(part.take([], final=True), [])
+            if live is not None:
+                live.add(0, outcomes)
             yield part.to_arrow(outcomes, types)
-    if part is not None and part.carry:
-        outcomes, types = part.write(part.take([], final=True), [])
-        if live is not None:
-            live.add(0, outcomes)
-        yield part.to_arrow(outcomes, types)
+    except DeploymentError as exc:  # not retried: the task ends here, the driver raises it
+        yield _deployment_row(exc, part.task_attempt if part is not None else 0)
     if live is not None:
         live.flush()
+
+
+# -- deployment errors (docs/design.md "Deployment errors") ----------------------------------
+#: The ``outcome`` of the one row a task returns, instead of failing, when a handler cannot
+#: run where it runs (:class:`~aggregates.core.errors.DeploymentError`): its ``reason`` is the
+#: error's line. A failed task would be retried by Spark (``spark.task.maxFailures``), and it
+#: fails the same way every time; this row ends the task at its first attempt, having written
+#: nothing more, and :meth:`spark.pipeline.Pipeline.process` raises the error from it.
+DEPLOYMENT_FAILED = "deployment_failed"
+
+
+def _deployment_row(exc: DeploymentError, task_attempt: int) -> Any:
+    import pyarrow as pa
+
+    line = str(exc)
+    values: list[Any] = ["", None, None, DEPLOYMENT_FAILED, line, line, [], 0, False,
+                         task_attempt, None]
+    return pa.RecordBatch.from_arrays(
+        [pa.array([v], type=t) for v, t in zip(values, _arrow_types(), strict=True)],
+        names=list(OUTCOME_COLUMNS))
+
+
+def deployment_failure(stats: str | None) -> str | None:
+    """The line of a :data:`DEPLOYMENT_FAILED` row counted in ``stats`` (the executors'
+    counts as the job returns them: JSON lists of :data:`STATS_KEYS` + count, one list per
+    partition, one per line); ``None`` when no task met one."""
+    for text in (stats or "").split("\n"):
+        if DEPLOYMENT_FAILED not in text:
+            continue
+        for row in json.loads(text):
+            if row[0] == DEPLOYMENT_FAILED:
+                return str(row[2])
+    return None
 
 #: The column :func:`with_stats` adds to the outcome batches: NULL but on the last row a
 #: partition returns, which holds the partition's outcome counts as JSON

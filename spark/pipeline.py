@@ -40,11 +40,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from aggregates.core.errors import AggboxError, ConfigurationError
+from aggregates.core.errors import AggboxError, ConfigurationError, DeploymentError
 from aggregates.core.settings import AggboxSettings
 from aggregates.domain.aggregate import Registry
 from aggregates.store.writer import StoreWriter
-from spark.executor import STATS_COLUMN, WriterTask, write_partition
+from spark.executor import (
+    DEPLOYMENT_FAILED,
+    STATS_COLUMN,
+    WriterTask,
+    deployment_failure,
+    write_partition,
+)
 from spark.microbatch import BatchViews, MicroBatch, with_trigger
 from spark.order import order_within_aggregates
 from spark.pyfiles import install_py_files, read_py_files
@@ -226,7 +232,7 @@ class Pipeline:
         outcomes = self._plan(raw, seen_in, run).observe(
             seen_out, F.count(F.lit(1)).alias("rows"),
             F.array_join(F.collect_list(STATS_COLUMN), "\n").alias("stats"),
-        ).drop(STATS_COLUMN)
+        ).where(F.col("outcome") != DEPLOYMENT_FAILED).drop(STATS_COLUMN)
         target = None
         if outcomes_path:
             part = f"batch_id={batch_id}" if batch_id is not None else f"run_id={run_id}"
@@ -239,6 +245,8 @@ class Pipeline:
             outcomes.write.format("noop").mode("overwrite").save()
             outcomes = None
         observed_in, observed_out = seen_in.get, seen_out.get
+        if observed_out and (failed := deployment_failure(observed_out["stats"])):
+            raise DeploymentError(failed)  # a task met it: docs/design.md "Deployment errors"
         if observed_in and observed_out:
             if input_count is None:
                 input_count = int(observed_in["rows"])

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -307,8 +311,115 @@ def test_unreachable_with_json_prints_one_object(capsys: pytest.CaptureFixture[s
 def test_a_missing_config_file_with_json_is_one_object(
         capsys: pytest.CaptureFixture[str], tmp_path: Any) -> None:
     rc, out, err = run(capsys, "--config", str(tmp_path / "missing.toml"), "--json")
-    assert rc == 1 and "does not exist" in err
+    assert rc == 2 and "does not exist" in err  # a usage error, as a bad --uri
     assert json.loads(out)["error"] == f"config file {tmp_path / 'missing.toml'} does not exist"
+
+
+@pytest.mark.parametrize(("text", "said"), [
+    ("this is = not toml [\n", "is not valid TOML"),
+    ("[agbox]\nmongodb_uri = 'mongodb://h/'\n", "unknown section [agbox]; did you mean [aggbox]?"),
+    ("[aggbox]\nmax_document_bytes = 'x'\n", "max_document_bytes"),
+])
+def test_a_config_file_it_cannot_use_is_a_usage_error(text: str, said: str,
+                                                      tmp_path: Path) -> None:
+    """Issue 40, item 10: a config file that is not TOML exited 1, where usage errors (a bad
+    URI, no MongoDB given) exit 2; so does every problem of the config file now, also with
+    --json (one object) and for the unknown section the command line finds first."""
+    config = tmp_path / "aggbox.toml"
+    config.write_text(text)
+    base = [sys.executable, "-m", "aggbox.cli", "check-store", "--config", str(config),
+            "--uri", "mongodb://127.0.0.1:1/"]
+    env = {k: v for k, v in os.environ.items() if k != "AGGBOX_MONGODB_URI"}
+    done = subprocess.run(base, capture_output=True, text=True, env=env, check=False)
+    assert done.returncode == 2, done.stderr
+    assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("aggbox check-store: error: ") and said in done.stderr
+    done = subprocess.run([*base, "--json"], capture_output=True, text=True, env=env,
+                          check=False)
+    assert done.returncode == 2, done.stderr
+    report = json.loads(done.stdout)  # the whole of stdout
+    assert report["exit_status"] == 2 and said in report["error"]
+    assert report["checks"] == [] and report["usable"] is False
+
+
+# -- what a pipe shows -------------------------------------------------------------------------
+def test_the_last_line_is_the_whole_verdict_in_a_narrow_pipe(
+        no_oplog_server: LocalMongo) -> None:
+    """Issue 40, item 10: stdout a pipe, COLUMNS=40: the verdict (57 characters here) was
+    wrapped over two lines; docs/operations.md says the last line is the verdict."""
+    env = {**os.environ, "COLUMNS": "40"}
+    done = subprocess.run([sys.executable, "-m", "aggbox.cli", "check-store", "--uri",
+                           no_oplog_server.uri], capture_output=True, text=True, env=env,
+                          check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip().splitlines()[-1] == (
+        "aggbox's guarantees hold here with the dispatcher polling")
+
+
+# -- a server that accepts and never answers ---------------------------------------------------
+@pytest.fixture
+def silent_server() -> Iterator[tuple[int, list[bytes], list[threading.Thread]]]:
+    """A TCP server on a free loopback port that accepts every connection, reads what comes
+    and never answers; yields its port, the bytes each connection sent (noted as the
+    connection ends) and the connections' threads."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+    received: list[bytes] = []
+    handlers: list[threading.Thread] = []
+
+    def hold(conn: socket.socket) -> None:
+        data = b""
+        with conn, contextlib.suppress(OSError):
+            conn.settimeout(0.2)
+            while not stop.is_set():
+                try:
+                    chunk = conn.recv(65536)
+                except TimeoutError:
+                    continue
+                if not chunk:
+                    break
+                data += chunk
+        received.append(data)
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            handler = threading.Thread(target=hold, args=(conn,), daemon=True)
+            handlers.append(handler)
+            handler.start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield int(listener.getsockname()[1]), received, handlers
+    stop.set()
+    thread.join(10)
+    for handler in handlers:
+        handler.join(10)
+    listener.close()
+
+
+def test_a_silent_server_is_waited_for_once(
+        silent_server: tuple[int, list[bytes], list[threading.Thread]]) -> None:
+    """Issue 40, item 10: after pymongo's wait (the timeout) the hosts were asked again by
+    hand, a second connection sending a bare ``hello`` that waited as long again. Told
+    without a clock: pymongo's connections say who they are (the application name), the
+    hand-made probe's does not — and must not come."""
+    port, received, handlers = silent_server
+    done = subprocess.run([sys.executable, "-m", "aggbox.cli", "check-store", "--uri",
+                           f"mongodb://127.0.0.1:{port}/", "--timeout", "1", "--json"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 1, done.stderr
+    assert "not reachable within 1s" in json.loads(done.stdout)["error"]
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    for handler in list(handlers):  # the command exited: every connection was closed
+        handler.join(30)
+    assert received, "pymongo never connected"
+    for data in received:  # only pymongo's handshake, never the probe's bare hello
+        assert b"aggbox-check-store" in data, data[:200]
 
 
 def test_without_any_mongodb_it_says_so_and_starts_nothing(

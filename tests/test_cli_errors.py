@@ -111,7 +111,7 @@ def test_password_with_a_slash_is_never_printed(where: str, monkeypatch: pytest.
     line = error_line(err)
     assert rc == 1
     assert PASSWORD not in err and SECRET_PART not in err
-    assert line.startswith(f"aggbox: error: {source} 'mongodb://ops:***@db.example:27017/'")
+    assert line.startswith(f"aggbox run: error: {source} 'mongodb://ops:***@db.example:27017/'")
     assert "unescaped '/'" in line and "quote_plus" in line
 
 
@@ -334,6 +334,7 @@ def test_dispatch_without_uri_hands_the_embedded_server_to_the_daemon(
         def __init__(self, settings: Any, *, store: Any) -> None:
             stores.append(store)
             self.metrics = Metrics()  # --once prints its counters
+            self.once_left: dict[str, tuple[int, int]] = {}  # and what is left
 
         async def run(self, **_kw: Any) -> int:
             return 0

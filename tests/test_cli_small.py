@@ -96,7 +96,7 @@ def test_misspelt_setting_names_the_closest_one(
     config = _config(tmp_path, '[aggbox]\ndatabse = "x"\nmongodb_uri = "mongodb://h:1"\n')
     rc, _, err = run(capsys, "deadletters", "list", "--config", config)
     assert rc == 1
-    assert err.strip() == ("aggbox: error: config section [aggbox]: unknown setting "
+    assert err.strip() == ("aggbox deadletters: error: config section [aggbox]: unknown setting "
                            "'databse' (did you mean 'database'?)"), err
     # nothing close: the known ones are listed
     config = _config(tmp_path, '[aggbox]\nzzz = "x"\n')
@@ -109,9 +109,9 @@ def test_misspelt_section_is_an_error_with_the_closest_one(
     config = _config(tmp_path, '[sprak]\nmaster = "local[1]"\n')
     rc, _, err = run(capsys, "deadletters", "list", "--config", config)
     assert rc == 1
-    assert err.strip() == (f"aggbox: error: config file {config}: unknown section [sprak]; "
-                           "did you mean [spark]? (sections: [aggbox], [spark], [dispatcher])"
-                           ), err
+    assert err.strip() == (f"aggbox deadletters: error: config file {config}: unknown section "
+                           "[sprak]; did you mean [spark]? (sections: [aggbox], [spark], "
+                           "[dispatcher])"), err
 
 
 @pytest.mark.parametrize(("command", "module", "line"), [

@@ -1,8 +1,9 @@
 """``aggbox dispatch`` as a process (issue 34, item 6): ``--once`` says what it did in one
-line on stdout and logs one "once sweep done" per drained collection (not a second one for
-the empty sweep that ends it, nor one for an empty collection); a SIGTERM while the command
-still starts (importing takes seconds on a busy machine) is a graceful stop, exit 0, instead
-of the default signal action (exit -15). Real processes against the suite's MongoDB."""
+line on stdout (per collection too, with what is left: issue 40, item 9) and logs one "once
+sweep done" per drained collection (not a second one for the empty sweep that ends it, nor
+one for an empty collection); a SIGTERM while the command still starts (importing takes
+seconds on a busy machine) is a graceful stop, exit 0, instead of the default signal action
+(exit -15). Real processes against the suite's MongoDB."""
 
 from __future__ import annotations
 
@@ -52,7 +53,9 @@ def test_once_prints_a_summary_and_logs_one_sweep_per_collection(
         check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout == ("aggbox dispatch --once: published 2, timers fired 1, effects done "
-                           "0, dead-lettered 0\n"), done
+                           "0, dead-lettered 0; customers: published 0, timers fired 0, left 0 "
+                           "entries and 0 due timers; orders: published 2, timers fired 1, left "
+                           "0 entries and 0 due timers\n"), done
     sweeps = [line for line in done.stderr.splitlines() if "once sweep done" in line]
     assert len(sweeps) == 1 and "orders: once sweep done: 2 entries published" in sweeps[0], \
         done.stderr

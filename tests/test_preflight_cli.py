@@ -55,7 +55,7 @@ def messages(tmp_path: Path) -> Path:
 
 def test_aggregates_module_checked_before_spark(tmp_path: Path, messages: Path) -> None:
     line = _fails(tmp_path, ["run", "--input", str(messages), "--aggregates", "libary"])
-    assert line.startswith("aggbox: error: --aggregates libary: cannot import aggregates "
+    assert line.startswith("aggbox run: error: --aggregates libary: cannot import aggregates "
                            "module 'libary': no module of that name in the current folder"), line
     line = _fails(tmp_path, ["run", "--input", str(messages), "--aggregates", "json"])
     assert "--aggregates json" in line and "defines no aggregate types" in line, line
@@ -78,7 +78,7 @@ def test_input_checked_before_spark(tmp_path: Path, messages: Path) -> None:
 def test_master_checked_before_spark(tmp_path: Path, messages: Path) -> None:
     line = _fails(tmp_path, ["run", "--input", str(messages), "--aggregates",
                              "aggbox.examples.orders", "--master", "lokal[2]"])
-    assert line.startswith("aggbox: error: --master lokal[2]: not a Spark master"), line
+    assert line.startswith("aggbox run: error: --master lokal[2]: not a Spark master"), line
 
 
 def test_java_checked_before_spark(tmp_path: Path, messages: Path) -> None:
@@ -101,7 +101,7 @@ def test_java_checked_before_spark(tmp_path: Path, messages: Path) -> None:
                           capture_output=True, text=True, timeout=600, check=False)
     assert done.returncode == 1, done.stderr
     assert done.stderr.strip().splitlines() == [
-        "aggbox: error: no Java found (JAVA_HOME is not set, no java on PATH): aggbox needs "
+        "aggbox run: error: no Java found (JAVA_HOME is not set, no java on PATH): aggbox needs "
         "Java 17 or later: install openjdk-17 or set JAVA_HOME"], done.stderr
 
 
@@ -129,3 +129,44 @@ def test_a_domain_module_in_the_current_folder_runs_end_to_end(
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["applied"] == len(records) and summary["ok"] is True, summary
     assert sum(db[c].count_documents({}) for c in db.list_collection_names()) > 0
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_server_without_ttl_indexes_is_refused_before_spark_and_left_empty(
+        tmp_path: Path, ferretdb_server: Any, as_json: bool) -> None:
+    """Issue 40, item 8: against FerretDB 1.24.2 (no TTL indexes) ``aggbox run`` refused only
+    after the Spark JVM started and after it had created the collections, their indexes,
+    ``aggbox_dead_letters`` and ``aggbox_parked``. Now the pre-flight refuses (``JAVA_HOME``
+    names no Java: Spark could not have started) with the ``aggbox run: error:`` line of
+    every other run error, and the database holds no collection. With ``--json``: stdout
+    is one JSON object saying it (item 7)."""
+    from pymongo import MongoClient
+
+    write_jsonl(tmp_path / "in.jsonl", make_records(seed=32, accounts=2, ledgers=1,
+                                                    dup_rate=0))
+    database = f"t_preflight_ttl_{int(as_json)}"
+    client: MongoClient[dict[str, Any]] = MongoClient(ferretdb_server.uri)
+    client.drop_database(database)
+    argv = ["run", "--input", str(tmp_path / "in.jsonl"), "--aggregates", "tests.spark.domain",
+            "--mongodb-uri", ferretdb_server.uri, "--database", database, "--no-progress"]
+    done = subprocess.run([AGGBOX, *argv, *(["--json"] if as_json else [])], cwd=tmp_path,
+                          env=_env(tmp_path, PYTHONPATH=str(REPO)), capture_output=True,
+                          text=True, timeout=600, check=False)  # a hang guard
+    try:
+        assert done.returncode == 1, done.stderr
+        assert done.stderr.strip().splitlines() == [
+            "aggbox run: error: the server does not support TTL indexes (expireAfterSeconds; "
+            "code 238): aggbox needs one on accounts_inbox_archive to forget the ids of Inbox "
+            "dedup after the dedup horizon; use MongoDB (types with HighWater dedup need no "
+            "archive), and run `aggbox check-store` to see what else this server lacks"
+        ], done.stderr
+        if as_json:
+            obj = json.loads(done.stdout)
+            assert obj["exit_status"] == 1 and obj["error"].startswith(
+                "the server does not support TTL indexes")
+        else:
+            assert done.stdout == ""
+        assert client[database].list_collection_names() == []  # nothing created
+    finally:
+        client.drop_database(database)
+        client.close()

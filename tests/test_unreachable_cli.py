@@ -57,7 +57,7 @@ def _one_line(proc: subprocess.Popen[bytes]) -> tuple[int, str]:
 
 
 def _message(line: str) -> str:
-    """The line without the command's prefix (``aggbox: error: `` …)."""
+    """The line without the command's prefix (``aggbox run: error: `` …)."""
     assert ": error: " in line, line
     return line.split(": error: ", 1)[1]
 

@@ -7,18 +7,20 @@ MongoDB server — which is what the user needs to hear, rather than "not reacha
 Nothing is said (``None``) when no host accepts a connection (that is "not reachable"), when
 one answers like MongoDB (then pymongo's own error stands: a replica set name, TLS, …), when
 one stays silent (a hung server looks the same), or when the URI cannot be probed by hand
-(``mongodb+srv``, TLS, a Unix socket)."""
+(``mongodb+srv``, TLS, a Unix socket). When pymongo saw every host silent, the hosts are not
+asked at all (:func:`silent`): a server that accepts and never answers costs one timeout."""
 
 from __future__ import annotations
 
 import itertools
 import socket
 import struct
+from collections.abc import Sequence
 from typing import Final
 
 import bson
 
-__all__ = ["OP_MSG", "OP_REPLY", "hello_message", "not_mongodb", "reply_problem"]
+__all__ = ["OP_MSG", "OP_REPLY", "hello_message", "not_mongodb", "reply_problem", "silent"]
 
 OP_REPLY: Final = 1
 OP_MSG: Final = 2013
@@ -88,6 +90,16 @@ def _ask(host: str, port: int, timeout_s: float) -> str | None:
         except OSError:  # reset by the peer: it does not want our hello
             data = b""
     return reply_problem(data, request_id)
+
+
+def silent(server_errors: Sequence[BaseException | None]) -> bool:
+    """pymongo's monitors got no answer from any host within the timeout (no error yet, or
+    a timeout: ``server_errors`` are the errors of the topology's server descriptions). The
+    probe would then only wait as long again for the same silence (it says nothing of a
+    silent host), so the caller does not ask: an unanswering server costs one timeout."""
+    from pymongo.errors import NetworkTimeout
+
+    return all(e is None or isinstance(e, NetworkTimeout) for e in server_errors)
 
 
 def not_mongodb(uri: str, timeout_s: float) -> str | None:

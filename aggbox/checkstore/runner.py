@@ -24,7 +24,7 @@ from pymongo.errors import PyMongoError
 
 from aggbox.checkstore.checks import CHECKS, LAST, Check, Context
 from aggbox.checkstore.logic import client_options, describe_server, uri_options
-from aggbox.checkstore.probe import not_mongodb
+from aggbox.checkstore.probe import not_mongodb, silent
 from aggbox.checkstore.report import CheckResult, Report, Status
 from aggbox.checkstore.streams import stream_checks, stream_failure
 from aggregates.core.errors import AggboxError
@@ -109,7 +109,10 @@ def _introduce(client: MongoClient[dict[str, Any]], target: Target,
         shown = redact_uri(target.uri)
         timeout = options.get("serverSelectionTimeoutMS")
         if is_unreachable(exc):
-            why = not_mongodb(target.uri, timeout / 1000 if timeout else 5.0)
+            errors = [d.error for d in
+                      client.topology_description.server_descriptions().values()]
+            why = None if silent(errors) else not_mongodb(
+                target.uri, timeout / 1000 if timeout else 5.0)
             if why:
                 raise NotMongoDB(
                     f"{why}: not a MongoDB server; check that {target.source} names the "

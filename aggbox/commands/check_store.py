@@ -5,7 +5,8 @@ The URI is ``--uri``, else ``AGGBOX_MONGODB_URI`` (or ``mongodb_uri`` in the ``[
 section of ``--config``), else the server of ``aggbox local start``; a server is never
 started. Exit status: 0 usable (UNSUPPORTED lines have a fallback), 1 a check aggbox needs
 failed or the server could not be reached (or is not a MongoDB server), 2 a usage error (no
-MongoDB given, a bad URI or database name, a database that is not empty). With ``--json``,
+MongoDB given, a bad URI or database name, a database that is not empty, a config file that
+is missing, not TOML or holds an unknown section or an invalid setting). With ``--json``,
 stdout is one JSON object in every case: the report, or ``{"error": …, "exit_status": …}``.
 """
 
@@ -16,6 +17,10 @@ import sys
 from typing import Any
 
 __all__ = ["register", "run"]
+
+#: :data:`aggbox.checkstore.report.EXIT_USAGE` (not imported here: ``aggbox --help`` stays
+#: light).
+EXIT_USAGE_STATUS = 2
 
 _DESCRIPTION = """\
 Check that a MongoDB deployment does what aggbox relies on: conditional updates on
@@ -61,7 +66,7 @@ def register(subparsers: Any) -> None:
                         "serverSelectionTimeoutMS, else 5)")
     p.add_argument("--json", action="store_true",
                    help="print one JSON object (checks, verdict) on stdout")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, config_error_status=EXIT_USAGE_STATUS)
 
 
 def _error(message: str, status: int, as_json: bool = False, uri: str | None = None) -> int:
@@ -99,10 +104,10 @@ def run(args: argparse.Namespace) -> int:
         return _error(f"--database: {problem}", EXIT_USAGE, args.json)
     try:
         settings = AggboxSettings.load(config_file=args.config)
-    except ValidationError as exc:
-        return _error(f"invalid settings: {exc}", EXIT_FAILED, args.json)
-    except ConfigurationError as exc:  # e.g. a config file that does not exist
-        return _error(str(exc), EXIT_FAILED, args.json)
+    except ValidationError as exc:  # a usage error, as every problem of the config file
+        return _error(f"invalid settings: {exc}", EXIT_USAGE, args.json)
+    except ConfigurationError as exc:  # a config file that does not exist, is not TOML, …
+        return _error(str(exc), EXIT_USAGE, args.json)
     uri, source = _resolve(args.uri, settings.mongodb_uri, mongodb_uri_source)
     if uri is None:
         return _error("no MongoDB to check: pass --uri, set AGGBOX_MONGODB_URI (or "
@@ -148,5 +153,6 @@ def _print(report: Any) -> None:
     for line in header_lines(report):
         console.print(line, markup=False, highlight=False)
     console.print(render_table(report))
-    console.print(report.verdict, markup=False, highlight=False,
+    # soft_wrap: the verdict is the last line, whole, whatever the width (a pipe, COLUMNS)
+    console.print(report.verdict, markup=False, highlight=False, soft_wrap=True,
                   style="bold red" if report.failed else "bold")

@@ -14,7 +14,7 @@ never starts a server itself (docs/design.md, "Layering").
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aggbox.commands.options import (
@@ -190,9 +190,10 @@ def run(args: argparse.Namespace) -> int:
         # stderr is JSON lines (--log-json or --json-logs): the summary is one of them
         import logging
 
-        logging.getLogger("aggbox.dispatch").info(once_summary(dispatcher.metrics.registry))
+        logging.getLogger("aggbox.dispatch").info(
+            once_summary(dispatcher.metrics.registry, dispatcher.once_left))
     elif args.once:  # the records themselves go to stdout with --publisher stdout
-        print(once_summary(dispatcher.metrics.registry),
+        print(once_summary(dispatcher.metrics.registry, dispatcher.once_left),
               file=sys.stderr if settings.publisher == "stdout" else sys.stdout)
     return rc
 
@@ -204,15 +205,40 @@ _SUMMARY = (("published", "aggbox_dispatcher_published"),
             ("dead-lettered", "aggbox_dispatcher_dead_lettered"))
 
 
-def once_summary(registry: Any) -> str:
-    """One line: what ``--once`` did, from its counters (all collections)."""
+#: Per collection: (label, counter), labelled by ``collection``.
+_PER_COLLECTION = (("published", "aggbox_dispatcher_published"),
+                   ("timers fired", "aggbox_dispatcher_timers_fired"))
+
+
+def once_summary(registry: Any, left: Mapping[str, tuple[int, int]] | None = None) -> str:
+    """One line: what ``--once`` did, from its counters (all collections), then per
+    collection what it published and fired and what is left (``left``: collection →
+    pending entries, due timers; every partition), e.g. ``…; orders: published 2, timers
+    fired 1, left 0 entries and 0 due timers``."""
     totals = {name: 0.0 for _, name in _SUMMARY}
+    per: dict[str, dict[str, float]] = {}
+    wanted = {name for _, name in _PER_COLLECTION}
     for metric in registry.collect():
-        if metric.name in totals:
-            totals[metric.name] += sum(s.value for s in metric.samples
-                                       if s.name == f"{metric.name}_total")
+        if metric.name not in totals:
+            continue
+        for sample in metric.samples:
+            if sample.name != f"{metric.name}_total":
+                continue
+            totals[metric.name] += sample.value
+            coll = sample.labels.get("collection")
+            if metric.name in wanted and coll is not None:
+                mine = per.setdefault(coll, {})
+                mine[metric.name] = mine.get(metric.name, 0.0) + sample.value
     counts = ", ".join(f"{label} {int(totals[name]):,}" for label, name in _SUMMARY)
-    return f"aggbox dispatch --once: {counts}"
+    parts = [f"aggbox dispatch --once: {counts}"]
+    for coll in sorted(set(per) | set(left or {})):
+        done = ", ".join(f"{label} {int(per.get(coll, {}).get(name, 0)):,}"
+                         for label, name in _PER_COLLECTION)
+        if left is not None and coll in left:
+            entries, due = left[coll]
+            done += f", left {entries:,} entries and {due:,} due timers"
+        parts.append(f"{coll}: {done}")
+    return "; ".join(parts)
 
 
 if __name__ == "__main__":

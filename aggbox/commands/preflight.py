@@ -28,9 +28,10 @@ from aggregates.core.uri import redact_uri
 from dispatcher.core.errors import TRACE_LOGGER, URI_OPTIONS, describe_store_error, never_reached
 
 __all__ = ["DEFAULT_TIMEOUT_S", "JAVA_MAJOR", "PreflightError", "StoreNotReached",
-           "add_py_files_to_path", "check_aggregates", "check_before_spark", "check_inputs",
-           "check_java", "check_master", "check_spark_start", "mongodb_uri_source", "ping",
-           "reach_mongodb", "run_uri_source", "spark_session_running", "store_problem"]
+           "add_py_files_to_path", "check_aggregates", "check_archives", "check_before_spark",
+           "check_inputs", "check_java", "check_master", "check_spark_start",
+           "mongodb_uri_source", "ping", "reach_mongodb", "reach_store", "run_uri_source",
+           "spark_session_running", "store_problem"]
 
 #: The server selection timeout of the pre-flight ping when the URI sets none (``aggbox
 #: check-store``'s default too; pymongo's own 30 s would hide a typo in the port for that long).
@@ -100,6 +101,47 @@ def reach_mongodb(uri: str, *, source: str, timeout_s: float | None = None,
         ping(client, uri, source=source)
     finally:
         client.close()
+
+
+def reach_store(uri: str, *, source: str, database: str, aggregates: str | None,
+                appname: str = "aggbox") -> None:
+    """:func:`reach_mongodb`, then :func:`check_archives` on the same server."""
+    from pymongo import MongoClient
+
+    reach_mongodb(uri, source=source, appname=appname)
+    if not aggregates:
+        return
+    client: Any = MongoClient(uri, appname=appname, serverSelectionTimeoutMS=int(
+        DEFAULT_TIMEOUT_S * 1000))
+    try:
+        check_archives(client[database], aggregates)
+    finally:
+        client.close()
+
+
+def check_archives(db: Any, aggregates: str) -> None:
+    """Before Spark (issue 40, item 8): the inbox archives' TTL index, the one thing of the
+    run's store a MongoDB-wire server may not implement (FerretDB 1.x: code 238), is created
+    first — as :meth:`~aggregates.store.writer.StoreWriter.ensure_indexes` would, idempotent
+    — and on a server without TTL indexes the run stops here with the archive's own line,
+    having dropped every collection this created: nothing is left on a server aggbox cannot
+    run on (docs/operations.md "Before Spark starts")."""
+    from aggregates.core.unsupported import UnsupportedByServer
+    from aggregates.domain.aggregate import Registry
+
+    archives = [a for a in (t.dedup.archive(db, t.collection)
+                            for t in Registry.from_module(aggregates)) if a is not None]
+    if not archives:
+        return  # HighWater dedup only: no archive, no TTL index
+    before = set(db.list_collection_names())
+    try:
+        for archive in archives:
+            archive.ensure_indexes()
+    except UnsupportedByServer as exc:
+        for name in set(db.list_collection_names()) - before:
+            db.drop_collection(name)  # what creating the index made
+        logging.getLogger(TRACE_LOGGER).error("%s", exc, exc_info=exc)
+        raise PreflightError(str(exc)) from None
 
 
 def ping(client: Any, uri: str, *, source: str) -> None:

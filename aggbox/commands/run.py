@@ -212,10 +212,12 @@ class _Context:
         exists = preflight.spark_session_running()  # pyspark is imported after the checks
         preflight.check_before_spark(self.spark_settings, self.args, remote=remote,
                                      session_exists=exists)
-        if self.settings.mongodb_uri:  # before Spark: an unreachable server is one line
-            preflight.reach_mongodb(self.settings.mongodb_uri, appname="aggbox-run", source=
-                                    preflight.run_uri_source(bool(
-                                        self.args.opt_aggbox_mongodb_uri)))
+        if self.settings.mongodb_uri:  # before Spark: unreachable, or no TTL: one line
+            preflight.reach_store(self.settings.mongodb_uri, appname="aggbox-run", source=
+                                  preflight.run_uri_source(bool(
+                                      self.args.opt_aggbox_mongodb_uri)),
+                                  database=self.settings.database,
+                                  aggregates=self.spark_settings.aggregates)
         preflight.check_spark_start(self.spark_settings, remote=remote, session_exists=exists)
         self.owns_session = remote is not None or not exists
         with self.console.status(f"connecting to {remote}…" if remote else "starting Spark…"), \

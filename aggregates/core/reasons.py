@@ -261,11 +261,15 @@ REASON_DOCS: Final[Mapping[Reason, ReasonDoc]] = {
         "violation)",
         "Read the error; fix the cause; re-send."),
     Reason.INVALID_OUTBOX_ENTRY: ReasonDoc(
-        _DISPATCH_DEAD, "a stored outbox entry cannot form an envelope, or its payload holds a "
-        "value that is not JSON (the detail names the field): only an entry stored by hand "
-        "or by an older aggbox — the fold refuses such an emit as `invalid_emit` or "
-        "`invalid_timer` before it is stored",
-        "Inspect the raw entry (`aggbox deadletters show`); re-send by hand if needed."),
+        _DISPATCH_DEAD, "a stored outbox entry or timer cannot form an envelope (a hand-edited "
+        "or corrupted document), or its payload holds a value the one rule of outbox "
+        "payloads refuses — a float NaN or infinity, bytes, an integer beyond int64 "
+        "(docs/design.md \"JSON values\"; the detail names the field; the fold refuses such "
+        "an emit as `invalid_emit` or `invalid_timer`, so only an entry stored by hand or by "
+        "an older aggbox) — or a publisher could not encode its record. BSON values the "
+        "rule converts (`Decimal128`, dates, `Int64`) are published in their JSON form",
+        "Inspect the raw entry: `aggbox deadletters show <entry id>`; re-send by hand if "
+        "needed."),
     Reason.BROKER_UNAVAILABLE: ReasonDoc(
         _DISPATCH_RETRY, "the broker did not take the record this time (timeout, connection)",
         "Nothing unless it persists: check the broker and the dispatcher's metrics."),

@@ -10,7 +10,7 @@ an operator dismisses it (``dismissed``, with ``dismissed_at`` and an optional
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -32,11 +32,16 @@ def dead_letter_id(letter: DeadLetter) -> str:
     part escaped (:func:`aggregates.core.keys.dead_letter_key`, unambiguous) for a message;
     ``raw_message_id`` of the text for a raw input line (so, for a line without a usable
     ``message_id``, the same id its outcome reports); of the ``repr`` of the text and the
-    record headers when the input had headers that matter (a binary-mode CloudEvent); of
-    ``repr`` for other raw values."""
+    record headers when the input had headers that matter (a binary-mode CloudEvent); for
+    an outbox entry or timer as stored (a mapping, the dispatcher's ``invalid_outbox_entry``)
+    with its entry id and aggregate, the key of a message's (``<type>/<id>/<entry id>``);
+    of ``repr`` for other raw values."""
     if letter.message is not None:
         m = letter.message
         return dead_letter_key(m.aggregate_type, m.aggregate_id, m.message_id)
+    if (isinstance(letter.raw, Mapping) and letter.message_id is not None
+            and letter.aggregate_type is not None and letter.aggregate_id is not None):
+        return dead_letter_key(letter.aggregate_type, letter.aggregate_id, letter.message_id)
     if letter.record_headers is not None:  # the same value with other headers: another input
         return raw_message_id(repr((letter.raw, letter.record_headers)))
     if isinstance(letter.raw, str):
@@ -58,8 +63,9 @@ def raw_line_id(line: str) -> str:
 
 def letter_message_id(letter: DeadLetter) -> str | None:
     """The ``message_id`` stored with ``letter`` (``aggbox deadletters show`` finds it by
-    it): the one given, else the message's, else :func:`raw_line_id` of a raw line; ``None``
-    for other raw values (e.g. the dispatcher's invalid outbox entries)."""
+    it): the one given (the dispatcher gives the entry id of every dead letter it writes),
+    else the message's, else :func:`raw_line_id` of a raw line; ``None`` for other raw
+    values."""
     if letter.message_id is not None:
         return letter.message_id
     if letter.message is not None:

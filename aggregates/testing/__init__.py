@@ -12,7 +12,7 @@ Effects (docs/side-effects.md): ``h.effect_result(book, result={"tracking": "T-1
 the result of the pending ``BookShipment`` entry the way the dispatcher's effect runner does.
 
 A flow across aggregates, with effects and faults: :class:`Scenario` (docs/testing.md), and
-:func:`check_fault_tolerance` to run it under random faults.
+:func:`check_fault_tolerance` to run it under faults at every point (sweeps), then random ones.
 """
 
 from __future__ import annotations

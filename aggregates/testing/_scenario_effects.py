@@ -205,7 +205,8 @@ class EffectDesk:
             return self._fail(att, exc.reason, text(exc.detail or exc), "permanent")
         except Exception as exc:
             reason, error = retry_reason(effect, exc)
-            label = "timeout" if isinstance(exc, TimeoutError) else "retryable"
+            label = ("answer lost" if fault == "lost"  # what happened; the runner saw a timeout
+                     else "timeout" if isinstance(exc, TimeoutError) else "retryable")
             if fault is None:  # an injected failure: the function was never called
                 self._record(call, label, None, reason, error)
             att.last_error = error

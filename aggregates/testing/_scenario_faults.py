@@ -10,7 +10,15 @@ Delivery faults (any message delivered to an aggregate):
 - ``lost_write`` — the handler runs but the write is lost (a crash before it): the message
   is handled again;
 - ``replay`` — the whole step again: the message is delivered again and the entries it
-  emitted are published again (a crash after publishing, before the outbox was pulled).
+  emitted are published again (a crash after publishing, before the outbox was pulled);
+- ``late`` — a copy comes again after the rest of the flow (a broker redelivering long
+  after: the aggregate has moved on);
+- ``swap`` — the message and the next one queued for the same aggregate from another sender
+  change places (no order is promised between two senders).
+
+A timer firing is a delivery of its own kind of point (``timer``); an effect's reply is one
+too (``reply``: applied by the effect runner itself, so it cannot be reordered or swapped,
+and a replay of it is a duplicate).
 
 Effect faults (one call of an effect):
 
@@ -32,17 +40,26 @@ from typing import Final, Literal, Protocol, TypeAlias
 
 from aggregates.core.errors import ConfigurationError
 
-__all__ = ["DELIVERY_FAULTS", "EFFECT_FAULTS", "Fault", "FaultKind", "FaultPoint",
-           "FaultSource", "RandomFaults", "ScriptedFaults"]
+__all__ = ["DELIVERY_FAULTS", "EFFECT_FAULTS", "REPLY_FAULTS", "Fault", "FaultKind",
+           "FaultPoint", "FaultSource", "RandomFaults", "ScriptedFaults", "kinds_at"]
 
 FaultKind: TypeAlias = Literal["duplicate", "redeliver", "reorder", "lost_write", "replay",
-                               "effect_fails", "effect_lost"]
-#: Where a fault can happen: delivering a message, or calling an effect.
-FaultPoint: TypeAlias = Literal["deliver", "effect"]
+                               "late", "swap", "effect_fails", "effect_lost"]
+#: Where a fault can happen: delivering a message (``timer``: a timer firing; ``reply``: an
+#: effect's result), or calling an effect.
+FaultPoint: TypeAlias = Literal["deliver", "timer", "reply", "effect"]
 
 DELIVERY_FAULTS: Final[tuple[FaultKind, ...]] = ("duplicate", "redeliver", "reorder",
-                                                 "lost_write", "replay")
+                                                 "lost_write", "replay", "late", "swap")
 EFFECT_FAULTS: Final[tuple[FaultKind, ...]] = ("effect_fails", "effect_lost")
+#: The kinds that can happen at an effect's reply (the runner applies it itself).
+REPLY_FAULTS: Final[tuple[FaultKind, ...]] = ("duplicate", "redeliver", "lost_write", "late")
+
+
+def kinds_at(point: FaultPoint) -> tuple[FaultKind, ...]:
+    """The fault kinds that can happen at a point of this kind."""
+    return (EFFECT_FAULTS if point == "effect" else REPLY_FAULTS if point == "reply"
+            else DELIVERY_FAULTS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +82,11 @@ class Fault:
     def point(self) -> FaultPoint:
         return "effect" if self.kind in EFFECT_FAULTS else "deliver"
 
+    def fits(self, point: FaultPoint, message_type: str) -> bool:
+        """Whether this fault can happen at that point (a delivery fault at any delivery:
+        an input, a message, a timer firing or, where it applies, a reply)."""
+        return self.kind in kinds_at(point) and self.type in (None, message_type)
+
     @staticmethod
     def duplicate(type: str | None = None, *, times: int = 1) -> Fault:
         return Fault("duplicate", type, times)
@@ -84,6 +106,15 @@ class Fault:
     @staticmethod
     def replay(type: str | None = None, *, times: int = 1) -> Fault:
         return Fault("replay", type, times)
+
+    @staticmethod
+    def late(type: str | None = None, *, times: int = 1) -> Fault:
+        """A copy comes again after the rest of the flow: :meth:`Scenario.deliver_late`."""
+        return Fault("late", type, times)
+
+    @staticmethod
+    def swap(type: str | None = None, *, times: int = 1) -> Fault:
+        return Fault("swap", type, times)
 
     @staticmethod
     def effect_fails(type: str | None = None, *, times: int = 1) -> Fault:
@@ -112,7 +143,7 @@ class ScriptedFaults:
 
     def pick(self, point: FaultPoint, message_type: str) -> FaultKind | None:
         for i, (fault, left) in enumerate(self._left):
-            if fault.point == point and fault.type in (None, message_type):
+            if fault.fits(point, message_type):
                 if left <= 1:
                     del self._left[i]
                 else:
@@ -142,7 +173,7 @@ class RandomFaults:
     def pick(self, point: FaultPoint, message_type: str) -> FaultKind | None:
         if len(self.injected) >= self.budget:
             return None
-        allowed = EFFECT_FAULTS if point == "effect" else DELIVERY_FAULTS
+        allowed = kinds_at(point)
         options: list[FaultKind | None] = [None, *(k for k in self.kinds if k in allowed)]
         if len(options) == 1:
             return None

@@ -1,13 +1,15 @@
 """Where :func:`~aggregates.testing.check_fault_tolerance` puts its faults (pure).
 
 An undisturbed run is counted first (:class:`PointCounter`): how many fault points of each
-*stratum* — a point kind and a message type, ``("deliver", "CreditRequested")`` or
-``("effect", "Pay")`` (a timer firing is delivered under its own message type) — the flow
-passes. A plan is then a few :class:`PlannedFault` s, each naming its stratum, the index of
-the point within it and a fault kind that applies there; :class:`PlannedFaults` injects
-them when a run reaches those points. Drawing the stratum first (uniformly) and the index
-second spreads faults over every kind of point in proportion, whatever the flow's length:
-a 1,000-step flow gets faults on its late steps as often as on its set-up.
+*stratum* — a point kind and a message type, ``("deliver", "CreditRequested")``,
+``("timer", "MonthlyFee")``, ``("reply", "Paid")`` or ``("effect", "Pay")`` — the flow
+passes, and their order (:attr:`PointCounter.order`, for the sweeps of
+:mod:`aggregates.testing._scenario_sweeps`). A plan is then :class:`PlannedFault` s, each
+naming its stratum, the index of the point within it and a fault kind that applies there;
+:class:`PlannedFaults` injects them when a run reaches those points. A sweep plans one
+kind at every point; a random plan draws the stratum first (uniformly) and the index
+second, which spreads faults over every kind of point in proportion, whatever the flow's
+length.
 
 :class:`Coverage` says where the faults went (the report's coverage line)."""
 
@@ -16,15 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from aggregates.testing._scenario_faults import (
-    DELIVERY_FAULTS,
-    EFFECT_FAULTS,
-    FaultKind,
-    FaultPoint,
-)
+from aggregates.testing._scenario_faults import FaultKind, FaultPoint, kinds_at
 
 __all__ = ["Coverage", "PlannedFault", "PlannedFaults", "PointCounter", "Stratum",
-           "applicable"]
+           "applicable", "stratum_name"]
 
 #: A kind of fault point: (``"deliver"`` or ``"effect"``, message or effect type).
 Stratum = tuple[FaultPoint, str]
@@ -32,19 +29,29 @@ Stratum = tuple[FaultPoint, str]
 
 def applicable(stratum: Stratum, kinds: Iterable[FaultKind]) -> list[FaultKind]:
     """The fault kinds of ``kinds`` that can happen at a point of ``stratum``."""
-    allowed = EFFECT_FAULTS if stratum[0] == "effect" else DELIVERY_FAULTS
-    return [k for k in allowed if k in set(kinds)]
+    wanted = set(kinds)
+    return [k for k in kinds_at(stratum[0]) if k in wanted]
+
+
+def stratum_name(stratum: Stratum) -> str:
+    """``CreditRequested``, ``timer MonthlyFee``, ``reply Paid``, ``effect Pay``."""
+    return stratum[1] if stratum[0] == "deliver" else f"{stratum[0]} {stratum[1]}"
 
 
 class PointCounter:
-    """A fault source that injects nothing and counts the points of each stratum."""
+    """A fault source that injects nothing and counts the points of each stratum;
+    :attr:`order` lists every point ``(point kind, type, index)`` in the order the run
+    reached it."""
 
     def __init__(self) -> None:
         self.counts: dict[Stratum, int] = {}
+        self.order: list[tuple[FaultPoint, str, int]] = []
 
     def pick(self, point: FaultPoint, message_type: str) -> FaultKind | None:
         key = (point, message_type)
-        self.counts[key] = self.counts.get(key, 0) + 1
+        n = self.counts.get(key, 0)
+        self.counts[key] = n + 1
+        self.order.append((point, message_type, n))
         return None
 
 
@@ -63,8 +70,7 @@ class PlannedFault:
         return self.point, self.type, self.index
 
     def __str__(self) -> str:
-        what = f"effect {self.type}" if self.point == "effect" else self.type
-        return f"{self.kind} at {what} #{self.index + 1}"
+        return f"{self.kind} at {stratum_name((self.point, self.type))} #{self.index + 1}"
 
 
 class PlannedFaults:
@@ -120,7 +126,8 @@ class Coverage:
         return sum(len(v) for v in self.tried.values())
 
     def __str__(self) -> str:
-        parts = [f"{'effect ' if s[0] == 'effect' else ''}{s[1]} "
-                 f"{len(self.tried.get(s, ()))}/{n}" for s, n in self.points.items()]
+        parts = [f"{stratum_name(s)} {len(self.tried.get(s, ()))}/{n}"
+                 for s, n in self.points.items()]
         return (f"faults tried at {self.points_tried} of {self.points_total} points "
-                f"({self.faults} faults in {self.runs} runs): " + ", ".join(parts))
+                f"({self.faults} faults in {self.runs} run{'s' * (self.runs != 1)}): "
+                + ", ".join(parts))

@@ -1,21 +1,25 @@
 """Prove handlers safe under at-least-once delivery: :func:`check_fault_tolerance` runs a
-scenario once undisturbed (counting its fault points), then many times under faults placed
-by hypothesis over every kind of point (:mod:`aggregates.testing._scenario_plan`), and
-checks every run ends in the same states; a failure is shrunk to the fewest faults."""
+scenario once undisturbed (counting its fault points), then sweeps — one fault kind at every
+point, a run each (:mod:`aggregates.testing._scenario_sweeps`) — then random runs that
+combine faults (:mod:`aggregates.testing._scenario_plan`), and checks that every run ends in
+the same states with no effect doing its work more often
+(:mod:`aggregates.testing._scenario_verdict`). A failure is narrowed to the fewest faults
+and told as :mod:`aggregates.testing._scenario_report` says."""
 
 from __future__ import annotations
 
 import logging
+import os
 import random
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from aggregates.core.errors import AggboxError, ConfigurationError
-from aggregates.core.samevalue import same_value
 from aggregates.domain.aggregate import Registry
 from aggregates.domain.effects import Effects
-from aggregates.testing._blame import effect_blame, first_difference
+from aggregates.testing._numbering import numbered_run
+from aggregates.testing._scenario_engine import STEPS_BASE
 from aggregates.testing._scenario_faults import DELIVERY_FAULTS, EFFECT_FAULTS, FaultKind
 from aggregates.testing._scenario_plan import (
     Coverage,
@@ -25,68 +29,56 @@ from aggregates.testing._scenario_plan import (
     applicable,
     unique,
 )
+from aggregates.testing._scenario_report import (
+    FaultToleranceError,
+    FaultToleranceReport,
+    failure,
+)
 from aggregates.testing._scenario_seeds import check_hash_seeds
+from aggregates.testing._scenario_sweeps import SWEEPS, narrow, sweep_plan, wanted
+from aggregates.testing._scenario_verdict import Problem, judge, resource_calls
 from aggregates.testing.scenario import Scenario
 
 __all__ = ["FaultToleranceError", "FaultToleranceReport", "check_fault_tolerance"]
 
 log = logging.getLogger("aggregates.testing")
 
-_NOT_DETERMINISTIC = ("a handler is not deterministic (does it read the clock, random "
-                      "numbers, uuid4 or global state, or change its state in place? use "
-                      "msg.occurred_at, derive values from the message, return a new state)")
-
-
-class FaultToleranceError(AggboxError):
-    """Under some faults the flow ended differently than undisturbed (or failed): the
-    message names the fewest faults that do it, the aggregates whose states differ, the
-    coverage and the timeline. :attr:`faults`: those faults; :attr:`coverage`: where the
-    runs put their faults."""
-
-    def __init__(self, message: str, *, faults: Sequence[PlannedFault] = (),
-                 coverage: Coverage | None = None) -> None:
-        super().__init__(message)
-        self.faults = list(faults)
-        self.coverage = coverage
-
-
-@dataclass(frozen=True, slots=True)
-class FaultToleranceReport:
-    """What a passing :func:`check_fault_tolerance` tried: ``coverage`` (``str()`` of it is
-    the coverage line, also logged at INFO on the ``aggregates.testing`` logger)."""
-
-    coverage: Coverage
-
-    def __str__(self) -> str:
-        return f"fault tolerance: no run differed; {self.coverage}"
+Attempt = Callable[[Sequence[PlannedFault]], tuple[PlannedFaults, Problem | None]]
 
 
 def check_fault_tolerance(
     flow: Callable[[Scenario], object], registry: Registry, *,
     effects: Effects | None = None,
     faults: Collection[FaultKind] = DELIVERY_FAULTS + EFFECT_FAULTS,
-    max_faults: int = 6, max_examples: int = 30, derandomize: bool = True,
+    max_faults: int = 6, max_examples: int = 6, derandomize: bool = True,
     at_least_once: Collection[str] = (), hash_seeds: bool = False,
+    timeline_file: str | os.PathLike[str] | None = None,
     **scenario_options: Any,
 ) -> FaultToleranceReport:
     """Run ``flow`` (a function that drives a fresh :class:`Scenario`: ``given``/``when``,
-    fakes, listeners) undisturbed, then ``max_examples`` times with 1 to ``max_faults``
-    faults of the kinds ``faults``, each at a point drawn stratum first (a message type
-    delivered, or an effect type called; uniformly), then which of its points. Raise
-    :class:`FaultToleranceError` if a run's final states differ from the undisturbed
-    run's, a run fails (a handler found not deterministic, a flow that does not settle), or
-    an effect without a query function and not ``idempotent=True`` reached its resource
-    more often than undisturbed (list in ``at_least_once`` the effect types for which doing
-    it twice is harmless). The error names the fewest faults that still fail.
-    ``hash_seeds=True`` also runs the flow undisturbed in three subprocesses with other
-    ``PYTHONHASHSEED`` s (``flow``, ``registry`` and ``effects`` must be module-level names)
-    to find handlers that follow the iteration order of a ``set`` of strings.
+    fakes, listeners; the copies of ``late`` faults come after it) undisturbed, then the
+    sweeps — one run each with ``duplicate``, ``late``, ``effect_lost`` and ``swap`` at every
+    point where it can happen (those of ``faults``) — then ``max_examples`` random runs with
+    1 to ``max_faults`` faults of the kinds ``faults``, each at a point drawn stratum first
+    (a message type delivered, a timer fired, a reply, an effect type called), then which of
+    its points. Raise :class:`FaultToleranceError` if a run's final states differ from the
+    undisturbed run's, a run fails (a handler found not deterministic, a flow that does not
+    settle), or an effect not declared ``idempotent=True`` did its work (a call answered,
+    even if the answer was lost) more often for one entry than undisturbed — list in
+    ``at_least_once`` the effect types for which doing it twice is harmless. The error names
+    the fewest faults that still fail, about 40 lines of timeline around them, and keeps the
+    failing run's whole timeline (``err.timeline``; also written to ``timeline_file`` if
+    given). ``hash_seeds=True`` also runs the flow undisturbed in three subprocesses with
+    other ``PYTHONHASHSEED`` s (``flow``, ``registry`` and ``effects`` must be module-level
+    names) to find handlers that follow the iteration order of a ``set`` of strings.
     ``derandomize``: the same runs every time (reproducible in CI); ``False`` explores new
     ones. Other options go to :class:`Scenario` (``with_store`` is refused: each run needs
-    a fresh store). Returns a :class:`FaultToleranceReport` (its coverage line).
+    a fresh store). Each run builds its messages afresh: :func:`message` numbers ids and
+    times from 1 in every run. Returns a :class:`FaultToleranceReport`.
 
-    Leave ``reorder`` out of ``faults`` when the scenario's outcome legitimately depends on
-    the order across aggregates (two orders competing for the same credit)."""
+    Leave ``reorder`` and ``swap`` out of ``faults`` when the scenario's outcome
+    legitimately depends on the order of messages from different senders (two orders
+    competing for the same credit)."""
     try:
         from hypothesis import HealthCheck, Phase, given, settings
         from hypothesis import strategies as st
@@ -94,43 +86,76 @@ def check_fault_tolerance(
     except ImportError as exc:  # a development dependency
         raise ConfigurationError("check_fault_tolerance() needs hypothesis: "
                                  "pip install hypothesis") from exc
-    if "with_store" in scenario_options:
-        raise ConfigurationError("check_fault_tolerance() runs in memory (every run needs a "
-                                 "fresh store); drop with_store=")
-    unknown = set(faults) - set(DELIVERY_FAULTS + EFFECT_FAULTS)
-    if unknown:
-        raise ConfigurationError(f"check_fault_tolerance(faults=...): unknown {sorted(unknown)}; "
-                                 f"use {', '.join(DELIVERY_FAULTS + EFFECT_FAULTS)}")
-    if max_faults < 1:
-        raise ConfigurationError(f"check_fault_tolerance(max_faults={max_faults}): use ≥ 1")
+    _validate(faults, max_faults, scenario_options)
 
-    def run(source: PlannedFaults | PointCounter) -> Scenario:
-        sc = Scenario(registry, effects=effects, faults=source, **scenario_options)
-        flow(sc)
-        return sc
+    def run(source: PlannedFaults | PointCounter, *, floor: int = 0
+            ) -> tuple[Scenario, AggboxError | None]:
+        options = dict(scenario_options)
+        if floor:  # runs under faults: their handlings were checked undisturbed
+            options["check_determinism"] = False
+        sc = Scenario(registry, effects=effects, faults=source, **options)
+        sc._steps_floor = floor
+        try:
+            with numbered_run():
+                flow(sc)
+            sc.deliver_late()
+        except AggboxError as exc:
+            return sc, exc
+        return sc, None
 
     counter = PointCounter()
-    try:
-        baseline = run(counter)
-    except AggboxError as exc:
-        raise FaultToleranceError(f"the undisturbed run failed: {type(exc).__name__}: {exc}"
-                                  ) from exc
+    baseline, err = run(counter)
+    if err is not None:
+        raise FaultToleranceError(f"the undisturbed run failed: {type(err).__name__}: {err}"
+                                  ) from err
     expected = baseline.states()
     if hash_seeds:
         check_hash_seeds(flow, registry, effects, scenario_options, expected,
                          FaultToleranceError)
-    calls = _resource_calls(baseline, effects, at_least_once)
+    calls = resource_calls(baseline, effects, at_least_once)
     strata = [s for s in counter.counts if applicable(s, faults)]
     coverage = Coverage({s: counter.counts[s] for s in strata})
+    floor = 4 * baseline.peak_steps + STEPS_BASE  # what faults may add to a call's steps
 
-    def attempt(plan: Sequence[PlannedFault]) -> tuple[PlannedFaults, str | None]:
+    def attempt(plan: Sequence[PlannedFault]) -> tuple[PlannedFaults, Problem | None]:
         source = PlannedFaults(plan)
-        try:
-            sc = run(source)
-        except AggboxError as exc:
-            return source, f"the flow failed: {type(exc).__name__}: {exc}"
-        return source, _problem(expected, calls, sc, source, effects, at_least_once,
-                                base=baseline)
+        sc, exc = run(source, floor=floor)
+        if exc is not None:
+            return source, Problem(f"the flow failed: {type(exc).__name__}: {exc}",
+                                   timeline=sc.timeline)
+        return source, judge(expected, calls, sc, effects, at_least_once,
+                             faulted=bool(source.injected), base=baseline)
+
+    def fail(plan: Sequence[PlannedFault], found_by: str) -> FaultToleranceError:
+        source, problem = attempt(plan)
+        if problem is None:  # cannot happen for a deterministic flow; say what was seen
+            problem = Problem("a run under these faults failed once and passed when run "
+                              "again: the flow is not deterministic")
+        return failure(problem, source.injected, coverage, found_by=found_by,
+                       timeline_file=timeline_file)
+
+    runs = [0]  # runs under faults so far
+
+    def fails(plan: Sequence[PlannedFault]) -> bool:
+        runs[0] += 1
+        return attempt(plan)[1] is not None
+
+    sweeps: list[tuple[str, int]] = []
+    for sweep in wanted(SWEEPS, faults):
+        plan = sweep_plan(sweep, counter.order)
+        if not plan:
+            continue
+        source, problem = attempt(plan)
+        coverage.add(source.injected)
+        sweeps.append((sweep.kind, len(plan)))
+        if problem is None:
+            continue
+        if fails([]):
+            raise fail([], "two runs without faults (after a failing sweep)")
+        before = runs[0]
+        fewest = narrow(plan, fails)
+        raise fail(fewest, f"the sweep '{sweep.what}' ({len(plan)} points, 1 run), narrowed "
+                           f"in {runs[0] - before} runs")
 
     def one_fault(seed: int) -> PlannedFault:
         # hypothesis draws small integers more often; a seeded Random keeps every stratum,
@@ -145,6 +170,8 @@ def check_fault_tolerance(
             super().__init__(", ".join(map(str, plan)))
             self.plan = plan
 
+    random_runs = [0]
+
     @settings(max_examples=max_examples, deadline=None, database=None,
               derandomize=derandomize, suppress_health_check=list(HealthCheck),
               report_multiple_bugs=False, phases=[Phase.generate])
@@ -153,35 +180,39 @@ def check_fault_tolerance(
     def disturbed(plan: list[PlannedFault]) -> None:
         source, problem = attempt(plan)
         coverage.add(source.injected)
+        random_runs[0] += 1
         if problem is not None:
             raise Found(plan)
 
-    failing: Sequence[PlannedFault] | None = None
-    if strata:
+    if strata and max_examples > 0:
         try:
             disturbed()
         except Found as found:
-            failing = found.plan
+            fewest = _fewest(unique(found.plan), faults, attempt)
+            raise fail(fewest, f"random runs ({random_runs[0]}), then shrunk") from None
         except Flaky as exc:  # the same faults gave different runs
             raise FaultToleranceError(
-                f"the same faults gave different results in two runs: {_NOT_DETERMINISTIC} — "
-                f"{exc}\n{coverage}", coverage=coverage) from exc
-    if failing is not None:
-        fewest = _fewest(unique(failing), faults, attempt)
-        source, problem = attempt(fewest)
-        what, _, timeline = (problem or "").partition("\n\ntimeline under faults:\n")
-        head = (f"under {len(source.injected)} fault{'s' * (len(source.injected) > 1)} — "
-                f"{_named(source)} — " if source.injected else "in a run without faults: ")
-        raise FaultToleranceError(
-            f"{head}{what}\n{coverage}" + (f"\n\ntimeline:\n{timeline}" if timeline else ""),
-            faults=source.injected, coverage=coverage)
-    report = FaultToleranceReport(coverage)
+                f"the same faults gave different results in two runs: the flow is not "
+                f"deterministic — {exc}\n{coverage}", coverage=coverage) from exc
+    report = FaultToleranceReport(coverage, sweeps, random_runs[0])
     log.info("%s", report)
     return report
 
 
-def _fewest(plan: list[PlannedFault], kinds: Collection[FaultKind],
-            attempt: Callable[[Sequence[PlannedFault]], tuple[PlannedFaults, str | None]]
+def _validate(faults: Collection[FaultKind], max_faults: int,
+              scenario_options: dict[str, Any]) -> None:
+    if "with_store" in scenario_options:
+        raise ConfigurationError("check_fault_tolerance() runs in memory (every run needs a "
+                                 "fresh store); drop with_store=")
+    unknown = set(faults) - set(DELIVERY_FAULTS + EFFECT_FAULTS)
+    if unknown:
+        raise ConfigurationError(f"check_fault_tolerance(faults=...): unknown {sorted(unknown)}; "
+                                 f"use {', '.join(DELIVERY_FAULTS + EFFECT_FAULTS)}")
+    if max_faults < 1:
+        raise ConfigurationError(f"check_fault_tolerance(max_faults={max_faults}): use ≥ 1")
+
+
+def _fewest(plan: list[PlannedFault], kinds: Collection[FaultKind], attempt: Attempt
             ) -> list[PlannedFault]:
     """A smaller plan that still fails (greedy, a few runs per fault): the faults whose
     point came, less every fault it fails without, each moved to the first point of its
@@ -210,58 +241,3 @@ def _fewest(plan: list[PlannedFault], kinds: Collection[FaultKind],
                     and fails([*plan[:i], simpler, *plan[i + 1:]])):
                 plan = [*plan[:i], simpler, *plan[i + 1:]]
     return plan
-
-
-def _named(source: PlannedFaults) -> str:
-    return ", ".join(map(str, source.injected)) or "(none of the planned points came)"
-
-
-def _problem(expected: dict[tuple[str, str], Any], calls: dict[str, int], sc: Scenario,
-             source: PlannedFaults, effects: Effects | None,
-             at_least_once: Collection[str], base: Scenario | None = None) -> str | None:
-    got = sc.states()
-    if not same_value(got, expected):  # a NaN in a state is the same NaN
-        # An effect that answered the same call differently is to blame, not a handler.
-        blame = None if base is None else effect_blame((base.effect_calls, base.timeline),
-                                                       (sc.effect_calls, sc.timeline))
-        why = blame or ("a handler is not safe under at-least-once delivery" if source.injected
-                        else f"even without faults: {_NOT_DETERMINISTIC}")
-        return (f"the final states differ from the undisturbed run's — {why}:\n"
-                f"{_diff(expected, got)}\n\ntimeline under faults:\n{sc.timeline}")
-    for key, n in _resource_calls(sc, effects, at_least_once).items():
-        if n > calls.get(key, 0):
-            rec = next(c for c in sc.effect_calls if c.call.idempotency_key == key)
-            return (f"effect {rec.type!r} reached its resource {n} times for entry {key} "
-                    f"(undisturbed: {calls.get(key, 0)}): it has no query function and is not "
-                    "idempotent=True, so a lost answer does the work again (pays twice) — add "
-                    "@effects.query, or make the resource honour call.idempotency_key and "
-                    f"declare idempotent=True, or pass at_least_once=[{rec.type!r}] if doing "
-                    f"it twice is harmless\n\ntimeline under faults:\n{sc.timeline}")
-    return None
-
-
-def _resource_calls(sc: Scenario, effects: Effects | None,
-                    at_least_once: Collection[str]) -> dict[str, int]:
-    """Calls that reached the resource, by entry, of the effects declared at-least-once
-    (no query function, not idempotent) and not listed in ``at_least_once``."""
-    counts: dict[str, int] = {}
-    for rec in sc.effect_calls:
-        if (rec.answer == "query" or effects is None or rec.type not in effects
-                or rec.type in at_least_once
-                or effects.get(rec.type).guarantee != "at-least-once"):
-            continue
-        counts[rec.call.idempotency_key] = counts.get(rec.call.idempotency_key, 0) + 1
-    return counts
-
-
-def _diff(want: dict[tuple[str, str], Any], got: dict[tuple[str, str], Any]) -> str:
-    lines = []
-    for key in sorted(set(want) | set(got)):
-        a, b = want.get(key, "(absent)"), got.get(key, "(absent)")
-        if not same_value(a, b):
-            if key in want and key in got:  # the first field that differs, then both states
-                lines.append(f"  {key[0]}/{key[1]} first differs at " + first_difference(
-                    a, b, "state", ("undisturbed", "under faults")))
-            lines.append(f"  {key[0]}/{key[1]}: undisturbed {a!r}\n"
-                         f"  {' ' * len(key[0] + key[1])}   under faults {b!r}")
-    return "\n".join(lines)

@@ -22,7 +22,8 @@ class ScenarioError(AggboxError):
 
 class FlowDoesNotSettle(ScenarioError):
     """The flow was still exchanging messages after ``max_steps`` steps. ``cycle``: the
-    repeating exchanges (a loop between aggregates), if one was found."""
+    repeating exchanges (a loop between aggregates), if one was found; ``None`` when the
+    flow was still working through its input (the step budget ran out, no loop)."""
 
     def __init__(self, message: str, *, cycle: list[Exchange] | None) -> None:
         super().__init__(message)
@@ -31,13 +32,25 @@ class FlowDoesNotSettle(ScenarioError):
 
 @dataclass(frozen=True, slots=True)
 class Delivery:
-    """A message on its way to an aggregate: how it came (``kind``), from whom."""
+    """A message on its way to an aggregate: how it came (``kind``), from whom. ``copy``: a
+    copy a fault made (or the message a fault moved) — not a fault point again; ``depth``:
+    how many messages it came after an input (0: the test's own, or a timer firing);
+    ``timer``: a timer firing."""
 
     msg: Message
     kind: ExchangeKind
     sender: str | None
     note: str = ""
-    reordered: bool = False
+    copy: bool = False
+    depth: int = 0
+    timer: bool = False
+
+    @property
+    def origin(self) -> object:
+        """Who sent it, as far as order goes: its source (an aggregate's entries keep their
+        order) or, without one, its sender (the test's inputs are one ordered stream)."""
+        src = self.msg.source
+        return (src.type, src.id) if src is not None else self.sender
 
 
 def key(msg: Message) -> tuple[str, str]:
@@ -54,17 +67,30 @@ def batch_order(messages: Sequence[Message]) -> list[Message]:
     return [ordered[key(m)].popleft() for m in messages]
 
 
-def not_settled(timeline: Timeline, max_steps: int) -> FlowDoesNotSettle:
-    """The error of a flow still busy after ``max_steps`` steps, naming its loop."""
+#: How many messages after an input a message must come, at least, to be called a loop.
+LOOP_DEPTH = 20
+
+
+def not_settled(timeline: Timeline, max_steps: int, *, depth: int, deepest: int,
+                queued: int, inputs: int) -> FlowDoesNotSettle:
+    """The error of a flow still busy after ``max_steps`` steps: a loop between aggregates
+    if the last exchanges repeat *and* the message just handled came as many messages after
+    an input (``depth``: each answering the one before; at least three turns of the loop
+    and :data:`LOOP_DEPTH`); else the budget ran out while the flow was still working
+    through ``inputs`` inputs (``queued`` waiting; ``deepest``: the longest chain seen)."""
     cycle = find_cycle(list(timeline))
-    if cycle:
+    if cycle and depth >= max(3 * len(cycle), LOOP_DEPTH):
         path = " → ".join([cycle[0].sender or "test",
                            *(f"[{e.type}] {e.receiver}" for e in cycle)])
-        what = (f"a loop between aggregates: {path} → … repeats; a handler must stop "
-                "answering at some point (check the state before emitting)")
+        what = (f"a loop between aggregates: {path} → … repeats (the last message came "
+                f"{depth} messages after an input); a handler must stop answering at some "
+                "point (check the state before emitting)")
     else:
-        what = ("no loop found; if the flow legitimately needs more steps, raise "
-                "Scenario(max_steps=...)")
+        cycle = None
+        what = (f"no loop — it was still working through its {inputs} input message(s) "
+                f"({queued} deliveries still queued; each message so far came at most "
+                f"{deepest} after an input); raise it: Scenario(max_steps=...), or deliver the "
+                "input in smaller when() calls")
     return FlowDoesNotSettle(f"the flow did not settle within max_steps={max_steps}: {what}"
                              f"\nlast exchanges:\n{timeline[-12:]}", cycle=cycle)
 

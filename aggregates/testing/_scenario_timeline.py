@@ -23,7 +23,8 @@ class Exchange:
     """One line of the timeline. ``sender``/``receiver`` are ``"Type/id"`` (``None`` for
     the test's own input); ``outcome`` is the delivery's outcome (``applied``,
     ``duplicate``, ``dead_lettered``, ``parked``), an effect call's answer (``ok``,
-    ``retryable``, ``permanent``, ``timeout``, ``lost``) or the fault's kind."""
+    ``retryable``, ``permanent``, ``timeout``, ``answer lost`` — the call was made, its
+    answer lost on the way back — and ``query``, ``recorded``) or the fault's kind."""
 
     step: int
     kind: ExchangeKind

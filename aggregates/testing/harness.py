@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -24,11 +23,11 @@ from aggregates.message.envelope import Message
 from aggregates.message.outcomes import Outcome
 from aggregates.testing._blame import first_difference as _first_difference
 from aggregates.testing._blame import run_difference
+from aggregates.testing._numbering import next_number
 from aggregates.wire.outbound import entry_message
 
 S = TypeVar("S")
 
-_counter = itertools.count(1)
 _EPOCH = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -45,13 +44,14 @@ def message(
     schema_version: int | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> Message:
-    """Build a valid test message; ids and times are generated when not given.
+    """Build a valid test message; ids and times are generated when not given (``test-<n>``,
+    2026-01-01 + ``n`` s; from 1 again in each run of :func:`check_fault_tolerance`).
     ``schema_version``: the payload's version (default: none in the envelope, i.e. 1);
     ``headers``: envelope headers (e.g. ``traceparent``)."""
-    n = next(_counter)
+    prefix, n = next_number()
     return Message.from_dict(
         {
-            "message_id": message_id or f"test-{n}",
+            "message_id": message_id or f"{prefix}-{n}",
             "type": type,
             "aggregate_type": to if isinstance(to, str) else to.name,
             "aggregate_id": id,

@@ -21,19 +21,18 @@ with ``with_store=``), :func:`aggregates.wire.outbound.entry_envelope`,
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from aggregates.domain.aggregate import AggregateType, Registry
-from aggregates.domain.effect_rules import effect_call
-from aggregates.domain.effects import Effect, EffectCall, Effects, reply_message
+from aggregates.domain.effects import Effects
 from aggregates.message.envelope import Message
 from aggregates.message.outcomes import Outcome
 from aggregates.testing._scenario_backends import Backend, MemoryBackend, StoreBackend
 from aggregates.testing._scenario_effects import Answer, EffectCallRecord, EffectDesk
+from aggregates.testing._scenario_engine import FlowEngine
 from aggregates.testing._scenario_faults import Fault, FaultSource, ScriptedFaults
 from aggregates.testing._scenario_queue import (
     Delivery,
@@ -41,11 +40,9 @@ from aggregates.testing._scenario_queue import (
     ScenarioError,
     batch_order,
     check_known,
-    not_settled,
 )
-from aggregates.testing._scenario_queue import key as _key
-from aggregates.testing._scenario_timeline import Exchange, Timeline
-from aggregates.wire.outbound import InvalidEntry, entry_envelope
+from aggregates.testing._scenario_timeline import Timeline
+from aggregates.wire.outbound import entry_envelope
 
 if TYPE_CHECKING:
     from pymongo.database import Database
@@ -63,55 +60,40 @@ def _aware(value: datetime) -> datetime:  # mongomock reads dates naive
     return value if value.tzinfo else value.replace(tzinfo=UTC)
 
 
-class Scenario:
+class Scenario(FlowEngine):
     """Aggregates of ``registry`` exchanging messages until nothing is left (see the module
     documentation). Options: ``effects`` — the team's :class:`Effects`; ``with_store`` — a
     pymongo ``Database`` for the real ``StoreWriter`` instead of memory; ``now`` — the clock
-    (fixed; :meth:`advance` moves it); ``max_steps`` — the step limit of one :meth:`when`;
-    ``faults`` — :class:`Fault` s or a :class:`FaultSource`; ``check_determinism`` — in
-    memory, run every handling twice."""
+    (fixed; :meth:`advance` moves it); ``max_steps`` — the step limit of one call (default:
+    1000 plus 20 per message the call delivers); ``faults`` — :class:`Fault` s or a
+    :class:`FaultSource`; ``check_determinism`` — in memory, run every handling twice."""
 
     def __init__(self, registry: Registry, *, effects: Effects | None = None,
                  with_store: Database[Any] | None = None, now: datetime | None = None,
-                 max_steps: int = 1000,
+                 max_steps: int | None = None,
                  faults: Sequence[Fault] | FaultSource = (),
                  check_determinism: bool = True) -> None:
         if not isinstance(registry, Registry):
             raise ScenarioError(f"Scenario() needs a Registry of aggregate types, got "
                                 f"{type(registry).__name__}: Registry([orders, customers])")
-        self.registry = registry
+        if max_steps is not None and max_steps < 1:
+            raise ScenarioError(f"Scenario(max_steps={max_steps}): use ≥ 1, or leave it out "
+                                "(1000 plus 20 per message delivered)")
         start = now or _EPOCH
-        self._backend: Backend = (
+        backend: Backend = (
             MemoryBackend(registry, now=start, check_determinism=check_determinism)
             if with_store is None else StoreBackend(with_store, registry, now=start))
-        self.max_steps = max_steps
-        self._faults: FaultSource = (ScriptedFaults(faults) if isinstance(faults, Sequence)
-                                     else faults)
-        self._desk = EffectDesk(effects if effects is not None else Effects())
-        self._listeners: dict[str, list[Listener]] = {}
-        self._queue: deque[Delivery] = deque()
-        self._dirty: dict[tuple[str, str], None] = {}
-        self._entries: dict[str, tuple[str, str, dict[str, Any]]] = {}
-        self._steps = 0
-        self._delivered: list[Delivery] = []
-        #: Every exchange, in order (``print(sc.timeline)``).
-        self.timeline = Timeline()
-        #: One outcome per delivery (and per message released from parking), in order.
-        self.outcomes: list[Outcome] = []
-        #: The events published (entries without ``to=``), in order.
-        self.events: list[Message] = []
-        #: Messages addressed to aggregate types outside the registry (another service's).
-        self.outside: list[Message] = []
-
-    @property
-    def now(self) -> datetime:
-        return self._backend.now
+        super().__init__(registry, backend,
+                         EffectDesk(effects if effects is not None else Effects()),
+                         ScriptedFaults(faults) if isinstance(faults, Sequence) else faults,
+                         max_steps)
 
     def advance(self, delta: timedelta) -> None:
         """Move the clock (``created_at`` of later entries, the writer's ``now``) and fire
         the timers due by then, earliest first, as the dispatcher would: each is delivered
         (or published) and the flow it starts runs before the next one fires."""
         self._backend.now = self._backend.now + delta
+        self._begin(0)
         while (due := self._next_due()) is not None:
             atype, aggregate_id, timer = due
             self._backend.pull_timers(atype, aggregate_id, [str(timer.get("id"))])
@@ -119,8 +101,9 @@ class Scenario:
                                  source_type=atype.name).envelope
             msg, note = Message.from_dict(env, max_payload_bytes=0), "timer fired"
             sender = f"{atype.name}/{aggregate_id} ({timer.get('timer')!r})"
+            self._more_inputs(1)
             if msg.aggregate_type in self.registry:
-                self._queue.append(Delivery(msg, "message", sender, note))
+                self._queue.append(Delivery(msg, "message", sender, note, timer=True))
             else:
                 self._event(msg, sender, note, outside=True)
             self._run()
@@ -162,13 +145,18 @@ class Scenario:
         """Deliver set-up messages and run the flow; each must be applied."""
         start = len(self.timeline)
         self.when(*messages)
+        wanted = {m.message_id for m in messages}
+        first: dict[str, Outcome] = {}
+        for o in self.outcomes:  # the first outcome of each, as outcome() finds it
+            if o.message_id in wanted:
+                first.setdefault(o.message_id, o)
         for m in messages:
-            o = self.outcome(m.message_id)
+            o = first.get(m.message_id) or self.outcome(m.message_id)
             if o.outcome != "applied":
                 raise ScenarioError(
                     f"given(): {m.type} {m.message_id} was {o.outcome} ({o.reason}: "
                     f"{o.detail}); set-up messages must apply — fix the message or use "
-                    f"when()\n{self.timeline[start:]}")
+                    f"when()\n{self.timeline[start:][-40:]}")
         return self
 
     def when(self, *messages: Message) -> Timeline:
@@ -184,7 +172,7 @@ class Scenario:
                                     f"got {type(m).__name__}")
         for m in batch_order(messages):
             self._queue.append(Delivery(m, "input", None))
-        self._steps = 0
+        self._begin(len(messages))
         self._run()
         return self.timeline[start:]
 
@@ -198,7 +186,18 @@ class Scenario:
                                 "see sc.timeline for the ids")
         start = len(self.timeline)
         self._queue.append(replace(found, note="redelivered"))
-        self._steps = 0
+        self._begin(1)
+        self._run()
+        return self.timeline[start:]
+
+    def deliver_late(self) -> Timeline:
+        """Deliver the copies that ``late`` faults held back — the broker redelivering them
+        after the rest of the flow — and run the flow; returns the exchanges it added.
+        :func:`check_fault_tolerance` calls it after the flow."""
+        start = len(self.timeline)
+        late, self._late = self._late, []
+        self._queue.extend(late)
+        self._begin(len(late))
         self._run()
         return self.timeline[start:]
 
@@ -231,170 +230,3 @@ class Scenario:
     def pending(self, atype: AggregateType[Any], aggregate_id: str) -> list[dict[str, Any]]:
         """The entries still in an aggregate's outbox (an effect waiting for a retry)."""
         return [dict(e) for e in self._backend.outbox(atype, aggregate_id)]
-
-    # -- the loop -------------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            for key in list(self._dirty):
-                self._dispatch(key)
-            if not self._queue:
-                if not self._dirty:
-                    return
-                continue
-            self._deliver(self._queue.popleft())
-
-    def _record(self, exchange: Exchange) -> None:
-        self.timeline.append(exchange)
-        if exchange.kind == "fault":
-            return
-        self._steps += 1
-        if self._steps > self.max_steps:
-            raise not_settled(self.timeline, self.max_steps)
-
-    def _deliver(self, d: Delivery) -> None:
-        fault = self._faults.pick("deliver", d.msg.type)
-        if fault == "reorder":
-            if d.reordered or not self._queue or _key(self._queue[0].msg) == _key(d.msg):
-                fault = None  # nothing it may overtake: the order per aggregate is kept
-            else:
-                self._fault(d, "reorder", f"after {self._queue[0].msg.type}")
-                self._queue.insert(1, replace(d, reordered=True))
-                return
-        if fault == "lost_write":
-            self._fault(d, "lost_write", "handled, write lost; delivered again")
-            self._backend.deliver(d.msg, lose_write=True)
-        self._apply(d)
-        if fault == "duplicate":
-            self._fault(d, "duplicate", "delivered twice")
-            self._apply(replace(d, note="duplicate"))
-        elif fault == "redeliver":
-            self._fault(d, "redeliver", "a copy comes again later")
-            self._queue.append(replace(d, note="redelivered"))
-        elif fault == "replay":
-            key = _key(d.msg)
-            if key in self._dirty:
-                self._dispatch(key)
-            self._fault(d, "replay", "step replayed: delivered and published again")
-            self._apply(replace(d, note="replayed"))
-            self._republish(d.msg)
-
-    def _fault(self, d: Delivery, kind: str, note: str) -> None:
-        self._record(Exchange(len(self.timeline) + 1, "fault", d.msg.type, d.msg.message_id,
-                              d.sender, "/".join(_key(d.msg)), kind, note=note))
-
-    def _apply(self, d: Delivery) -> None:
-        self._delivered.append(d)
-        outcomes, emitted = self._backend.deliver(d.msg, step=len(self.timeline) + 1)
-        for e in emitted:
-            self._entries[str(e.get("id"))] = (d.msg.aggregate_type, d.msg.aggregate_id,
-                                               dict(e))
-        types = tuple(str(e.get("type")) for e in emitted)
-        receiver = "/".join(_key(d.msg))
-        mine = [o for o in outcomes if not o.from_parked and o.message_id == d.msg.message_id]
-        for o in outcomes:
-            released = o not in mine
-            self.outcomes.append(o)
-            self._record(Exchange(
-                len(self.timeline) + 1, d.kind, d.msg.type if not released else "(parked)",
-                o.message_id, d.sender, receiver, o.outcome, o.reason, o.detail,
-                types if mine and o is mine[-1] else (),
-                "released from parking" if released else d.note))
-        if emitted:
-            self._dirty[(d.msg.aggregate_type, d.msg.aggregate_id)] = None
-
-    # -- publishing -------------------------------------------------------------------------
-    def _dispatch(self, key: tuple[str, str]) -> None:
-        """Publish one aggregate's outbox in order, as the dispatcher does; an effect that
-        must be retried keeps it (and the later entries) for the next round."""
-        self._dirty.pop(key, None)
-        atype = self.registry.get(key[0])
-        for entry in self._backend.outbox(atype, key[1]):
-            if not self._publish(atype, key[1], entry):
-                self._dirty[key] = None  # retried next round (no backoff in a scenario)
-                return
-
-    def _publish(self, atype: AggregateType[Any], aggregate_id: str,
-                 entry: dict[str, Any] | Any, *, again: bool = False) -> bool:
-        """One entry: ``False`` if it stays (a retryable effect), else pulled."""
-        sender = f"{atype.name}/{aggregate_id}"
-        try:
-            found = entry_envelope(entry, document_id=aggregate_id, source_type=atype.name)
-        except InvalidEntry as exc:
-            self._record(Exchange(len(self.timeline) + 1, "message", str(entry.get("type")),
-                                  exc.entry_id, sender, None, "dead_lettered",
-                                  "invalid_entry", exc.reason))
-            self._backend.pull(atype, aggregate_id, [exc.entry_id])
-            return True
-        env = found.envelope
-        effect = self._desk.effect_for(str(env["type"]))
-        note = "published again" if again else ""
-        if effect is not None:
-            if not self._run_effect(effect, atype, aggregate_id, entry, env, note):
-                return False
-        else:
-            msg = Message.from_dict(env, max_payload_bytes=0)
-            if found.addressed and msg.aggregate_type in self.registry:
-                self._queue.append(Delivery(msg, "message", sender, note))
-            else:  # an event, or a message for another service's aggregate type
-                self._event(msg, sender, note, outside=found.addressed)
-        self._backend.pull(atype, aggregate_id, [found.entry_id])
-        return True
-
-    def _event(self, msg: Message, sender: str, note: str, *, outside: bool = False) -> None:
-        (self.outside if outside else self.events).append(msg)
-        listeners = self._listeners.get(msg.type, [])
-        to = (f"{len(listeners)} listener(s)" if listeners
-              else "/".join(_key(msg)) if outside else "recorded")
-        self._record(Exchange(len(self.timeline) + 1, "message" if outside else "event",
-                              msg.type, msg.message_id, sender, to, "published",
-                              note=" ".join(filter(None, [note, "outside the registry"
-                                                          if outside else ""]))))
-        for listener in listeners:
-            for m in listener(msg) or ():
-                self._queue.append(Delivery(m, "message", f"listener of {msg.type}"))
-
-    def _run_effect(self, effect: Effect, atype: AggregateType[Any], aggregate_id: str,
-                    entry: Any, env: dict[str, Any], note: str) -> bool:
-        created = entry.get("created_at")
-        if isinstance(created, datetime) and created.tzinfo is None:
-            created = created.replace(tzinfo=UTC)
-        call = effect_call(env, entry, source_type=atype.name, document_id=aggregate_id,
-                           created_at=created if isinstance(created, datetime) else None)
-        fault = self._faults.pick("effect", effect.type) if self._may_fail(effect, call) else None
-        inject = {"effect_fails": "fail", "effect_lost": "lost"}.get(fault or "")
-        if inject is not None:
-            self._record(Exchange(len(self.timeline) + 1, "fault", effect.type,
-                                  call.idempotency_key, call.aggregate_type + "/" +
-                                  call.aggregate_id, "effect", fault))
-        settled = self._desk.execute(effect, call, fault=inject)
-        emitter = f"{call.aggregate_type}/{call.aggregate_id}"
-        self._record(Exchange(len(self.timeline) + 1, "effect", effect.type,
-                              call.idempotency_key, emitter, "effect", settled.answer,
-                              settled.reason, settled.detail,
-                              note=" ".join(filter(None, [f"attempt {settled.attempts}",
-                                                          note]))))
-        if settled.status == "retry":
-            return False
-        reply = reply_message(effect, entry, aggregate_type=call.aggregate_type,
-                              aggregate_id=call.aggregate_id, result=settled.result,
-                              failure=settled.failure, attempts=settled.attempts, at=self.now)
-        # The runner applies the reply itself (through the writer), before the pull.
-        self._apply(Delivery(reply, "reply", "effect", note))
-        return True
-
-    def _may_fail(self, effect: Effect, call: EffectCall) -> bool:
-        """Whether a fault may hit this call: always when the test names it; when drawn at
-        random, only if an attempt is left after it ("fail, then succeed")."""
-        if isinstance(self._faults, ScriptedFaults):
-            return True
-        att = self._desk.attempts.get(call.idempotency_key)
-        return att is None or (not att.final and att.attempts + 1 < effect.max_attempts)
-
-    def _republish(self, msg: Message) -> None:
-        """Publish again the entries ``msg`` emitted (a crash before their pull)."""
-        for o in [o for o in self.outcomes if o.message_id == msg.message_id][:1]:
-            for entry_id in o.emitted_ids:
-                if entry_id in self._entries:
-                    type_name, agg_id, entry = self._entries[entry_id]
-                    self._publish(self.registry.get(type_name), agg_id, entry, again=True)
-

@@ -2,7 +2,13 @@
 the message it publishes, shared by the dispatcher (:mod:`dispatcher.publishers.record`) and the
 in-memory scenarios of :mod:`aggregates.testing`, so both deliver the same message.
 
-- ``message_id`` = entry id, ``type``, ``payload``;
+- ``message_id`` = entry id, ``type``, ``payload`` — in its JSON form
+  (:func:`aggregates.core.jsonvalue.json_payload`, docs/design.md "JSON values"): an entry
+  the fold stored is plain JSON already and goes out as it is; one stored some other way (by
+  hand, an older aggbox, a restore) has its BSON values converted by the same rule
+  (``Decimal128`` and ``datetime`` as text, ``Int64`` as a number) or, for a value the rule
+  refuses (NaN, infinity, bytes, …), is an :class:`InvalidEntry` naming the field — so every
+  publisher and record format sees the same JSON;
 - ``aggregate_type``/``aggregate_id`` = the entry's ``target`` when it is addressed to
   another aggregate, else the emitting aggregate (and then the envelope's ``headers`` carry
   ``aggbox-kind: event``: the emitter's event, not input for it);
@@ -19,6 +25,7 @@ from typing import Any, NamedTuple
 from bson.tz_util import utc as _BSON_UTC
 
 from aggregates.core.errors import AggboxError, EnvelopeError
+from aggregates.core.jsonvalue import NotJSONValue, json_payload
 from aggregates.message.envelope import KIND_EVENT, KIND_HEADER, Message
 from aggregates.message.fastpath import (
     headers_ok,
@@ -107,7 +114,8 @@ def _fast_envelope(entry: Mapping[str, Any], entry_id: str, agg_type: str, agg_i
     ``Message.from_dict`` — the dispatcher's hot path. ``None`` when anything looks unusual;
     the caller then validates properly (and names the problem). Every string is checked for
     lone surrogates (``escapes``): an entry built in memory, not read from BSON, may hold
-    one."""
+    one. A payload the field rules accept is plain JSON, its own JSON form (``json_payload``
+    would return it as it is); anything else takes the slow path, which converts it."""
     etype = entry.get("type")
     payload = entry.get("payload")
     if not (id_ok(entry_id, True) and id_ok(etype, True) and id_ok(agg_type, True)
@@ -150,12 +158,21 @@ def _fast_envelope(entry: Mapping[str, Any], entry_id: str, agg_type: str, agg_i
 
 def _slow_envelope(entry: Mapping[str, Any], entry_id: str, agg_type: str, agg_id: str,
                    src: Any) -> dict[str, Any]:
+    payload = entry.get("payload")
+    if payload is None:
+        payload = {}
+    elif isinstance(payload, Mapping):  # (anything else: from_dict names it)
+        try:
+            payload = json_payload(payload)
+        except NotJSONValue as exc:
+            raise InvalidEntry(entry_id, f"field {exc.path!r}: {exc.reason}",
+                               entry=entry) from None
     raw: dict[str, Any] = {
         "message_id": entry_id,
         "type": entry.get("type"),
         "aggregate_type": agg_type,
         "aggregate_id": agg_id,
-        "payload": entry.get("payload") if entry.get("payload") is not None else {},
+        "payload": payload,
         "occurred_at": entry.get("created_at"),
         "source": dict(src) if isinstance(src, Mapping) else src,
         "correlation_id": _str_or_none(entry.get("correlation_id")),

@@ -40,7 +40,7 @@ from aggregates.domain.effect_rules import (
     MAX_ERROR,
     effect_call,
     exhausted_error,
-    payload_problem,
+    result_payload,
     retry_reason,
     with_attempt,
 )
@@ -207,14 +207,18 @@ class EffectRunner:
 
     async def _succeed(self, key: str, effect: Effect, meta: dict[str, Any], result: Any,
                        call: EffectCall) -> AttemptRecord:
-        payload = {} if result is None else result
-        problem = _payload_problem(payload, effect, call)
-        if problem is not None:
+        payload, problem = result_payload({} if result is None else result, effect,
+                                          aggregate_type=call.aggregate_type,
+                                          aggregate_id=call.aggregate_id)
+        if payload is None:
             # The call took effect but its answer cannot be a message payload: the
             # aggregate learns of it as a failure with the reason (never silently).
-            return await self._fail(key, effect, meta, Reason.EFFECT_ERROR, problem)
+            return await self._fail(key, effect, meta, Reason.EFFECT_ERROR, str(problem))
+        # The result is recorded in its JSON form (docs/design.md "JSON values"): what the
+        # reply carries, and what BSON can store (a numpy number, a Decimal, a UUID as
+        # their values and texts).
         att = await self.attempts.finish(key, state=SUCCEEDED, now=self.clock(),
-                                         result=dict(payload), meta=meta)
+                                         result=payload, meta=meta)
         self.metrics.effect_results.labels(effect.type, att.state).inc()
         self.faults.hit("effect_after_result")
         return att
@@ -297,11 +301,6 @@ def _retry_reason(effect: Effect, exc: BaseException, what: str = "call") -> tup
 
 def _exhausted(effect: Effect, att: AttemptRecord | None) -> str:
     return exhausted_error(effect, att.last_error if att is not None else None)
-
-
-def _payload_problem(payload: Any, effect: Effect, call: EffectCall) -> str | None:
-    return payload_problem(payload, effect, aggregate_type=call.aggregate_type,
-                           aggregate_id=call.aggregate_id)
 
 
 def _text(value: object) -> str:

@@ -70,6 +70,8 @@ class Balancer:
         #: set after each round that changed something the worker should look at
         self.changed = asyncio.Event()
         self.rounds = 0
+        #: partitions no live member held after the last round (nor claimed by it)
+        self.unowned: frozenset[int] = frozenset()
         self.quota = 0
         self.members: tuple[str, ...] = ()
         self._settled = False
@@ -90,6 +92,21 @@ class Balancer:
 
     def holds(self, partitions: frozenset[int]) -> bool:
         return self.leases.holds(partitions)
+
+    def complete(self, publishing: frozenset[int]) -> bool:
+        """Whether every partition is held by a live member and this instance publishes all
+        it holds (``publishing``): ``--once`` ends only then. A partition nobody holds (a
+        member that died before claiming still counts toward the quotas until its heartbeat
+        expires) or one of ours still in its takeover grace would be left behind."""
+        return (self.rounds > 0 and not self.unowned
+                and frozenset(self.leases.held) <= publishing)
+
+    async def next_round(self) -> None:
+        """Until the next lease round has read the leases (or the rounds ended)."""
+        n = self.rounds
+        while (self.rounds == n and not self.stop.is_set() and self._task is not None
+               and not self._task.done()):
+            await asyncio.sleep(0.05)
 
     def check(self) -> None:
         """Raise the round loop's fatal error, if it ended with one."""
@@ -263,6 +280,10 @@ class Balancer:
         # share, instead of the first one to finish a round claiming everything.
         claim = decided.claim if self.rounds > 1 else ()
         claimed = await leases.claim(claim, views) if claim else []
+        now = leases.now()
+        self.unowned = frozenset(p for p in range(leases.partitions)
+                                 if p not in views or not views[p].live(now)) - {
+            c.partition for c in claimed}
         for c in claimed:
             self.metrics.handovers.labels(self.name, f"claimed_{c.handover}").inc()
         if any(c.handover != "new" for c in claimed):

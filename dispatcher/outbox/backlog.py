@@ -13,7 +13,7 @@ from aggregates.fold.document import F_OUTBOX
 from dispatcher.observe.metrics import Metrics
 from dispatcher.outbox.sweep import PENDING
 
-__all__ = ["measure_backlog"]
+__all__ = ["measure_backlog", "pending_entries"]
 
 _PIPELINE: list[dict[str, Any]] = [
     {"$match": PENDING},
@@ -44,3 +44,10 @@ async def measure_backlog(coll: AsyncCollection[Any], metrics: Metrics, name: st
     metrics.backlog_documents.labels(name).set(float(row.get("docs") or 0))
     metrics.oldest_pending_age.labels(name).set(age)
     return {"entries": row.get("n", 0), "documents": row.get("docs", 0), "oldest_age_s": age}
+
+
+async def pending_entries(coll: AsyncCollection[Any]) -> int:
+    """Pending entries of the whole collection (every partition): what ``--once`` leaves
+    behind (its summary says it)."""
+    rows = await (await coll.aggregate(_PIPELINE)).to_list()
+    return int(rows[0].get("n") or 0) if rows else 0

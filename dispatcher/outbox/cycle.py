@@ -37,6 +37,7 @@ from dispatcher.outbox.inflight import InFlight
 from dispatcher.outbox.pull import pull_entries
 from dispatcher.publishers.base import Publisher, PublishResult
 from dispatcher.publishers.builder import record_builder
+from dispatcher.publishers.letters import invalid_letter, rejected_letter
 from dispatcher.publishers.record import H_FENCE, InvalidEntry, OutboundRecord
 
 __all__ = ["INVALID_OUTBOX_ENTRY", "Cycle", "CycleResult"]
@@ -279,7 +280,7 @@ class Cycle:
                 released.append(rid)
                 continue
             if isinstance(r, InvalidEntry):
-                letters.append(self._letter_invalid(r, d.key))
+                letters.append(self._letter_invalid(r, d))
                 self._m_permanent.inc()
                 self.metrics.dead_lettered.labels(self.collection, INVALID_OUTBOX_ENTRY).inc()
                 done.append(rid)
@@ -366,21 +367,14 @@ class Cycle:
         return [r.message_id if isinstance(r, OutboundRecord) else r.entry_id for r in records]
 
     def _letter_rejected(self, r: OutboundRecord, res: PublishResult) -> DeadLetter:
-        return DeadLetter(
-            message=r.message, raw=None, reason=res.reason or Reason.REJECTED_BY_BROKER,
-            detail=(f"effect {r.envelope.get('type')!r} failed for good: {res.error}"
-                    if res.effect else f"publisher {self.publisher.name} rejected it for good "
-                    f"(topic {r.topic!r}): {res.error}"),
-            aggregate_type=r.source_type, aggregate_id=str(r.document_id),
-        )
+        return rejected_letter(r, res, self.publisher.name)
 
-    def _letter_invalid(self, exc: InvalidEntry, key: Any) -> DeadLetter:
-        log.error("dead-lettered invalid outbox entry in %s/%r: %s", self.collection, key, exc,
-                  extra={"collection": self.collection, "alert": True})
-        return DeadLetter(
-            message=None, raw=exc.entry, reason=INVALID_OUTBOX_ENTRY,
-            detail=str(exc), aggregate_type=self.source_type, aggregate_id=str(key),
-        )
+    def _letter_invalid(self, exc: InvalidEntry, d: _Doc) -> DeadLetter:
+        log.error("dead-lettered invalid outbox entry in %s/%r: %s", self.collection, d.key,
+                  exc, extra={"collection": self.collection, "message_id": exc.entry_id,
+                              "alert": True})
+        return invalid_letter(exc, aggregate_type=str(d.doc.get(F_TYPE) or self.source_type),
+                              aggregate_id=str(d.key))
 
     async def _write_letters(self, letters: list[DeadLetter], now: datetime) -> None:
         ops = [UpdateOne(*dead_letter_update(dl, now=now), upsert=True) for dl in letters]

@@ -27,7 +27,7 @@ from pathlib import Path
 from aggregates.core.reasons import Reason
 from dispatcher.core.settings import RecordFormat
 from dispatcher.publishers.base import PublisherError, PublishResult
-from dispatcher.publishers.formats import json_line
+from dispatcher.publishers.formats import encode_failure, json_line
 from dispatcher.publishers.record import OutboundRecord
 
 __all__ = ["TMP_PREFIX", "JsonLinesPublisher"]
@@ -89,16 +89,30 @@ class JsonLinesPublisher:
     async def publish(self, records: Sequence[OutboundRecord]) -> list[PublishResult]:
         if not records:
             return []
+        # Encoded record by record: one that cannot be is dead-lettered, the rest written.
+        results: list[PublishResult] = [PublishResult.ok()] * len(records)
+        lines: list[bytes] = []
+        written: list[int] = []
+        for i, r in enumerate(records):
+            try:
+                lines.append(json_line(r, self.record_format))
+            except Exception as exc:
+                results[i] = encode_failure(r, f"a JSON Lines line ({self.record_format})",
+                                            exc)
+                continue
+            written.append(i)
+        if not lines:
+            return results
         try:
             if time.monotonic() >= self._next_cleanup:
                 await asyncio.to_thread(self.remove_stale_temp_files)
-            await asyncio.to_thread(self._write, [json_line(r, self.record_format)
-                                                  for r in records])
+            await asyncio.to_thread(self._write, lines)
         except OSError as exc:
             err = PublishResult.retryable(f"writing to {self.directory} failed: {exc}",
                                           reason=Reason.IO_ERROR)
-            return [err] * len(records)
-        return [PublishResult.ok()] * len(records)
+            for i in written:
+                results[i] = err
+        return results
 
     def _write(self, lines: list[bytes]) -> Path:
         token = uuid.uuid4().hex

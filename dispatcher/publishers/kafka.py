@@ -34,7 +34,7 @@ from typing import Any, Final
 from aggregates.core.reasons import Reason
 from dispatcher.core.settings import RecordFormat
 from dispatcher.publishers.base import PublisherError, PublishResult
-from dispatcher.publishers.formats import kafka_record
+from dispatcher.publishers.formats import encode_failure, kafka_record
 from dispatcher.publishers.record import OutboundRecord
 
 __all__ = ["LOG_INTERVAL_S", "KafkaPublisher", "RateLimitedLog", "valid_topic_name"]
@@ -256,11 +256,16 @@ class KafkaPublisher:
                     Reason.INVALID_TOPIC, f"{r.topic!r} is not a valid Kafka topic name "
                     "(1-249 of A-Z a-z 0-9 . _ -)"))
                 continue
-            value, headers = kafka_record(r, self.record_format)
+            try:  # a record that cannot be encoded is dead-lettered alone
+                value, headers = kafka_record(r, self.record_format)
+                key = r.key.encode()
+            except Exception as exc:
+                batch.settle(i, encode_failure(r, f"a Kafka record ({self.record_format})",
+                                               exc))
+                continue
             while True:
                 try:
-                    producer.produce(r.topic, value=value, key=r.key.encode(),
-                                     headers=headers,
+                    producer.produce(r.topic, value=value, key=key, headers=headers,
                                      on_delivery=lambda err, msg, i=i: batch.report(i, err, msg))
                     break
                 except BufferError:  # local queue full: let the poll thread drain it
@@ -268,6 +273,10 @@ class KafkaPublisher:
                 except confluent_kafka.KafkaException as exc:
                     err = exc.args[0]
                     batch.settle(i, classify(err.code(), err.str()))
+                    break
+                except (TypeError, ValueError, UnicodeError) as exc:  # refused by the client
+                    batch.settle(i, encode_failure(r, f"a Kafka record ({self.record_format})",
+                                                   exc))
                     break
         try:
             await asyncio.wait_for(asyncio.shield(batch.done), self.delivery_timeout_s + 30)

@@ -134,26 +134,20 @@ def render_topic(template: str, *, aggregate_type: str, target_type: str, type: 
     return _PLACEHOLDER.sub(lambda m: values.get(m.group(1), m.group(0)), template)
 
 
-def _json_default(value: Any) -> Any:
-    if isinstance(value, datetime):
-        return value.isoformat()
-    if isinstance(value, bytes):
-        return value.hex()
-    return str(value)  # ObjectId, Decimal128, UUID, …
-
-
 def envelope_json(envelope: Mapping[str, Any]) -> bytes:
     """An envelope as compact UTF-8 JSON (one line); ``ValueError`` for a float NaN or
-    infinity (not JSON)."""
+    infinity, ``TypeError`` for a value that is not JSON."""
     return _ENCODER.encode(envelope).encode()
 
 
-# One encoder for every record (json.dumps with options builds a new one per call). NaN and
-# infinities raise ValueError (not JSON): an envelope never holds one (Message.from_dict and
-# the fast path refuse them: the entry is dead-lettered invalid_outbox_entry naming the
-# field); this is the last guard, for whatever else is encoded here.
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=_json_default,
-                            allow_nan=False)
+# One encoder for every record (json.dumps with options builds a new one per call). No
+# ``default``: an envelope holds JSON values only — its payload in its JSON form
+# (aggregates/wire/outbound.py applies aggregates.core.jsonvalue's rule; a value the rule
+# refuses makes the entry invalid_outbox_entry naming the field) — so there is nothing to
+# convert here, and no second, silent conversion rule. NaN, infinities (ValueError) and
+# other types (TypeError) raise: the last guard, for whatever else is encoded here (a
+# publisher dead-letters the one record it cannot encode: formats.encode_failure).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def reference_record(entry: Mapping[str, Any], *, collection: str, document_id: Any,

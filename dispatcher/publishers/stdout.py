@@ -10,7 +10,7 @@ from typing import IO
 
 from dispatcher.core.settings import RecordFormat
 from dispatcher.publishers.base import PublishResult
-from dispatcher.publishers.formats import structured
+from dispatcher.publishers.formats import encode_failure, structured
 from dispatcher.publishers.record import OutboundRecord
 
 __all__ = ["StdoutPublisher"]
@@ -29,13 +29,39 @@ class StdoutPublisher:
 
     async def publish(self, records: Sequence[OutboundRecord]) -> list[PublishResult]:
         out = self._stream or sys.stdout
-        for r in records:
-            value = (structured(r) if self.record_format == "cloudevents"
-                     else json.loads(r.value))
-            line = {"topic": r.topic, "key": r.key, "headers": r.headers, "value": value}
-            out.write(json.dumps(line, ensure_ascii=False) + "\n")
-        out.flush()
-        return [PublishResult.ok()] * len(records)
+        encoding = getattr(out, "encoding", None) or "utf-8"
+        results: list[PublishResult] = [PublishResult.ok()] * len(records)
+        lines: list[str] = []
+        written: list[int] = []
+        for i, r in enumerate(records):  # one that cannot be encoded: dead-lettered alone
+            try:
+                lines.append(_line(r, self.record_format, encoding))
+            except Exception as exc:
+                results[i] = encode_failure(
+                    r, "a CloudEvent for stdout" if self.record_format == "cloudevents"
+                    else "a stdout line", exc)
+                continue
+            written.append(i)
+        if lines:
+            try:
+                out.write("".join(lines))
+                out.flush()
+            except OSError as exc:  # e.g. a closed pipe: tried again later
+                err = PublishResult.retryable(f"writing to stdout failed: {exc}")
+                for i in written:
+                    results[i] = err
+        return results
 
     async def close(self) -> None:
         return None
+
+
+def _line(r: OutboundRecord, record_format: RecordFormat, encoding: str) -> str:
+    value = structured(r) if record_format == "cloudevents" else json.loads(r.value)
+    line = {"topic": r.topic, "key": r.key, "headers": r.headers, "value": value}
+    text = json.dumps(line, ensure_ascii=False, allow_nan=False) + "\n"
+    try:
+        text.encode(encoding)
+    except UnicodeEncodeError:  # a terminal that cannot show it: the same JSON, escaped
+        text = json.dumps(line, allow_nan=False) + "\n"
+    return text

@@ -12,9 +12,17 @@ and only for the records the publisher acknowledged removes them::
 The ``$inc`` of ``_v`` makes a writer that read the document before this removal fail its
 conditional write and read again, so it cannot put a fired timer back. A crash between the
 publish and the removal publishes the timer again later with the same id: a duplicate for
-its receiver. A record the broker refuses for good is dead-lettered and removed; a
-retryable failure leaves the timer for the next round. Between rounds the firer sleeps
-until the next due time (read from the same index) or ``idle_s``, whichever is sooner.
+its receiver. A record the broker refuses for good (or the publisher cannot encode) is
+dead-lettered and removed, as a timer that forms no record is; a retryable failure leaves
+the timer for the next round and is reported (``on_error``: the worker logs it, and it is
+the last error ``--once`` names). Between rounds the firer sleeps until the next due time
+(read from the same index) or ``idle_s``, whichever is sooner.
+
+``--once`` (:meth:`TimerFirer.fire_all_due`) follows the outbox's rule: it fires rounds until
+a complete round leaves no due timer in the worker's partitions, trying again after a
+failed round (a retryable publish, a store error) as long as it takes — the run's watchdog
+ends a run that makes no progress for ``once_timeout_s`` with exit status 1 — and hands a
+lease it no longer holds back to the worker, which starts over.
 """
 
 from __future__ import annotations
@@ -30,19 +38,20 @@ from typing import Any
 from pymongo import UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 
-from aggregates.core.reasons import Reason
 from aggregates.fold import DeadLetter
 from aggregates.fold.document import F_PARTITION, F_TIMERS, F_TYPE, F_VERSION
 from aggregates.store.deadletters import dead_letter_update
 from aggregates.wire.outbound import InvalidEntry
+from dispatcher.core.errors import check_fatal
 from dispatcher.core.faults import Faults
 from dispatcher.core.timing import REAL_TIME, pause
 from dispatcher.observe.metrics import Metrics
 from dispatcher.publishers.base import Publisher, PublishResult
 from dispatcher.publishers.builder import build_record
+from dispatcher.publishers.letters import invalid_letter, rejected_letter
 from dispatcher.publishers.record import H_FENCE, OutboundRecord
 
-__all__ = ["FireResult", "TimerFirer"]
+__all__ = ["FireResult", "TimerFirer", "TimersNotPublished"]
 
 log = logging.getLogger("aggbox.dispatcher")
 
@@ -52,6 +61,20 @@ class FireResult:
     dead_lettered: int = 0
     retryable: int = 0
     documents: int = 0
+    #: the first retryable failure's text
+    error: str | None = None
+    #: the lease was not held: nothing was read or published
+    lease_lost: bool = False
+
+
+class TimersNotPublished(Exception):
+    """A round's due timers (some of them) were not published: the publisher's retryable
+    failure. They stay and are fired again next round."""
+
+    def __init__(self, collection: str, count: int, error: str | None) -> None:
+        self.count = count
+        super().__init__(f"publishing {count} due timer(s) of {collection} failed: "
+                         f"{error or 'no error text'}")
 
 
 class TimerFirer:
@@ -99,10 +122,11 @@ class TimerFirer:
         while keep_going() and not stop.is_set():
             try:
                 res = await self.fire_due()
-                if (res.documents >= self.page_size and (res.fired or res.dead_lettered)
-                        and not res.retryable):
+                if res.retryable:
+                    raise TimersNotPublished(self.name, res.retryable, res.error)
+                if (res.documents >= self.page_size and (res.fired or res.dead_lettered)):
                     continue  # a full page moved on: more may be due right now
-                wait = self.idle_s if res.retryable else await self._idle_for()
+                wait = await self._idle_for()
             except Exception as exc:
                 self.on_error(exc)
                 wait = self.idle_s
@@ -110,12 +134,46 @@ class TimerFirer:
             # timing (its fake clocks drive backoff and pacing, not this).
             await pause(REAL_TIME, wait, stop)
 
-    async def fire_all_due(self) -> None:
-        """``--once``: fire rounds while full pages of due timers are found."""
-        while True:
-            res = await self.fire_due()
+    async def fire_all_due(self, keep_going: Callable[[], bool], *,
+                           on_progress: Callable[[], None] = lambda: None,
+                           stop: asyncio.Event | None = None) -> bool:
+        """``--once``: fire rounds until one finds no due timer left in the partitions
+        (``True``; also when ``keep_going()`` turns false). A failed round — some records
+        retryable, an exception — goes to ``on_error`` and is tried again after ``idle_s``,
+        for as long as it takes (the ``--once`` watchdog ends a run without progress);
+        ``on_progress`` is called after each round that fired or dead-lettered anything.
+        ``False`` when the lease was not held: the caller starts over."""
+        while keep_going():
+            try:
+                res = await self.fire_due()
+            except Exception as exc:
+                check_fatal(exc, self.name)  # a wrong password or privilege ends the run
+                self.on_error(exc)
+                await pause(REAL_TIME, self.idle_s, stop)
+                continue
+            if res.lease_lost:
+                return False
+            if res.fired or res.dead_lettered:
+                on_progress()
+            if res.retryable:
+                self.on_error(TimersNotPublished(self.name, res.retryable, res.error))
+                await pause(REAL_TIME, self.idle_s, stop)
+                continue
             if res.documents < self.page_size or not (res.fired or res.dead_lettered):
-                return
+                return True  # every due timer of the page went: none is left (or only
+                # malformed ones, which no round can fire)
+        return True
+
+    async def due_left(self) -> int:
+        """How many timers of the whole collection (every partition) are due by now and
+        not fired: what ``--once`` leaves behind (its summary says it)."""
+        now = self.clock()
+        n = 0
+        async for d in self.coll.find({f"{F_TIMERS}.due": {"$lte": now}},
+                                      {f"{F_TIMERS}.due": 1}):
+            n += sum(1 for t in d.get(F_TIMERS) or [] if isinstance(t, Mapping)
+                     and isinstance(t.get("due"), datetime) and _aware(t["due"]) <= now)
+        return n
 
     async def _idle_for(self) -> float:
         """Seconds until the next pending timer is due (at most ``idle_s``)."""
@@ -144,7 +202,7 @@ class TimerFirer:
         if not docs:
             return result
         if not self.lease_held():  # no publishing; the caller pauses (documents = 0)
-            return FireResult()
+            return FireResult(lease_lost=True)
         batch: list[tuple[Mapping[str, Any], dict[str, Any], OutboundRecord]] = []
         letters: list[tuple[Mapping[str, Any], dict[str, Any], DeadLetter]] = []
         for doc in docs:
@@ -152,15 +210,15 @@ class TimerFirer:
             for t in _timers(doc):
                 if _aware(t["due"]) > now:
                     continue
+                atype = str(doc.get(F_TYPE) or self.source_type)
                 try:
                     rec = build_record(t, collection=self.name, document_id=doc["_id"],
-                                       source_type=str(doc.get(F_TYPE) or self.source_type),
-                                       topic_template=self.topic_template)
+                                       source_type=atype, topic_template=self.topic_template)
                 except Exception as exc:  # a hand-edited timer: dead-letter, never retry
                     exc = exc if isinstance(exc, InvalidEntry) else InvalidEntry(
                         str(t.get("id")), f"{type(exc).__name__}: {exc}", entry=t)
-                    letters.append((doc, t, self._letter(doc, None, exc.reason, str(exc),
-                                                         raw=t)))
+                    letters.append((doc, t, invalid_letter(exc, aggregate_type=atype,
+                                                           aggregate_id=str(doc["_id"]))))
                     continue
                 if fence is not None:
                     rec.headers[H_FENCE] = fence
@@ -177,12 +235,11 @@ class TimerFirer:
                 result.fired += 1
                 self._m_lag.observe(max(0.0, (self.clock() - _aware(t["due"])).total_seconds()))
             elif res.status == "permanent":
-                letters.append((doc, t, self._letter(
-                    doc, rec, res.reason or Reason.REJECTED_BY_BROKER,
-                    f"publisher {self.publisher.name} rejected timer {t.get('timer')!r} for "
-                    f"good (topic {rec.topic!r}): {res.error}")))
+                letters.append((doc, t, rejected_letter(rec, res, self.publisher.name,
+                                                        what=f"timer {t.get('timer')!r}")))
             else:
                 result.retryable += 1
+                result.error = result.error or res.error
         if result.fired:  # counted once acknowledged (a crash before the removal re-fires)
             self._m_fired.inc(result.fired)
         if letters:
@@ -209,14 +266,7 @@ class TimerFirer:
         except Exception as exc:  # the whole batch failed: retried next round
             log.warning("%s: publishing %d due timer(s) failed: %s", self.name, len(records),
                         exc, extra={"collection": self.name})
-            return [PublishResult.retryable(str(exc)) for _ in records]
-
-    def _letter(self, doc: Mapping[str, Any], rec: OutboundRecord | None, reason: str,
-                detail: str, raw: Any = None) -> DeadLetter:
-        return DeadLetter(message=rec.message if rec is not None else None, raw=raw,
-                          reason=reason, detail=detail,
-                          aggregate_type=str(doc.get(F_TYPE) or self.source_type),
-                          aggregate_id=str(doc["_id"]))
+            return [PublishResult.retryable(f"{type(exc).__name__}: {exc}") for _ in records]
 
 
 def _aware(value: datetime) -> datetime:

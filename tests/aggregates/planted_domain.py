@@ -13,9 +13,23 @@ effect.
   list's reference only).
 
 ``pay_effects(bug)``: the ``Pay`` effect, safe (``""``: the bank honours the idempotency key,
-``idempotent=True``) or ``pays_twice`` (pays on every call, no query function).
+``idempotent=True``), ``pays_twice`` (pays on every call, no query function),
+``wrong_key_query`` (pays on every call; its query looks the payment up by the transfer id,
+while payments are kept by idempotency key, so it never finds one — and the ``Paid``
+handler ignores the receipt, so the final states agree) or ``claims_idempotent`` (pays on
+every call but is declared ``idempotent=True``: out of the check's reach by design).
+
+``ledger(bug)`` (issue 43): accounts that opted out of dedup (``NoDedup``) because every
+handler is idempotent by itself — it keeps the ids (and months) it applied — with a monthly
+fee timer that schedules the next month. Bugs: ``quarter_fee`` — the third firing (the
+quarter's end) of a business account (the flow has one of 24) charges a statement fee
+without looking at the months already charged;
+``priority`` — a priority transfer (the flow has one: #431 of 450) takes a path that does
+not record its id.
 ``watch`` / ``watch_sorted`` (module-level, for the hash-seed subprocesses): an account
-opening announces its watchers in the order of a ``set`` of strings (or sorted)."""
+opening announces its watchers in the order of a ``set`` of strings (or sorted).
+``stamped`` / ``stamp_flow``: a deterministic handler that keeps ``msg.occurred_at``, fed
+messages built without ids or times."""
 
 from __future__ import annotations
 
@@ -105,17 +119,27 @@ def bank(bug: str = "") -> Registry:
 
 #: What the payout service paid: (idempotency key, amount), one per payment made.
 payments: list[tuple[str, int]] = []
+_paid_keys: set[str] = set()
 
 
 def pay_effects(bug: str = "") -> Effects:
     effects = Effects()
 
     @effects.effect("Pay", on_success="Paid", on_failure="PayFailed", max_attempts=3,
-                    idempotent=bug != "pays_twice")
+                    idempotent=bug in ("", "claims_idempotent"))
     def pay(call: EffectCall) -> dict[str, Any]:
-        if bug == "pays_twice" or all(k != call.idempotency_key for k, _ in payments):
+        if bug or call.idempotency_key not in _paid_keys:
+            _paid_keys.add(call.idempotency_key)
             payments.append((call.idempotency_key, int(call.payload["amount"])))
-        return {"ok": True}
+        return {"ok": True, "receipt": f"r-{call.idempotency_key[:8]}"}
+
+    if bug == "wrong_key_query":
+        @effects.query("Pay")
+        def find(call: EffectCall) -> dict[str, Any] | None:
+            wrong = str(call.payload["transfer_id"])  # the bug: payments are kept by key
+            if wrong in _paid_keys:
+                return {"ok": True, "receipt": f"r-{wrong}"}
+            return None
 
     return effects
 
@@ -135,6 +159,10 @@ def bank_flow(sc: Scenario, *, accounts: int = 12, transfers: int = 30,
               for k in range(transfers)))
 
 
+#: The counter bug at module level (for the hash-seed subprocesses).
+counting = bank("counter")
+
+
 def payout_flow(sc: Scenario) -> None:
     bank_flow(sc, payout=True)
 
@@ -143,6 +171,122 @@ def fee_flow(sc: Scenario) -> None:
     """A few transfers, then a month: every account's ``MonthlyFee`` timer fires."""
     bank_flow(sc, accounts=4, transfers=8)
     sc.advance(timedelta(days=31))
+
+
+# -- a ledger without dedup: idempotent handlers, one path that is not (issue 43) ----------
+
+
+@dataclass(frozen=True)
+class Ledger:
+    opened: bool = False
+    balance: int = 0
+    debited: tuple[str, ...] = ()
+    credited: tuple[str, ...] = ()
+    months: tuple[int, ...] = ()
+    plan: str = ""
+
+
+def ledger(bug: str = "") -> Registry:
+    accounts = AggregateType("Account", state=Ledger, collection="ledger", dedup=NoDedup())
+
+    def next_fee(month: int) -> Schedule:
+        return Schedule(Emit("MonthlyFee", {"month": month, "fee": 1}), key="fee",
+                        after=timedelta(days=30))
+
+    @accounts.handles("OpenAccount")
+    def open_account(state: Ledger, msg: Message) -> Handled[Ledger]:
+        if state.opened:
+            return state
+        return replace(state, opened=True, balance=int(msg.payload["balance"]),
+                       plan=str(msg.payload.get("plan", ""))), [next_fee(1)]
+
+    @accounts.handles("MonthlyFee")
+    def fee(state: Ledger, msg: Message) -> Handled[Ledger]:
+        month, charge = int(msg.payload["month"]), int(msg.payload["fee"])
+        if bug == "quarter_fee" and month % 3 == 0 and state.plan == "business":
+            charge += 2  # the quarter's statement fee; the bug: no look at the months charged
+        elif month in state.months:
+            return state
+        return replace(state, balance=state.balance - charge,
+                       months=(*state.months, month)), [next_fee(month + 1)]
+
+    @accounts.handles("TransferRequested")
+    def transfer(state: Ledger, msg: Message) -> Handled[Ledger]:
+        p = msg.payload
+        tid, amount = str(p["transfer_id"]), int(p["amount"])
+        if bug == "priority" and p.get("priority"):  # the bug: the id is not recorded
+            new = replace(state, balance=state.balance - amount)
+        elif tid in state.debited or state.balance < amount:
+            return state
+        else:
+            new = replace(state, balance=state.balance - amount, debited=(*state.debited, tid))
+        return new, [Emit("CreditRequested", {"transfer_id": tid, "amount": amount},
+                          to=accounts.ref(str(p["to"])))]
+
+    @accounts.handles("CreditRequested")
+    def credit(state: Ledger, msg: Message) -> Ledger:
+        tid = str(msg.payload["transfer_id"])
+        if tid in state.credited:
+            return state
+        # sorted: credits come from many senders, in no promised order
+        return replace(state, balance=state.balance + int(msg.payload["amount"]),
+                       credited=tuple(sorted((*state.credited, tid))))
+
+    return Registry([accounts])
+
+
+def ledger_flow(sc: Scenario, *, accounts: int = 50, transfers: int = 450,
+                priority: int | None = 430, business: int | None = None,
+                months: int = 0) -> None:
+    """``accounts`` accounts opened (100 each; the ``business``-th a business account),
+    ``transfers`` transfers among them (the ``priority``-th, from 0, a priority one), then
+    ``months`` months of fees."""
+    atype = sc.registry.get("Account")
+    sc.given(*(message("OpenAccount", {"balance": 100, "plan": "business" if i == business
+                                       else "personal"},
+                       to=atype, id=f"a-{i:02}", message_id=f"open-{i}")
+               for i in range(accounts)))
+    sc.when(*(message("TransferRequested",
+                      {"transfer_id": f"t-{k}", "amount": 5 + k % 4,
+                       "to": f"a-{(k + 1 + k % (accounts - 1)) % accounts:02}",
+                       "priority": k == priority},
+                      to=atype, id=f"a-{k % accounts:02}", message_id=f"tr-{k}")
+              for k in range(transfers)))
+    for _ in range(months):
+        sc.advance(timedelta(days=31))
+
+
+def quarter_flow(sc: Scenario) -> None:
+    """24 accounts (a-11 a business account), 60 transfers, then three months: 72 fee
+    firings, the third of each account's at the quarter's end."""
+    ledger_flow(sc, accounts=24, transfers=60, priority=None, business=11, months=3)
+
+
+# -- a handler that keeps msg.occurred_at (deterministic: the false positive of issue 43) --
+
+
+@dataclass(frozen=True)
+class Notes:
+    seen: tuple[str, ...] = ()
+
+
+def _stamped() -> Registry:
+    notes = AggregateType("Note", state=Notes, collection="notes")
+
+    @notes.handles("Noted")
+    def noted(state: Notes, msg: Message) -> Notes:
+        return replace(state, seen=(*state.seen, str(msg.occurred_at)))
+
+    return Registry([notes])
+
+
+stamped = _stamped()
+
+
+def stamp_flow(sc: Scenario) -> None:
+    """Four notes built without ids or times (message() numbers them)."""
+    sc.when(*(message("Noted", {}, to=sc.registry.get("Note"), id=f"n-{i % 2}")
+              for i in range(4)))
 
 
 # -- string-set order ----------------------------------------------------------------------

@@ -156,6 +156,29 @@ def test_faults_change_nothing_for_safe_handlers(store: Any) -> None:
                                                                              "Order/o-1"]
 
 
+def test_a_late_copy_comes_after_the_rest_of_the_flow(store: Any) -> None:
+    sc = Scenario(registry, with_store=store, faults=[Fault.late("OrderCreated")])
+    sc.given(register("c-1", 100))
+    sc.when(place("o-1", "c-1", 30), place("o-2", "c-1", 30))
+    assert [e.note for e in sc.timeline.of("OrderCreated") if e.kind == "message"] == ["", ""]
+    late = sc.deliver_late()
+    assert [(e.type, e.receiver, e.outcome, e.note) for e in late] == [
+        ("OrderCreated", "Customer/c-1", "duplicate", "redelivered late")]
+    assert sc.state(customers, "c-1").reserved == 60
+    assert list(sc.deliver_late()) == []
+
+
+def test_a_swap_changes_places_with_the_next_message_from_another_sender(store: Any) -> None:
+    sc = Scenario(registry, with_store=store, faults=[Fault.swap("OrderCreated")])
+    sc.given(register("c-1", 100))
+    sc.when(place("o-1", "c-1", 70), place("o-2", "c-1", 70))
+    got = [(e.sender, e.outcome) for e in sc.timeline.of("OrderCreated")]
+    assert got == [("Order/o-1", "swap"), ("Order/o-2", "applied"), ("Order/o-1", "applied")]
+    # the second sender's order came first: o-2 has the credit, o-1 does not
+    assert sc.state(orders, "o-2").status == "approved"
+    assert sc.state(orders, "o-1").status == "rejected"
+
+
 def test_redeliver_an_earlier_message(store: Any) -> None:
     sc = Scenario(registry, with_store=store).given(register("c-1", 100))
     sc.when(place("o-1", "c-1", 30))

@@ -1,6 +1,6 @@
 """check_fault_tolerance (issue 26): random faults (hypothesis) leave the example domain's
 final states unchanged, and find a planted handler that reads a global counter or the wall
-clock."""
+clock; a failing sweep is narrowed by bisection (issue 43)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,8 @@ from aggregates.testing import (
     check_fault_tolerance,
     message,
 )
+from aggregates.testing._scenario_plan import PlannedFault
+from aggregates.testing._scenario_sweeps import narrow
 from tests.aggregates import scenario_domain as sd
 
 
@@ -95,3 +97,23 @@ def test_misuse_says_what_to_do() -> None:
         check_fault_tolerance(credit_flow, registry, faults=["meteor"])  # type: ignore[list-item]
     with pytest.raises(ConfigurationError, match="times must be"):
         Fault.duplicate(times=0)
+
+
+def test_a_failing_sweep_is_narrowed_by_bisection() -> None:
+    plan = [PlannedFault("deliver", "T", i, "duplicate") for i in range(1000)]
+    calls: list[int] = []
+
+    def fails_at(*bad: int) -> Any:
+        def fails(p: Any) -> bool:
+            calls.append(len(p))
+            return all(any(f.index == b for f in p) for b in bad)
+        return fails
+
+    assert narrow(plan, fails_at(431)) == [plan[431]]
+    assert len(calls) <= 2 * 10  # one or two runs per halving of 1,000 points
+    calls.clear()
+    # two faults that fail only together are both kept
+    assert narrow(plan, fails_at(17, 940)) == [plan[17], plan[940]]
+    assert len(calls) <= 4 * 10
+    # several that fail alone: the earliest
+    assert narrow(plan, lambda p: any(f.index in (300, 700) for f in p)) == [plan[300]]

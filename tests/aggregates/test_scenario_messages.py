@@ -3,10 +3,13 @@ the aggregate type and id, the message id, the step and the first field that dif
 state, an emitted entry or its timers) — in AggregateHarness and in a Scenario; an effect
 whose result changes is blamed on the effect, by name, with the result's field; and
 ``Scenario.state`` of an aggregate that never received a message raises, listing the ids
-the scenario knows."""
+the scenario knows. Issue 43: a failure shows its head and at most 40 lines of timeline
+(the whole one on the exception and in a file on request), a lost answer says so, and runs
+that differ are told as seen."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass, replace
 from typing import Any
@@ -33,6 +36,7 @@ from aggregates.testing import (
     memory_database,
     message,
 )
+from tests.aggregates import planted_domain as pd
 
 _numbers = itertools.count(1)
 
@@ -181,3 +185,63 @@ def test_state_of_an_aggregate_that_never_received_a_message_raises(store: bool)
     sc.when(message("Nope", {}, to="Acc", id="D", message_id="nope-1"))
     assert sc.outcome("nope-1").outcome == "dead_lettered"
     assert sc.state(acc, "D") == Acc()
+
+
+# -- issue 43: messages a person reads, blame for what was seen ----------------------------
+
+
+def test_a_failure_shows_the_head_and_forty_lines_the_whole_timeline_on_request(
+        tmp_path: Any) -> None:
+    path = tmp_path / "timeline.txt"
+    flow = functools.partial(pd.ledger_flow, accounts=20, transfers=150, priority=120)
+    with pytest.raises(FaultToleranceError) as err:
+        check_fault_tolerance(flow, pd.ledger("priority"), timeline_file=path)
+    text = str(err.value)
+    head, _, rest = text.partition("\n")
+    assert head.startswith("under 1 fault — duplicate at TransferRequested #121 (Account/a-00's "
+                           "7th TransferRequested, message tr-120, step ")
+    assert "Account/a-00 first differs at state.balance" in rest
+    timeline = err.value.timeline
+    assert timeline is not None and len(timeline) > 300
+    shown = text.split("\ntimeline (", 1)[1]
+    exchanges = [line for line in shown.splitlines()[2:] if line.strip() != "…"]
+    assert 10 < len(exchanges) <= 40
+    assert f"({len(exchanges)} of {len(timeline)} exchanges; all of them: err.timeline; the " \
+           f"whole timeline is in {path}):" in text
+    assert any("duplicate" in line and "fault" in line for line in exchanges)
+    assert len(text.splitlines()) < 60
+    assert path.read_text(encoding="utf-8") == f"{timeline}\n"
+
+
+def test_a_lost_answer_says_so_in_the_timeline() -> None:
+    sc = Scenario(Registry([accounts()]), effects=pay_effects(),
+                  faults=[Fault.effect_lost("Pay")])
+    withdraw_flow(sc)
+    calls = [e for e in sc.timeline if e.kind == "effect"]
+    assert str(calls[0]).split("effect", 2)[-1].split("  [")[0].strip().endswith(
+        "answer lost (effect_timeout)")
+    assert sc.effect_calls[0].answer == "lost"
+
+
+def test_runs_that_differ_without_faults_are_told_as_seen() -> None:
+    with pytest.raises(FaultToleranceError) as err:
+        check_fault_tolerance(pd.bank_flow, pd.bank("counter"), check_determinism=False)
+    text = str(err.value)
+    assert text.startswith("in a run without faults: the final states differ between two "
+                           "runs with no fault injected")
+    assert "state.stamp: " in text and " in one run, " in text and " in another" in text
+    assert "undisturbed" not in text and "under faults" not in text.split("\nfound by")[0]
+
+
+def test_fresh_processes_that_agree_are_not_blamed_on_hash_order() -> None:
+    """A module-level counter: three fresh processes agree with each other, this one (whose
+    counter moved on) does not — said as seen, not as "the iteration order of a set"."""
+    next(pd._counter)
+    with pytest.raises(FaultToleranceError) as err:
+        check_fault_tolerance(pd.bank_flow, pd.counting, check_determinism=False,
+                              hash_seeds=True)
+    text = str(err.value)
+    assert text.startswith("the undisturbed run ends the same in three fresh processes "
+                           "(PYTHONHASHSEED=1, 2, 3) but differently in this one — state this "
+                           "process kept between runs")
+    assert "state.stamp" in text or "stamp=" in text

@@ -238,8 +238,9 @@ def test_permanent_rejections_are_dead_lettered_pulled_and_do_not_block(
         assert dl["reason"] == "message_too_large" and "1.2 MB" in dl["error"]
         assert dl["message"]["message_id"] == mid and dl["aggregate_type"] == "Emitter"
         assert dl["status"] == "open" and dl["attempts"] == 1
-    corrupt = next(dl for dl in letters.values() if dl["message_id"] is None)
+    corrupt = letters["corrupt-1"]  # found by its entry id (issue 40, item 3)
     assert corrupt["reason"] == "invalid_outbox_entry" and "corrupt-1" in corrupt["raw"]
+    assert corrupt["_id"] == "Emitter/a001/corrupt-1"
     assert d.metrics.registry.get_sample_value(
         "aggbox_dispatcher_dead_lettered_total",
         {"collection": "emitters", "reason": "message_too_large"}) == 2

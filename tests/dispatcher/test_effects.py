@@ -296,6 +296,32 @@ def test_a_result_that_cannot_be_a_payload_becomes_a_failure(
     assert dl["reason"] == "effect_error" and "$set" in dl["error"]
 
 
+def test_a_result_of_bson_foreign_values_is_recorded_and_replied_in_its_json_form(
+        ewriter: StoreWriter, ddb: Database[Any], store: AggboxSettings) -> None:
+    """A result holding a Decimal, a numpy number and a UUID (docs/design.md "JSON
+    values"): recorded and delivered as "1.10", 2.5 and the UUID's text — before, the
+    runner recorded the raw values, which BSON cannot store, and the effect never
+    completed."""
+    import uuid
+    from decimal import Decimal
+
+    import numpy as np
+
+    place(ewriter, ["o-1"])
+    (eid,) = entry_ids(ddb)["o-1"]
+    ref = uuid.UUID("12345678-1234-5678-1234-567812345678")
+    res = Resource()
+    res.script = {1: lambda: {"tracking": Decimal("1.10"), "weight": np.float64(2.5),
+                              "ref": ref}}
+    run_once(store, effects_for(res))
+    s = state(ddb, "o-1")
+    assert (s["status"], s["tracking"], s["results"]) == ("booked", "1.10", 1)
+    rec = ddb.aggbox_effects.find_one({"_id": attempt_key("eorders", eid)})
+    assert rec is not None and rec["state"] == "succeeded"
+    assert rec["result"] == {"tracking": "1.10", "weight": 2.5, "ref": str(ref)}
+    assert entry_ids(ddb) == {"o-1": []}
+
+
 def test_configuration_is_checked_before_anything_runs(store: AggboxSettings) -> None:
     effects = Effects()
     effects.effect("BookShipment", on_success="ShipmentShipped",

@@ -62,7 +62,8 @@ def test_record_is_a_valid_input_envelope_with_headers_key_and_topic() -> None:
     assert m.occurred_at == NOW and m.source is not None and m.source.seq == 3
     assert (m.causation_id, m.correlation_id) == ("in-1", "corr-1")
     assert m.headers == {"tenant": "t1", "aggbox-kind": "event"}  # not addressed: an event
-    assert env["payload"]["when"] == NOW.isoformat()  # BSON dates become ISO strings
+    # BSON dates become ISO strings, as the one rule gives them (aggregates/core/jsonvalue.py)
+    assert env["payload"]["when"] == "2026-03-01T12:00:00.123000Z"
     assert r.topic == "Emitter.events" and r.key == "agg-1"
     assert set(HEADER_NAMES) <= set(r.headers)
     assert r.headers["source_seq"] == "3" and r.headers["message_id"] == "e-3"

@@ -93,10 +93,12 @@ def _envelope(mid: str, mtype: str, aid: str, **payload: Any) -> dict[str, Any]:
 
 
 def _check_failed(done: subprocess.CompletedProcess[str]) -> None:
-    """Exit status 1, stdout empty (no JSON summary of a run that did not happen), and one
-    ``aggbox run: error:`` line naming the module and how to ship it, no traceback."""
+    """Exit status 1, stdout one JSON object saying so (no summary of a run that did not
+    happen; issue 40, item 7), and one ``aggbox run: error:`` line naming the module and how
+    to ship it, no traceback."""
     assert done.returncode == 1, done.stderr[-4000:]
-    assert done.stdout == ""
+    failed = json.loads(done.stdout)
+    assert failed["exit_status"] == 1 and f"cannot import module '{HELPER}'" in failed["error"]
     errors = [line for line in done.stderr.splitlines() if line.startswith("aggbox run:")]
     assert len(errors) == 1, done.stderr[-4000:]
     line = errors[0]
@@ -186,3 +188,36 @@ def test_a_wheel_missing_its_dependency_on_spark_connect(
     assert fixed["applied"] == 6 and fixed["dead_lettered"] == 0
     assert sorted((d["_id"], d["state"]["total"]) for d in db.meters.find()) == [
         ("m-0", 1 + 4), ("m-1", 2 + 5), ("m-2", 3 + 6)]
+
+
+# -- local mode: the attempts ----------------------------------------------------------------
+
+
+def test_a_deployment_error_is_not_retried(spark_session: Any, db: Any, mongo_uri: str,
+                                           tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """Issue 40, item 6: the error fails every attempt the same way, yet Spark retried the
+    task (``local[2, 4]``: 4 attempts; on a cluster 8 failed attempts, 511 s). The handler
+    notes each call in a file: one call, one attempt, then the one line (and with --json
+    one object), nothing written."""
+    from aggbox.cli import main
+
+    calls = tmp_path / "calls.txt"
+    record = _envelope("priced-1", "Priced", "m-0", touch=str(calls))
+    (tmp_path / "in.jsonl").write_text(json.dumps(record) + "\n")
+    rc = main(["run", "--input", str(tmp_path / "in.jsonl"), "--aggregates",
+               "tests.spark.deploy_domain", "--mongodb-uri", mongo_uri, "--database",
+               db.name, "--no-progress", "--json", "--shuffle-partitions", "2"])
+    out, err = capsys.readouterr()
+    assert rc == 1, err
+    assert calls.read_text().splitlines() == ["called"]  # one attempt: no retry
+    line = ("the handler of Meter for 'Priced' cannot import module "
+            "'aggbox_helper_never_shipped' (ModuleNotFoundError: No module named "
+            "'aggbox_helper_never_shipped')")
+    errors = [x for x in err.splitlines() if x.startswith("aggbox run:")]
+    assert len(errors) == 1 and errors[0].startswith(f"aggbox run: error: {line}"), err
+    obj = json.loads(out)  # --json: one object on stdout (item 7)
+    assert obj["exit_status"] == 1 and obj["error"].startswith(line)
+    assert db.deploy_meters.count_documents({}) == 0
+    assert db.aggbox_dead_letters.count_documents({}) == 0
+    assert db.aggbox_parked.count_documents({}) == 0
