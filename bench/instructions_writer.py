@@ -17,7 +17,8 @@ PER = 5
 NOW = datetime(2026, 1, 2, tzinfo=UTC)
 #: Component → what its loop does, per message (or per aggregate of ``PER`` messages).
 COMPONENTS = {
-    "parse": "JSON line → Message: the executor's parse (spark.records Rows + check_row)",
+    "parse": "JSON line → Message: the executor's parse (spark.executor.parse_rows; "
+             "native when the core is in use, AGGBOX_PURE=1: Python's)",
     "handlers": "the domain's handler functions alone (typed payloads parsed in set-up)",
     "dedup": "the Inbox strategy: payload hash, decide and record per message, changes",
     "outbox_ids": "emitted_message_id, one per message",
@@ -26,6 +27,7 @@ COMPONENTS = {
     "bson": "bson.encode of each update's document",
     "pymongo": "bulk_write_unordered of the updates, 500 per bulk (client side)",
     "writer": "StoreWriter.process, pipeline_depth=1: read, fold, write, outcomes",
+    "executor": "the mapInArrow function over the Arrow batch: parse, writer, outcome batch",
 }
 
 
@@ -48,6 +50,7 @@ def message_dicts(n_aggs: int, per: int) -> list[dict[str, Any]]:
 
 DERIVED = {
     "writer_own": "writer − handlers: the writer's instructions, handlers excluded",
+    "executor_own": "executor − handlers: the executor's Python per message (issue 41)",
     "fold_rest": "fold − handlers − dedup − outbox_ids: the fold's own steps",
 }
 
@@ -56,6 +59,8 @@ def derived(per_msg: dict[str, int]) -> dict[str, int]:
     out: dict[str, int] = {}
     if "writer" in per_msg and "handlers" in per_msg:
         out["writer_own"] = per_msg["writer"] - per_msg["handlers"]
+    if "executor" in per_msg and "handlers" in per_msg:
+        out["executor_own"] = per_msg["executor"] - per_msg["handlers"]
     if all(k in per_msg for k in ("fold", "handlers", "dedup", "outbox_ids")):
         out["fold_rest"] = (per_msg["fold"] - per_msg["handlers"] - per_msg["dedup"]
                             - per_msg["outbox_ids"])
@@ -107,19 +112,30 @@ def setup(n_max: int, uri: str | None, components: list[str]) -> dict[str, Any]:
     ctx["calls"] = _handler_calls(customers, messages)
     ctx["folded"] = [(snap, fold(customers, snap, msgs, now=NOW)) for snap, msgs in groups]
     ctx["ops"] = [build_update(customers, snap, res.changes) for snap, res in ctx["folded"]]
-    if {"pymongo", "writer"} & set(components):
+    if {"pymongo", "writer", "executor"} & set(components):
         ctx["client"] = client = _client(uri)
         ctx["db"] = db = _database(client)
         ctx["coll"] = db[customers.collection + "_raw"]
         ctx["writer"] = StoreWriter(db, registry, settings=AggboxSettings(
             database=db.name, pipeline_depth=1))
         ctx["writer"].ensure_indexes()
+        import spark.executor
+        from spark.executor import WriterTask
+
+        # The executor's task as the pipeline ships it (counts on the last row); its own
+        # database, so its aggregates are new as the writer's are; the quiet client above.
+        assert uri is not None
+        spark.executor._clients[uri] = client
+        ctx["task"] = WriterTask(uri, "aggbox.examples.orders",
+                                 {"database": db.name + "x", "pipeline_depth": 1},
+                                 stats=True)
     return ctx
 
 
 def teardown(ctx: dict[str, Any]) -> None:
     if "client" in ctx:
         ctx["client"].drop_database(ctx["db"].name)
+        ctx["client"].drop_database(ctx["db"].name + "x")
         ctx["client"].close()
 
 
@@ -142,12 +158,13 @@ def _handler_calls(atype: Any, messages: list[Any]) -> list[tuple[Any, tuple[Any
 def run(ctx: dict[str, Any], component: str, start: int, stop: int) -> None:
     """``component``'s loop over messages [start, stop) (whole aggregates)."""
     atype, g0, g1 = ctx["atype"], start // PER, stop // PER
-    if component == "parse":
-        from spark.records import Rows, check_row
+    if component == "parse":  # spark.executor._Partition.parse, dead letters aside
+        from spark.executor import parse_rows
+        from spark.records import Rows
 
-        rows = Rows(ctx["batch"].slice(start, stop - start))
-        for i in range(rows.count):
-            check_row(rows, i, ctx["max_payload"])
+        messages, failed = parse_rows(Rows(ctx["batch"].slice(start, stop - start)),
+                                      ctx["max_payload"])
+        assert len(messages) == stop - start, len(failed)
     elif component == "handlers":
         for fn, args in ctx["calls"][start:stop]:
             fn(*args)
@@ -188,6 +205,11 @@ def run(ctx: dict[str, Any], component: str, start: int, stop: int) -> None:
         ops = ctx["ops"][g0:g1]
         for i in range(0, len(ops), 500):
             bulk_write_unordered(ctx["coll"], ops[i:i + 500])
+    elif component == "executor":
+        from spark.executor import write_partition
+
+        out = write_partition(ctx["task"], iter([ctx["batch"].slice(start, stop - start)]))
+        assert sum(b.num_rows for b in out) == stop - start
     elif component == "writer":
         outcomes = ctx["writer"].process(ctx["messages"][start:stop])
         assert len(outcomes) == stop - start, len(outcomes)

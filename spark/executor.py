@@ -40,12 +40,13 @@ from aggregates.message.envelope import Message
 from aggregates.message.outcomes import Outcome
 from aggregates.store.deadletters import DeadLetterStore
 from aggregates.store.writer import StoreWriter, utc_now
-from spark.records import Ids, Rows, check_row
+from spark.records import Ids, Rows, check_row_exact
 from spark.results import SAMPLED
 from spark.schema import OUTCOME_COLUMNS, outcome_columns
 
-__all__ = ["DEPLOYMENT_FAILED", "STATS_COLUMN", "STATS_KEYS", "WriterTask",
-           "deployment_failure", "get_client", "get_registry", "with_stats", "write_partition"]
+__all__ = ["DEPLOYMENT_FAILED", "STATS_COLUMN", "STATS_KEYS", "Failed", "WriterTask",
+           "deployment_failure", "get_client", "get_registry", "parse_rows", "with_stats",
+           "write_partition"]
 
 _lock = threading.Lock()
 _clients: dict[str, Any] = {}
@@ -115,6 +116,33 @@ def _run_stamp(run: str | None) -> RunStamp | None:
                          f"{ctx.stageId()} (TID {ctx.taskAttemptId()})")
 
 
+#: A row without a message to write: its index, the message it may still have (a misrouted
+#: one keeps it), the reason, the detail and the ids its record names.
+Failed = tuple[int, Message | None, str | None, str | None, Ids]
+
+
+def parse_rows(rows: Rows, max_payload: int) -> tuple[list[Message], list[Failed]]:
+    """The batch's messages and its rows without one, as :func:`spark.records.check_row`
+    decides each row: the rows the batch's fast path proved are their messages as they are
+    (no call per row), any other is parsed on its own (``check_row_exact``)."""
+    rows.prove(max_payload)
+    proven = rows.proven
+    if None not in proven:  # every row proven: the common batch
+        return proven, []  # type: ignore[return-value]
+    messages: list[Message] = []
+    failed: list[Failed] = []
+    for row, msg in enumerate(proven):
+        if msg is not None:
+            messages.append(msg)
+            continue
+        msg, reason, detail, ids = check_row_exact(rows, row, max_payload)
+        if reason is None and msg is not None:
+            messages.append(msg)
+        else:
+            failed.append((row, msg, reason, detail, ids))
+    return messages, failed
+
+
 class _Partition:
     """State of one partition's run through the writer."""
 
@@ -135,19 +163,11 @@ class _Partition:
 
     # -- one Arrow batch → messages and dead letters --------------------------------------
     def parse(self, batch: Any) -> tuple[list[Message], list[tuple[DeadLetter, Outcome]]]:
-        """Each row becomes a message or a dead letter (:func:`spark.records.check_row`)."""
+        """Each row becomes a message or a dead letter (:func:`parse_rows`)."""
         rows = Rows(batch)
-        max_payload = self.settings.max_payload_bytes
-        messages: list[Message] = []
-        dead: list[tuple[DeadLetter, Outcome]] = []
         self.dead_types = {}
-        for row in range(rows.count):
-            msg, reason, detail, ids = check_row(rows, row, max_payload)
-            if reason is None and msg is not None:
-                messages.append(msg)
-            else:
-                dead.append(self._dead_letter(rows, row, msg, reason, detail, ids))
-        return messages, dead
+        messages, failed = parse_rows(rows, self.settings.max_payload_bytes)
+        return messages, [self._dead_letter(rows, *f) for f in failed]
 
     def _dead_letter(self, rows: Rows, row: int, msg: Message | None, reason: str | None,
                      detail: str | None, ids: Ids) -> tuple[DeadLetter, Outcome]:

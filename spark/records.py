@@ -33,18 +33,28 @@ from aggregates.message.envelope import (
 from aggregates.message.fastbatch import fast_messages
 from aggregates.wire import cloudevents
 from spark.messages import fast_message, json_loads, with_record_trace
-from spark.sources import CE_HEADER_COLUMN
+from spark.rawtext import decode_record, native_column
+from spark.sources import CE_HEADER_COLUMN, TRACE_HEADER_COLUMNS
 
 __all__ = ["Ids", "Rows", "check_row", "check_row_exact"]
 
 class Rows:
     """One Arrow batch's columns as Python lists; the optional columns (Kafka record
     headers, binary-mode CloudEvent headers) read as None when the source has none; any
-    other column (Spark's routing text) is not read."""
+    other column (Spark's routing text) is not read. With the native parse,
+    ``_raw`` is a :class:`spark.rawtext.RawColumn`: a row's text is made only for the rows
+    the parse leaves to Python (and when asked for)."""
 
     def __init__(self, batch: Any) -> None:
-        cols, self.bad_encoding = _columns(batch)
-        self.raw: list[Any] = cols["_raw"]
+        self._column = native_column(batch)
+        self.raw: Any
+        if self._column is None:
+            cols, self._bad = _columns(batch)
+            self.raw = cols["_raw"]
+        else:
+            cols = {name: _column(batch.column(name)) for name in batch.schema.names
+                    if name in _READ}
+            self.raw = self._column
         self.reason: list[Any] = cols["_reason"]
         self.detail: list[Any] = cols["_detail"]
         self.count = len(self.raw)
@@ -57,18 +67,32 @@ class Rows:
         self.proven: list[Message | None] = []
         self.proven_for: int | None = None
 
+    @property
+    def bad_encoding(self) -> dict[int, str]:
+        """The rows whose ``_raw`` is not valid UTF-8 → the ``invalid_encoding`` detail."""
+        return self._bad if self._column is None else self._column.bad_encoding
+
     def prove(self, max_payload: int) -> None:
         """:attr:`proven` for the whole batch at once
-        (:func:`aggregates.message.fastbatch.fast_messages`), for the rows whose outcome is
-        their record's alone: no reason from Spark, valid UTF-8, no record headers that
-        could change the envelope (trace context, binary-mode CloudEvent). Such a row's
-        ``check_row`` is its message, exactly as the row's own parse builds it."""
+        (:func:`aggregates.message.fastbatch.fast_messages`, or the native parse), for the
+        rows whose outcome is their record's alone: no reason from Spark, valid UTF-8, no
+        record headers that could change the envelope (trace context, binary-mode
+        CloudEvent). Such a row's ``check_row`` is its message, exactly as the row's own
+        parse builds it."""
         n = self.count
+        plain = (self.reason.count(None) == n and self.detail.count(None) == n
+                 and (self._traceparent is None or self._traceparent.count(None) == n)
+                 and (self._binary is None or self._binary.count(None) == n))
+        if self._column is not None:  # the native parse leaves bad UTF-8 to Python itself
+            skip = None if plain else [
+                self.reason[i] is not None or self.detail[i] is not None
+                or self.traceparent(i) is not None or self.binary(i) is not None
+                for i in range(n)]
+            self.proven = self._column.prove(max_payload, skip)
+            self.proven_for = max_payload
+            return
         lines: list[Any] = self.raw
-        if not (self.reason.count(None) == n and self.detail.count(None) == n
-                and not self.bad_encoding
-                and (self._traceparent is None or self._traceparent.count(None) == n)
-                and (self._binary is None or self._binary.count(None) == n)):
+        if not (plain and not self.bad_encoding):
             lines = [raw if self.reason[i] is None and self.detail[i] is None
                      and i not in self.bad_encoding and self.traceparent(i) is None
                      and self.binary(i) is None else None for i, raw in enumerate(lines)]
@@ -166,16 +190,34 @@ def _columns(batch: Any) -> tuple[dict[str, list[Any]], dict[int, str]]:
             if b is None:
                 values.append(None)
                 continue
-            try:
-                values.append(b.decode("utf-8"))
-            except UnicodeDecodeError as exc:
-                values.append(b.decode("utf-8", "backslashreplace"))
-                if name == "_raw":
-                    bad[i] = (f"the record is not valid UTF-8: byte 0x{b[exc.start]:02x} at "
-                              f"byte offset {exc.start} ({exc.reason}); fix the producer's "
-                              "encoding")
+            text, detail = decode_record(b)
+            values.append(text)
+            if detail is not None and name == "_raw":
+                bad[i] = detail
         cols[name] = values
     return cols, bad
+
+
+#: The columns :class:`Rows` reads besides ``_raw`` (the native parse reads that one).
+_READ = frozenset({"_reason", "_detail", *TRACE_HEADER_COLUMNS, CE_HEADER_COLUMN})
+
+
+def _column(arr: Any) -> list[Any]:
+    """One column (not ``_raw``) as a list, as :func:`_columns` reads it."""
+    n = len(arr)
+    if arr.null_count == n:
+        return [None] * n
+    try:
+        values: list[Any] = arr.to_pylist()
+    except UnicodeDecodeError:
+        import pyarrow as pa
+
+        if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+            raise
+        binary = pa.large_binary() if pa.types.is_large_string(arr.type) else pa.binary()
+        values = [None if b is None else decode_record(b)[0]
+                  for b in arr.cast(binary).to_pylist()]
+    return values
 
 
 #: Ids of an outcome row: (message id, aggregate type, aggregate id, message type).

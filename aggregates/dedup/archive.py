@@ -100,23 +100,30 @@ class InboxArchive(RecordArchive):
             if expire is not None:
                 doc["x"] = expire if store_now is None else store_now + (expire - now)
             docs.append(doc)
-        if docs:
-            try:
-                self.coll.insert_many(docs, ordered=False)
-            except BulkWriteError as exc:
-                labels = error_labels(exc)
-                wc = exc.details.get("writeConcernErrors") or []
-                if wc:
-                    raise StoreError(f"write concern not satisfied on {self.coll.name}; the "
-                                     "batch fails so it is retried",
-                                     code=_code(wc[0]), labels=labels) from exc
-                others = [e for e in exc.details.get("writeErrors", [])
-                          if e.get("code") != DUPLICATE_KEY]
-                if others:
-                    raise StoreError(f"archiving inbox ids in {self.coll.name} failed: code "
-                                     f"{others[0].get('code')}: {others[0].get('errmsg')}",
-                                     code=_code(others[0]), labels=labels) from exc
+        self.insert_documents(docs)
         return len(docs)
+
+    def insert_documents(self, docs: Sequence[Any]) -> None:
+        """Store archive documents as :meth:`write` builds them (dicts, or their BSON as
+        ``RawBSONDocument``s: the batch fold's, aggregates/store/native_pass.py). An id
+        archived before is a duplicate key: already there, ignored."""
+        if not docs:
+            return
+        try:
+            self.coll.insert_many(docs, ordered=False)
+        except BulkWriteError as exc:
+            labels = error_labels(exc)
+            wc = exc.details.get("writeConcernErrors") or []
+            if wc:
+                raise StoreError(f"write concern not satisfied on {self.coll.name}; the "
+                                 "batch fails so it is retried",
+                                 code=_code(wc[0]), labels=labels) from exc
+            others = [e for e in exc.details.get("writeErrors", [])
+                      if e.get("code") != DUPLICATE_KEY]
+            if others:
+                raise StoreError(f"archiving inbox ids in {self.coll.name} failed: code "
+                                 f"{others[0].get('code')}: {others[0].get('errmsg')}",
+                                 code=_code(others[0]), labels=labels) from exc
 
     def lookup(self, pairs: Sequence[tuple[str, str]]) -> dict[str, dict[str, str | None]]:
         """Which of ``(aggregate_id, message_id)`` are archived: aggregate id → message id →

@@ -18,20 +18,32 @@ exact path decides the line and names its failure), at a fraction of the cost pe
 
 ``tests/spark/test_records_fastpath.py`` holds the executor's outcomes equal with and
 without this path on the fuzz test's lines and hostile envelopes.
+
+The native core (native/src/envelope.rs, when :data:`aggregates.core.ids.NATIVE`) proves
+the common envelope — its optional fields too — straight from an Arrow column's buffers
+(:func:`native_prove`, used by :mod:`spark.records`); the lines it leaves go through
+:func:`fast_messages`. ``tests/aggregates/test_envelope_native.py`` holds its messages equal
+to Python's on the same corpus.
 """
 
 from __future__ import annotations
 
 import gc
+import importlib
+import json
 import sys
-from collections.abc import Sequence
+from array import array
+from collections.abc import Callable, Sequence
 from typing import Any, Final
 
-from aggregates.message.envelope import MAX_ID_LENGTH, MAX_RECORD_DEPTH, Message
+from aggregates.core import ids
+from aggregates.core.gcpause import gc_paused
+from aggregates.message.envelope import MAX_ID_LENGTH, MAX_RECORD_DEPTH, Message, Source
 from aggregates.message.fastpath import (
     _BSON_PER_CHAR,
     _INT64_MAX,
     _INT64_MIN,
+    _MESSAGE_SLOTS,
     _SHORT_LINE,
     _checked,
     _fromisoformat,
@@ -44,7 +56,7 @@ from aggregates.message.fastpath import (
     plain_payload,
 )
 
-__all__ = ["fast_messages"]
+__all__ = ["NATIVE_PROVE", "fast_messages", "native_lines", "native_prove"]
 
 #: Longest line parsed here when no payload limit bounds it (1 MiB).
 _MAX_FAST_CHARS: Final = 1 << 20
@@ -200,3 +212,80 @@ def _common(d: dict[str, Any], keys_ok: bool, bare: bool, short: bool) -> Messag
     msg: Message = o
     return msg
 
+
+
+# -- the native parse --------------------------------------------------------------------------
+#: ``(proven, texts, bad, left)`` of one Arrow string column (see :func:`native_prove`).
+NativeResult = tuple[list[Message | None], list[str | None], list[tuple[int, bytes]], list[int]]
+#: A line every field of which the native parse builds: checked against Python's message
+#: when the core is loaded.
+_PROBE: Final = (
+    '{"message_id":"m\\u00e9","type":"T","aggregate_type":"A","aggregate_id":"a",'
+    '"payload":{"k":[1,-2.5e-3,"s\\n",null,true,{"x":{}}],"k":0,"big":-9223372036854775808},'
+    '"occurred_at":"2026-01-02T03:04:05.678901Z","source":{"type":"S","id":"s","seq":3},'
+    '"correlation_id":"c","causation_id":"d","headers":{"h":"v"},"schema_version":2}')
+
+
+def _native_prove() -> Callable[..., NativeResult] | None:
+    """``_aggbox_native.prove_envelopes`` when the native core is in use
+    (:data:`aggregates.core.ids.NATIVE`: importable, ``AGGBOX_PURE`` not set) and builds
+    for :data:`_PROBE` exactly the message Python builds; else None (the Python path)."""
+    if not ids.NATIVE:
+        return None
+    core = importlib.import_module("_aggbox_native")
+    prove: Callable[..., NativeResult] | None = getattr(core, "prove_envelopes", None)
+    if prove is None:  # a core built before the parse existed: the Python path
+        return None
+    try:  # Message's layout is read from its slots' descriptors
+        core.envelope_init(Message, _MESSAGE_SLOTS, Source, ("type", "id", "seq"))
+    except (TypeError, ValueError):  # not plain slots (e.g. compiled): the Python path
+        return None  # (tests/aggregates/test_envelope_native.py fails on it)
+    got = native_lines(prove, [_PROBE], 0)[0]
+    want = Message.from_dict(json.loads(_PROBE), max_payload_bytes=0)
+    same = type(got) is Message and all(
+        repr(getattr(got, n)) == repr(getattr(want, n)) for n in _MESSAGE_SLOTS)
+    return prove if same else None
+
+
+def native_prove(data: Any, offsets: Any, validity: Any, offset: int, length: int, large: bool,
+                 max_payload_bytes: int, skip: list[bool] | None) -> NativeResult:
+    """One Arrow string column (its ``data``, ``offsets`` and ``validity`` buffers, the
+    array's ``offset`` and ``length``; ``large``: 64-bit offsets) parsed by the native core:
+    ``(proven, texts, bad, left)`` — each row's message, as :func:`fast_messages` builds it,
+    or None; each row's ``str`` where it has no message (None: proven, null, or not UTF-8);
+    the rows that are not valid UTF-8 as ``(row, bytes)``; the rows neither proven nor
+    skipped (``skip[row]``: not to be parsed here) — which then went through
+    :func:`fast_messages`, their message set in ``proven`` where it proved one. Only when
+    :data:`NATIVE_PROVE` is set."""
+    assert NATIVE_PROVE is not None
+    with gc_paused():  # the batch's new objects hold no cycle (see fast_messages)
+        proven, texts, bad, left = NATIVE_PROVE(data, offsets, validity, offset, length, large,
+                                                max_payload_bytes, skip)
+        if left:
+            for row, msg in zip(left, _loop([texts[i] for i in left], max_payload_bytes),
+                                strict=True):
+                if msg is not None:
+                    proven[row] = msg
+    return proven, texts, bad, left
+
+
+def native_lines(prove: Callable[..., NativeResult], lines: Sequence[str | None],
+                 max_payload_bytes: int) -> list[Message | None]:
+    """What ``prove`` (the native parse alone: no :func:`fast_messages` after it) proves of
+    ``lines`` (None: a null row; lone surrogates are written as UTF-8 would, so such a line
+    is no valid UTF-8), as one column."""
+    data = [b"" if x is None else x.encode("utf-8", "surrogatepass") for x in lines]
+    ends = array("q", [0])
+    for b in data:
+        ends.append(ends[-1] + len(b))
+    valid = bytearray((len(lines) + 7) // 8)
+    for i, x in enumerate(lines):
+        if x is not None:
+            valid[i >> 3] |= 1 << (i & 7)
+    proven: list[Message | None] = prove(b"".join(data), ends, bytes(valid), 0, len(lines),
+                                         True, max_payload_bytes, None)[0]
+    return proven
+
+
+#: The native parse (``_aggbox_native.prove_envelopes``), or None: the Python path only.
+NATIVE_PROVE: Final = _native_prove()

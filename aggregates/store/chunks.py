@@ -54,13 +54,26 @@ def chunks(messages: Iterable[Message], registry: Registry, settings: AggboxSett
     max_aggs, max_msgs = s.chunk_aggregates, s.chunk_messages
     hot = max_msgs * 4
     known: dict[str, AggregateType[Any]] = {}
+    # The input is usually grouped by aggregate (the pipeline sorts it): a message of the
+    # aggregate just seen joins its work without building its key.
+    last_type: str | None = None
+    last_id: str | None = None
+    work: Work | None = None
     for msg in messages:
+        if work is not None and msg.aggregate_id == last_id and msg.aggregate_type == last_type:
+            work.messages.append(msg)
+            n += 1
+            if n >= hot:
+                yield list(chunk.values()), pending_dead, events
+                chunk, pending_dead, events, n, work = {}, [], [], 0, None
+            continue
         atype = known.get(msg.aggregate_type)
         if atype is None:
             try:
                 atype = known[msg.aggregate_type] = registry.get(msg.aggregate_type)
             except UnknownAggregateType as exc:
                 _unknown(msg, exc, events, pending_dead)
+                work = None
                 continue
         key = (atype.name, msg.aggregate_id)
         work = chunk.get(key)
@@ -69,12 +82,13 @@ def chunks(messages: Iterable[Message], registry: Registry, settings: AggboxSett
                 yield list(chunk.values()), pending_dead, events
                 chunk, pending_dead, events, n = {}, [], [], 0
             work = chunk[key] = Work(atype, msg.aggregate_id)
+        last_type, last_id = msg.aggregate_type, msg.aggregate_id
         work.messages.append(msg)
         n += 1
         if n >= hot:
             # A hot aggregate: do not buffer without bound waiting for its end.
             yield list(chunk.values()), pending_dead, events
-            chunk, pending_dead, events, n = {}, [], [], 0
+            chunk, pending_dead, events, n, work = {}, [], [], 0, None
     if chunk or pending_dead or events:
         yield list(chunk.values()), pending_dead, events
 

@@ -33,7 +33,7 @@ from aggregates.store.chunks import Work
 from aggregates.store.parking import ParkedStore
 from aggregates.store.update import WriteOp, build_update
 
-__all__ = ["CollectionPass", "PassContext", "PassResult", "WriterStats"]
+__all__ = ["CollectionPass", "PassContext", "PassResult", "Pending", "WriterStats"]
 
 log = logging.getLogger("aggbox.writer")
 
@@ -47,6 +47,10 @@ class WriterStats:
     read_s: float = 0.0
     fold_s: float = 0.0
     write_s: float = 0.0
+    #: Slices folded by the native core / by the definition (docs/design.md "The batch
+    #: fold").
+    native_slices: int = 0
+    definition_slices: int = 0
 
     def merge(self, other: WriterStats) -> None:
         for name in self.__slots__:
@@ -96,11 +100,13 @@ class PassResult:
 
 
 @dataclass(frozen=True, slots=True)
-class _Pending:
+class Pending:
     """One aggregate's slice folded in this round, with the write that stores it."""
 
     work: Work
-    result: FoldResult
+    #: The fold's result: a FoldResult, or the native core's (read the same way:
+    #: aggregates/store/native_pass.py)
+    result: Any
     size: int  # messages in the slice
 
 
@@ -115,7 +121,7 @@ class CollectionPass:
         self.now = now
         self.ctx = ctx
         self.result = PassResult()
-        self.snaps: dict[str, Snapshot] = {}
+        self.snaps: dict[str, Any] = {}
 
     def run(self) -> PassResult:
         st = self.result.stats
@@ -148,15 +154,19 @@ class CollectionPass:
             w.parked = parked.get(w.aggregate_id, [])
         self._lookup(self.works)
 
-    def _read(self, ids: list[str]) -> dict[str, Snapshot]:
+    def _read(self, ids: list[str]) -> dict[str, Any]:
         found = {d["_id"]: d for d in self.coll.find({"_id": {"$in": ids}})}
-        snaps = {i: snapshot_from_document(found.get(i), i) for i in ids}
-        stamp, claims, name = self.ctx.run, self.ctx.claims, self.coll.name
-        for i, snap in snaps.items():
-            stored = found[i].get(F_RUN) if i in found else None
-            if stamp is not None or stored is not None:  # run stamps (aggregates.dedup.runs)
-                snap.dedup.run = read_run(stored, stamp, claims.get((name, i)))
-        return snaps
+        return {i: self._snapshot(i, found.get(i)) for i in ids}
+
+    def _snapshot(self, aggregate_id: str, doc: dict[str, Any] | None) -> Snapshot:
+        """The snapshot of a document as read (None: missing), with its run stamp."""
+        snap = snapshot_from_document(doc, aggregate_id)
+        stored = doc.get(F_RUN) if doc is not None else None
+        stamp = self.ctx.run
+        if stamp is not None or stored is not None:  # run stamps (aggregates.dedup.runs)
+            snap.dedup.run = read_run(stored, stamp,
+                                      self.ctx.claims.get((self.coll.name, aggregate_id)))
+        return snap
 
     def _reread(self, works: list[Work]) -> None:
         self.snaps.update(self._read([w.aggregate_id for w in works]))
@@ -171,47 +181,66 @@ class CollectionPass:
             return
         pairs: list[tuple[str, str]] = []
         for w in works:
-            rec, strategy = self.snaps[w.aggregate_id].dedup, w.atype.dedup
-            if not strategy.may_need_lookup(rec):
-                continue
-            for m in w.messages[w.pos:]:
-                if strategy.needs_lookup(rec, m):
-                    pairs.append((w.aggregate_id, m.message_id))
-            for p in w.parked:
-                if strategy.needs_lookup(rec, p.message):
-                    pairs.append((w.aggregate_id, p.message.message_id))
+            pairs.extend(self._pairs(w, self.snaps[w.aggregate_id]))
         found, tags = self.archive.lookup_tagged(pairs) if pairs else ({}, {})
         for w in works:
             self.snaps[w.aggregate_id].dedup.looked_up(found.get(w.aggregate_id, {}),
                                                        tags.get(w.aggregate_id))
 
+    @staticmethod
+    def _pairs(w: Work, snap: Snapshot) -> list[tuple[str, str]]:
+        """The (aggregate, message) pairs of ``w`` the archive must be asked about."""
+        rec, strategy = snap.dedup, w.atype.dedup
+        if not strategy.may_need_lookup(rec):
+            return []
+        pairs = [(w.aggregate_id, m.message_id) for m in w.messages[w.pos:]
+                 if strategy.needs_lookup(rec, m)]
+        pairs.extend((w.aggregate_id, p.message.message_id) for p in w.parked
+                     if strategy.needs_lookup(rec, p.message))
+        return pairs
+
     # -- one round --------------------------------------------------------------------
-    def _fold_round(self, active: dict[str, Work]) -> list[_Pending]:
+    def _fold_round(self, active: dict[str, Work]) -> list[Pending]:
         """Fold each active aggregate's next slice; settle (and retire) the ones that need
         no write; return the ones that do."""
         s = self.ctx.settings
-        pending: list[_Pending] = []
+        pending: list[Pending] = []
         for w in list(active.values()):
-            batch = w.messages[w.pos:w.pos + s.slice_messages]
-            res = fold(w.atype, self.snaps[w.aggregate_id], batch, now=self.now,
-                       parked=w.parked, max_document_bytes=s.max_document_bytes,
-                       attempt=w.conflicts + 1)
+            n = min(s.slice_messages, len(w.messages) - w.pos)
+            res = self._fold(w, n)
             if res.changes.empty:
-                self._settle(w, res, len(batch))
+                self._settle(w, res, n)
                 if w.done:
                     del active[w.aggregate_id]
             else:
-                pending.append(_Pending(w, res, len(batch)))
+                pending.append(Pending(w, res, n))
         return pending
 
-    def _write(self, pending: list[_Pending]) -> list[WriteError]:
+    def _fold(self, w: Work, n: int) -> Any:
+        """The fold of ``w``'s next ``n`` messages (the definition; the batch fold's pass
+        folds natively where it can: :mod:`aggregates.store.native_pass`)."""
+        s = self.ctx.settings
+        self.result.stats.definition_slices += 1
+        return fold(w.atype, self.snaps[w.aggregate_id], w.messages[w.pos:w.pos + n],
+                    now=self.now, parked=w.parked, max_document_bytes=s.max_document_bytes,
+                    attempt=w.conflicts + 1)
+
+    def _op(self, p: Pending) -> Any:
+        """The conditional write of a folded slice."""
+        return build_update(p.work.atype, self.snaps[p.work.aggregate_id], p.result.changes)
+
+    def _evicted(self, p: Pending) -> Sequence[Any]:
+        """The dedup entries leaving the document with ``p``'s write."""
+        res: FoldResult = p.result
+        return res.changes.dedup.archive
+
+    def _write(self, pending: list[Pending]) -> list[WriteError]:
         """Archive what leaves the documents, then send the round's conditional writes."""
-        ops = [build_update(p.work.atype, self.snaps[p.work.aggregate_id], p.result.changes)
-               for p in pending]
+        ops = [self._op(p) for p in pending]
         if self.archive is not None:
             # Ids leaving the dedup record are archived before the write that evicts them.
             self.archive.write([(p.work.aggregate_id, e) for p in pending
-                                for e in p.result.changes.dedup.archive], now=self.now,
+                                for e in self._evicted(p)], now=self.now,
                                store_now=self.ctx.store_now)
         if self.ctx.before_write is not None:
             self.ctx.before_write(ops)
@@ -220,7 +249,7 @@ class CollectionPass:
             self.ctx.fault("after_write")
         return errors
 
-    def _after_write(self, pending: list[_Pending], errors: list[WriteError],
+    def _after_write(self, pending: list[Pending], errors: list[WriteError],
                      active: dict[str, Work]) -> list[Work]:
         """Settle the written slices; return the aggregates to re-read and fold again."""
         conflicted, transient = self._classify(errors)
@@ -244,9 +273,8 @@ class CollectionPass:
                                                    f"{w.transient - 1} retries)")
                 retry.append(w)
             else:
-                p.result.snapshot.version += 1
                 w.conflicts = w.transient = 0  # the retry budgets are for failures in a row
-                self._settle(w, p.result, p.size)
+                self._written(p)
                 if w.done:
                     del active[w.aggregate_id]
         return retry
@@ -274,10 +302,16 @@ class CollectionPass:
         self.ctx.sleep(delay_ms / 1000.0)
 
     # -- settling ---------------------------------------------------------------------
+    def _written(self, p: Pending) -> None:
+        """Settle a slice whose write succeeded."""
+        p.result.snapshot.version += 1
+        self._settle(p.work, p.result, p.size)
+
     def _settle(self, w: Work, res: FoldResult, n: int) -> None:
         """Accept a fold whose write succeeded (or that needed none)."""
-        self.snaps[w.aggregate_id] = res.snapshot
-        run = res.snapshot.dedup.run
+        snap = res.snapshot
+        self.snaps[w.aggregate_id] = snap
+        run = snap.dedup.run if isinstance(snap, Snapshot) else None
         if run is not None and run.claimed:
             self.ctx.claims[(self.coll.name, w.aggregate_id)] = run.claimed
         w.pos += n

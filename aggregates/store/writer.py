@@ -40,6 +40,8 @@ from aggregates.message.envelope import Message
 from aggregates.message.outcomes import Outcome
 from aggregates.store.chunks import Work, chunks
 from aggregates.store.deadletters import DeadLetterStore
+from aggregates.store.native_pass import NativePass
+from aggregates.store.nativefold import spec_of
 from aggregates.store.parking import ParkedStore
 from aggregates.store.tracing import chunk_trace, tracer
 from aggregates.store.update import WriteOp, build_update
@@ -72,6 +74,7 @@ class StoreWriter:
         fault: Callable[[str], None] | None = None,
         run: RunStamp | None = None,
         store_clock: Callable[[], datetime] | None = None,
+        native: bool = True,
     ) -> None:
         self.db = db
         self.registry = registry
@@ -90,6 +93,10 @@ class StoreWriter:
         #: expiry is put as far ahead of it as of ``clock``. ``None``: ``clock`` (both are
         #: the wall clock in production); a test with a fixed clock passes ``utc_now``.
         self.store_clock = store_clock
+        #: Fold with the native core where it can (docs/design.md "The batch fold"): on a
+        #: MongoDB server (it reads and writes BSON; not the in-memory test double). False:
+        #: the definition alone (the same writes and outcomes, slower).
+        self.native = native and isinstance(db, Database)
         self._claims: dict[tuple[str, str], set[str]] = {}
         self.dead_letters = DeadLetterStore(db, collection=self.settings.dead_letter_collection)
         self.parking = ParkedStore(db, collection=self.settings.parked_collection)
@@ -218,9 +225,13 @@ class StoreWriter:
         side: dict[str, tuple[list[Parked], list[tuple[str, str]]]] = {}
         for cname, cworks in by_coll.items():
             atype = cworks[0].atype
-            res = CollectionPass(self.db[cname], cworks,
-                                 atype.dedup.archive(self.db, atype.collection),
-                                 now=now, ctx=ctx).run()
+            archive = atype.dedup.archive(self.db, atype.collection)
+            spec = spec_of(atype) if self.native else None
+            if spec is not None:  # the batch fold (aggregates/store/native_pass.py)
+                res = NativePass(self.db[cname], cworks, archive, now=now, ctx=ctx,
+                                 spec=spec).run()
+            else:
+                res = CollectionPass(self.db[cname], cworks, archive, now=now, ctx=ctx).run()
             outcomes.extend(res.outcomes)
             dead = dead + res.dead_letters
             side[cname] = (res.parked, res.released)

@@ -9,6 +9,14 @@
 //! it call the Python definition registered with `init`, which also raises what Python
 //! raises (circular references, unencodable names).
 
+mod bsonw;
+mod fold;
+mod slots;
+mod snap;
+mod values;
+mod write;
+mod envelope;
+
 use std::io::Write;
 use std::ptr::addr_of_mut;
 use std::sync::OnceLock;
@@ -218,7 +226,7 @@ unsafe fn encode_int(out: &mut Vec<u8>, o: *mut ffi::PyObject) -> bool {
     ok
 }
 
-fn push_i64(out: &mut Vec<u8>, v: i64) {
+pub(crate) fn push_i64(out: &mut Vec<u8>, v: i64) {
     let mut buf = [0u8; 20];
     let mut i = buf.len();
     let mut u = v.unsigned_abs();
@@ -369,7 +377,7 @@ fn blake2b_6(data: &[u8]) -> [u8; 6] {
     d
 }
 
-fn hash_one<'py>(py: Python<'py>, payload: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+pub(crate) fn hash_one<'py>(py: Python<'py>, payload: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
     match canonical(payload) {
         Some(json) => {
             let mut hex = Vec::with_capacity(12);
@@ -404,7 +412,7 @@ fn canonical_json<'py>(py: Python<'py>, value: &Bound<'py, PyAny>) -> Option<Bou
 
 // ---------------------------------------------------------------- uuid5 ids
 
-fn uuid5_str(out: &mut Vec<u8>, namespace: &[u8], name: &[u8]) {
+pub(crate) fn uuid5_str(out: &mut Vec<u8>, namespace: &[u8], name: &[u8]) {
     let mut h = Sha1::new();
     Digest::update(&mut h, namespace);
     Digest::update(&mut h, name);
@@ -570,5 +578,7 @@ fn _aggbox_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(emitted_message_ids, m)?)?;
     m.add_function(wrap_pyfunction!(uuid5, m)?)?;
     m.add_function(wrap_pyfunction!(noop, m)?)?;
+    fold::register(m)?;
+    envelope::register(m)?;
     Ok(())
 }

@@ -19,8 +19,8 @@ FLOORS: dict[str, int] = {
     # the live counts of a run, which kind of session (classic or Connect)
     "settings": 0, "schema": 0, "results": 0, "messages": 0, "order": 0,
     "metrics_export": 0, "live": 0, "connect": 0,
-    # sources of messages; shipping Python files to the executors
-    "sources": 1, "pyfiles": 1,
+    # sources of messages; shipping Python files to the executors; the raw column, natively
+    "sources": 1, "pyfiles": 1, "rawtext": 1,
     # the session; validation; rows → records
     "session": 2, "validate": 2, "records": 2,
     # progress reports, the executors' side, streaming micro-batches

@@ -1,11 +1,13 @@
 """The executor's batch fast path (spark/records.py ``Rows.prove``, built on
-aggregates/message/fastbatch.py ``fast_messages``) changes no outcome: for every row of a
-batch, ``check_row`` returns exactly what ``check_row_exact`` (the row's own parse and
-checks) returns, and what that returns with ``Message.from_dict`` alone deciding — the
-same message, or the same reason with the same detail and ids — on valid envelopes, the
-fuzz test's hostile lines (invalid UTF-8, lone surrogates, NaN and Infinity, out-of-range
+aggregates/message/fastbatch.py ``fast_messages``, or on the native parse of the Arrow
+column when the native core is in use) changes no outcome: for every row of a batch,
+``check_row`` returns exactly what ``check_row_exact`` (the row's own parse and checks)
+returns, and what that returns with ``Message.from_dict`` alone deciding — the same
+message, or the same reason with the same detail and ids — on valid envelopes, the fuzz
+test's hostile lines (invalid UTF-8, lone surrogates, NaN and Infinity, out-of-range
 numbers, deep nesting, huge values, ids with ``/ $ .``), Spark's reasons and Kafka trace
-headers. No Spark, no MongoDB."""
+headers; and the rows read natively (``Rows.raw`` made lazily, sliced arrays, large
+strings) are the rows the Python path reads, outcome for outcome. No Spark, no MongoDB."""
 
 from __future__ import annotations
 
@@ -23,9 +25,10 @@ from hypothesis import strategies as st
 
 from aggregates.core.reasons import Reason
 from aggregates.message.envelope import MAX_RECORD_DEPTH, json_depth
-from aggregates.message.fastbatch import _SAFE_RECURSION
+from aggregates.message.fastbatch import _SAFE_RECURSION, NATIVE_PROVE
 from aggregates.message.fastpath import _plain
 from spark import records
+from spark.rawtext import RawColumn
 from spark.records import Rows, check_row, check_row_exact
 from tests.aggregates.test_envelope_fastpath import envelopes
 from tests.hypo import examples
@@ -103,6 +106,25 @@ def strict(rows: Rows, row: int, limit: int) -> Any:
         return check_row_exact(rows, row, limit)
 
 
+def python_rows(b: Any) -> Rows:
+    """``Rows(b)`` read by the Python path (``to_pydict``), native core or not."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(records, "native_column", lambda _: None)
+        return Rows(b)
+
+
+def variant(b: Any, rng: random.Random) -> Any:
+    """The batch as it is, sliced (an offset into the Arrow buffers) or with ``_raw`` as a
+    large string: the same rows for the native parse."""
+    how = rng.choice(["as is", "sliced", "large"])
+    if how == "sliced":  # one row more in front, sliced off: the same rows at offset 1
+        return pa.concat_batches([b.slice(0, 1), b]).slice(1)
+    if how == "large":
+        i = b.schema.get_field_index("_raw")
+        return b.set_column(i, "_raw", b.column(i).cast(pa.large_string()))
+    return b
+
+
 def assert_same(lines: Sequence[bytes | str], seed: int) -> int:
     """Every row's outcome equal both ways, for each payload limit; how many rows the fast
     path proved (each such record within the depth limit, as its exact parse checks)."""
@@ -110,12 +132,15 @@ def assert_same(lines: Sequence[bytes | str], seed: int) -> int:
     proven = 0
     for limit in LIMITS:
         b = batch(lines, rng, spark_reasons=rng.random() < 0.5, trace=rng.random() < 0.3)
-        fast, exact = Rows(b), Rows(b)
+        b = variant(b, rng)
+        fast, exact, python = Rows(b), Rows(b), python_rows(b)
         for i in range(fast.count):
             got = outcome(check_row(fast, i, limit))
             assert got == outcome(check_row_exact(exact, i, limit)) == outcome(
-                strict(exact, i, limit)), (
+                strict(exact, i, limit)) == outcome(check_row(python, i, limit)), (
                 f"row {i} (seed {seed}, limit {limit}): {lines[i]!r:.300}")
+        assert fast.bad_encoding == exact.bad_encoding == python.bad_encoding
+        assert [fast.raw[i] for i in range(fast.count)] == python.raw
         for i, msg in enumerate(fast.proven):
             if msg is not None:
                 proven += 1
@@ -163,9 +188,26 @@ def test_the_common_lines_take_the_batch_fast_path() -> None:
     lines = [json.dumps({"message_id": f"m{n}", "type": "T", "aggregate_type": "A",
                          "aggregate_id": "a", "payload": {"k": n, "s": "v", "f": 1.5},
                          "occurred_at": rng.choice(GOOD_AT[:3])}) for n in range(50)]
-    rows = Rows(batch(lines, rng, spark_reasons=False, trace=False))
-    check_row(rows, 0, 512 * 1024)
-    assert all(m is not None for m in rows.proven)
+    for b in (batch(lines, rng, spark_reasons=False, trace=False),):
+        rows = Rows(b)
+        check_row(rows, 0, 512 * 1024)
+        assert all(m is not None for m in rows.proven)
+        if NATIVE_PROVE is not None:  # read from the Arrow buffers: no str made for a row
+            assert isinstance(rows.raw, RawColumn) and rows.raw._texts == [None] * 50
+        else:
+            assert rows.raw == lines
+
+
+def test_the_variants_read_the_buffers_at_an_offset_and_as_large_strings() -> None:
+    rng = random.Random(3)
+    b = batch([common(rng, n) for n in range(20)], rng, spark_reasons=False, trace=False)
+    kinds = set()
+    for seed in range(40):
+        v = variant(b, random.Random(seed))
+        raw = v.column("_raw")
+        kinds.add((raw.offset, str(raw.type)))
+        assert v.to_pydict() == b.to_pydict()
+    assert kinds == {(0, "string"), (1, "string"), (0, "large_string")}
 
 
 def test_deep_lines_end_too_deep_whatever_the_recursion_limit() -> None:
@@ -178,3 +220,19 @@ def test_deep_lines_end_too_deep_whatever_the_recursion_limit() -> None:
             for i in range(2):
                 msg, reason, _, _ = check_row(rows, i, 0)
                 assert (msg, reason) == (None, Reason.PAYLOAD_TOO_DEEP)
+
+
+def test_empty_and_null_batches_read_as_the_python_path_reads_them() -> None:
+    for raw in ([], [None, None], ["", None, '{"message_id": "m"}'], [b"\xff", None]):
+        b = batch([], random.Random(0), spark_reasons=False, trace=False) if not raw else None
+        if b is None:
+            data = [x.encode() if isinstance(x, str) else x for x in raw]
+            b = pa.RecordBatch.from_pydict({
+                "_raw": pa.array(data, pa.binary()).view(pa.string()),
+                "_reason": pa.array([None] * len(raw), pa.string()),
+                "_detail": pa.array([None] * len(raw), pa.string())})
+        rows, python = Rows(b), python_rows(b)
+        got = [outcome(check_row(rows, i, 0)) for i in range(rows.count)]
+        assert got == [outcome(check_row(python, i, 0)) for i in range(python.count)]
+        assert [rows.raw[i] for i in range(rows.count)] == python.raw
+        assert rows.bad_encoding == python.bad_encoding
