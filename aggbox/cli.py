@@ -38,16 +38,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # imported in the functions: ``main`` must start before ``aggregates``
     from aggregates.core.errors import AggboxError
 
-SUBCOMMAND_MODULES = (
-    "aggbox.commands.run", "aggbox.commands.dispatch", "aggbox.commands.dispatch_status",
-    "aggbox.commands.check_store",
-    "aggbox.admin", "aggbox.demo", "aggbox.configref",
-    "aggbox.reasonref",
-    "aggbox.local",
-    "aggbox.migrate",
-    "aggbox.commands.show",
-)
-
+from aggbox.subcommands import SUBCOMMAND_MODULES, add_placeholders, module_of
 
 #: reStructuredText in help texts taken from docstrings: ``x``, :mod:`x`, :func:`~a.b`.
 _RST_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
@@ -122,7 +113,11 @@ def core_kind() -> str:
     return "native core"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None, *, lazy: bool = False) -> argparse.ArgumentParser:
+    """The parser of every sub-command; with ``lazy``, only ``command``'s module is imported
+    and registered, the other commands are placeholders (name and help:
+    :mod:`aggbox.subcommands`), so that ``aggbox --help``, ``--version`` and a command start
+    without importing the others."""
     parser = AggboxParser(
         prog="aggbox",
         description="Exactly-once-effect message processing on MongoDB aggregates.",
@@ -135,7 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
     parser.add_argument("--log-json", action="store_true", help="structured JSON logs")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = module_of(command)
     for name in SUBCOMMAND_MODULES:
+        if lazy and name != wanted and add_placeholders(sub, name):
+            continue
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -288,13 +286,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str]) -> int:
-    from aggregates.core.errors import AggboxError, ConfigurationError
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    parser = build_parser(_command_word(argv), lazy=True)
+    args = parser.parse_args(argv)  # --help and --version exit here, having imported little
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from aggregates.core.errors import AggboxError, ConfigurationError
+
     needs = missing_extra(args.command)
     if needs:
         print(f"aggbox: error: {needs}", file=sys.stderr)
@@ -313,6 +311,7 @@ def _main(argv: Sequence[str]) -> int:
             return int(getattr(args, "config_error_status", 1))
         except Exception:  # a warning must never stop the command
             log.debug("checking for unknown settings failed", exc_info=True)
+        _project_folder(args)
         rc: int = args.func(args)
         return rc
     except AggboxError as exc:
@@ -339,6 +338,19 @@ def _main(argv: Sequence[str]) -> int:
         print(f"aggbox {args.command}: error: {message}{where}", file=sys.stderr)
         log.debug("uncaught exception", exc_info=True)
         return 1
+
+
+def _project_folder(args: argparse.Namespace) -> None:
+    """The current folder on the import path (the team's aggregates module is there); a
+    folder there named like one of aggbox's packages gets one line (``aggbox run`` and
+    ``stream`` decide in their pre-flight: their local Spark workers would import it)."""
+    from aggbox.commands.importpath import use_current_folder
+
+    shadows = use_current_folder()
+    takes_module = any(k == "aggregates" or k.endswith("_aggregates") for k in vars(args))
+    if takes_module and args.command not in ("run", "stream"):
+        for shadow in shadows:
+            print(f"aggbox: warning: {shadow.line()}", file=sys.stderr)
 
 
 def _missing_module_extra(exc: BaseException) -> str | None:

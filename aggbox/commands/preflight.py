@@ -222,15 +222,22 @@ def add_py_files_to_path(py_files: list[str]) -> None:
 
 def check_aggregates(module: str, *, executors_path: bool = False) -> None:
     """Import the aggregates module (the current folder first on ``sys.path``, as pytest and
-    uvicorn do) and check it defines aggregate types. ``executors_path``: local mode, whose
-    Python workers are started by this process's JVM: the current folder goes on their
-    ``PYTHONPATH`` too (a cluster's executors need ``--py-files``)."""
+    uvicorn do: :func:`~aggbox.commands.importpath.use_current_folder`) and check it defines
+    aggregate types. ``executors_path``: local mode, whose Python workers are started by this
+    process's JVM: the current folder goes on their ``PYTHONPATH`` too (a cluster's executors
+    need ``--py-files``), and a folder there named like one of aggbox's packages, which the
+    workers would import instead of aggbox's, stops the run (issue 44, item 6)."""
     import importlib
     import importlib.util
 
+    from aggbox.commands.importpath import use_current_folder
+
     cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
+    shadows = use_current_folder()
+    if shadows and executors_path:  # the workers would import the team's folder instead
+        raise PreflightError(shadows[0].line())
+    for shadow in shadows:  # this process keeps aggbox's own packages
+        print(f"aggbox: warning: {shadow.line()}", file=sys.stderr)
     if executors_path:
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if cwd not in paths:
