@@ -30,7 +30,7 @@ from dispatcher.core.errors import TRACE_LOGGER, URI_OPTIONS, describe_store_err
 __all__ = ["DEFAULT_TIMEOUT_S", "JAVA_MAJOR", "PreflightError", "StoreNotReached",
            "add_py_files_to_path", "check_aggregates", "check_archives", "check_before_spark",
            "check_inputs", "check_java", "check_master", "check_spark_start",
-           "mongodb_uri_source", "ping", "reach_mongodb", "reach_store", "run_uri_source",
+           "mongodb_uri_source", "ping", "refused_everywhere", "reach_mongodb", "reach_store", "run_uri_source",
            "spark_session_running", "store_problem"]
 
 #: The server selection timeout of the pre-flight ping when the URI sets none (``aggbox
@@ -144,18 +144,54 @@ def check_archives(db: Any, aggregates: str) -> None:
         raise PreflightError(str(exc)) from None
 
 
+#: How long the ping waits before it looks whether every server refused the connection or
+#: has a name that does not resolve (issue 44, item 5): pymongo itself keeps retrying those
+#: until the whole server selection timeout has passed.
+FIRST_LOOK_S: Final = 1.0
+#: A connection attempt that ended in one of these is an answer: nobody listens there, or the
+#: name does not exist. (errno 111/61/10061: refused; EAI_NONAME -2, EAI_NODATA -5, macOS 8.)
+_DEFINITE = re.compile(r"\[Errno (111|61|10061|-2|-5|8)\]|connection refused"
+                       r"|name or service not known|nodename nor servname", re.IGNORECASE)
+
+
+def refused_everywhere(client: Any) -> bool:
+    """Every server of ``client``'s topology was tried, and each attempt ended in a refused
+    connection or a name that does not resolve: waiting longer would only repeat that."""
+    servers = client.topology_description.server_descriptions().values()
+    return bool(servers) and all(
+        sd.error is not None and _DEFINITE.search(str(sd.error)) for sd in servers)
+
+
 def ping(client: Any, uri: str, *, source: str) -> None:
     """Ping any member through ``client`` (a ``MongoClient`` for ``uri``); raise
-    :class:`StoreNotReached` as :func:`reach_mongodb` does."""
+    :class:`StoreNotReached` as :func:`reach_mongodb` does — after about a second
+    (:data:`FIRST_LOOK_S`) when every server refused the connection or has no address
+    (:func:`refused_everywhere`), else when the client's server selection timeout passed."""
+    import pymongo
     from pymongo import ReadPreference
     from pymongo.errors import PyMongoError
 
-    try:
+    def command() -> None:
         # Any member answers (nearest): a replica set without a primary was reached.
         client.admin.command("ping", read_preference=ReadPreference.NEAREST)
+
+    total = client.options.server_selection_timeout
+    try:
+        if total > FIRST_LOOK_S:
+            try:
+                with pymongo.timeout(FIRST_LOOK_S):
+                    command()
+                return
+            except PyMongoError as first:
+                if refused_everywhere(client):
+                    raise first from None
+            with pymongo.timeout(total - FIRST_LOOK_S):  # the rest of the timeout
+                command()
+        else:
+            command()
     except PyMongoError as exc:
-        message = store_problem(uri, exc, timeout_s=client.options.server_selection_timeout,
-                                source=source)
+        waited = FIRST_LOOK_S if total > FIRST_LOOK_S and refused_everywhere(client) else total
+        message = store_problem(uri, exc, timeout_s=waited, source=source)
         if message is not None:
             raise StoreNotReached(message) from None
 
