@@ -30,8 +30,8 @@ from dispatcher.core.errors import TRACE_LOGGER, URI_OPTIONS, describe_store_err
 __all__ = ["DEFAULT_TIMEOUT_S", "JAVA_MAJOR", "PreflightError", "StoreNotReached",
            "add_py_files_to_path", "check_aggregates", "check_archives", "check_before_spark",
            "check_inputs", "check_java", "check_master", "check_spark_start",
-           "mongodb_uri_source", "ping", "refused_everywhere", "reach_mongodb", "reach_store", "run_uri_source",
-           "spark_session_running", "store_problem"]
+           "mongodb_uri_source", "ping", "reach_mongodb", "reach_store", "refused_everywhere",
+           "run_uri_source", "spark_session_running", "store_problem"]
 
 #: The server selection timeout of the pre-flight ping when the URI sets none (``aggbox
 #: check-store``'s default too; pymongo's own 30 s would hide a typo in the port for that long).
