@@ -311,7 +311,9 @@ def _main(argv: Sequence[str]) -> int:
             return int(getattr(args, "config_error_status", 1))
         except Exception:  # a warning must never stop the command
             log.debug("checking for unknown settings failed", exc_info=True)
-        _project_folder(args)
+        from aggbox.commands.importpath import project_folder
+
+        project_folder(args)  # the team's module is imported from the current folder
         rc: int = args.func(args)
         return rc
     except AggboxError as exc:
@@ -338,19 +340,6 @@ def _main(argv: Sequence[str]) -> int:
         print(f"aggbox {args.command}: error: {message}{where}", file=sys.stderr)
         log.debug("uncaught exception", exc_info=True)
         return 1
-
-
-def _project_folder(args: argparse.Namespace) -> None:
-    """The current folder on the import path (the team's aggregates module is there); a
-    folder there named like one of aggbox's packages gets one line (``aggbox run`` and
-    ``stream`` decide in their pre-flight: their local Spark workers would import it)."""
-    from aggbox.commands.importpath import use_current_folder
-
-    shadows = use_current_folder()
-    takes_module = any(k == "aggregates" or k.endswith("_aggregates") for k in vars(args))
-    if takes_module and args.command not in ("run", "stream"):
-        for shadow in shadows:
-            print(f"aggbox: warning: {shadow.line()}", file=sys.stderr)
 
 
 def _missing_module_extra(exc: BaseException) -> str | None:

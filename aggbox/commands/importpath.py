@@ -21,9 +21,9 @@ import os
 import sys
 from importlib.machinery import PathFinder
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-__all__ = ["OWN_PACKAGES", "Shadow", "shadowing", "use_current_folder"]
+__all__ = ["OWN_PACKAGES", "Shadow", "project_folder", "shadowing", "use_current_folder"]
 
 #: aggbox's top-level packages (pyproject.toml [tool.setuptools.packages.find]).
 OWN_PACKAGES = ("aggregates", "spark", "dispatcher", "aggbox")
@@ -84,3 +84,15 @@ def use_current_folder() -> list[Shadow]:
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
     return shadowing(Path(cwd))
+
+
+def project_folder(args: Any) -> None:
+    """For every command, before it runs (:func:`aggbox.cli.main`): :func:`use_current_folder`
+    and, for a command that takes ``--aggregates``, one warning line per folder that shadows
+    one of aggbox's packages (``aggbox run`` and ``stream`` decide in their pre-flight: their
+    local Spark workers would import it)."""
+    shadows = use_current_folder()
+    takes_module = any(k == "aggregates" or k.endswith("_aggregates") for k in vars(args))
+    if takes_module and args.command not in ("run", "stream"):
+        for shadow in shadows:
+            print(f"aggbox: warning: {shadow.line()}", file=sys.stderr)
