@@ -149,9 +149,12 @@ def spark_progress(spark: Any, console: Console, *, enabled: bool = True,
     """While the block runs: with ``live`` (the run's live counts, :mod:`spark.live`), a
     ``messages`` bar (of its total when known: rate and ETA) and the outcomes written; with
     ``stages``, one bar per active Spark stage (tasks done / total). Log records are kept out
-    of the display (:func:`_logs_above_bar`)."""
+    of the display (:func:`_logs_above_bar`). Without the display too: the summary the command
+    prints says what the pipeline's INFO records say (``run …: {'run_id': …}``), so they go to
+    the log file only (issue 44, item 7)."""
     if not enabled:
-        yield None
+        with _logs_above_bar():
+            yield None
         return
     progress = _Display(
         TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[done]}"),

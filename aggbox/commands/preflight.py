@@ -29,6 +29,7 @@ from dispatcher.core.errors import TRACE_LOGGER, URI_OPTIONS, describe_store_err
 
 __all__ = ["DEFAULT_TIMEOUT_S", "JAVA_MAJOR", "PreflightError", "StoreNotReached",
            "add_py_files_to_path", "check_aggregates", "check_archives", "check_before_spark",
+           "check_former_collections",
            "check_inputs", "check_java", "check_master", "check_spark_start",
            "mongodb_uri_source", "ping", "reach_mongodb", "reach_store", "refused_everywhere",
            "run_uri_source", "spark_session_running", "store_problem"]
@@ -114,9 +115,28 @@ def reach_store(uri: str, *, source: str, database: str, aggregates: str | None,
     client: Any = MongoClient(uri, appname=appname, serverSelectionTimeoutMS=int(
         DEFAULT_TIMEOUT_S * 1000))
     try:
+        check_former_collections(client[database], aggregates)
         check_archives(client[database], aggregates)
     finally:
         client.close()
+
+
+def check_former_collections(db: Any, aggregates: str) -> None:
+    """A type that names no collection and whose default changed in aggbox 0.2 (``Category``:
+    ``categorys`` → ``categories``; :func:`~aggregates.domain.aggregate.default_collection`)
+    while the former default still holds documents: one line saying how to keep them, before
+    anything is written to the new, empty one (issue 44, item 7; docs/operations.md
+    "Upgrading")."""
+    from aggregates.domain.aggregate import Registry
+
+    for atype in Registry.from_module(aggregates):
+        former = atype.former_collection
+        if former and db[former].find_one({}, {"_id": 1}) is not None:
+            raise PreflightError(
+                f"aggregate type {atype.name}: its documents are in the collection {former!r}, "
+                f"its default before aggbox 0.2; the default is now {atype.collection!r}: "
+                f"give the type collection={former!r} to keep them (or rename the collection "
+                "when no aggbox command runs)")
 
 
 def check_archives(db: Any, aggregates: str) -> None:

@@ -17,6 +17,10 @@ __all__ = ["Exchange", "ExchangeKind", "Timeline", "find_cycle"]
 #: ``fault`` (an injected fault, before what it disturbs).
 ExchangeKind: TypeAlias = Literal["input", "message", "event", "effect", "reply", "fault"]
 
+#: The least widths of the table's type and route columns; a longer type or route (a timer's
+#: sender names its key: ``Booking/b-1 ('payment')``) widens its column for every line.
+TYPE_WIDTH, ROUTE_WIDTH = 24, 36
+
 
 @dataclass(frozen=True, slots=True)
 class Exchange:
@@ -38,8 +42,13 @@ class Exchange:
     emitted: tuple[str, ...] = ()
     note: str = ""
 
-    def __str__(self) -> str:
-        route = f"{self.sender or 'test'} → {self.receiver or '-'}"
+    @property
+    def route(self) -> str:
+        """``sender → receiver`` as the table shows it."""
+        return f"{self.sender or 'test'} → {self.receiver or '-'}"
+
+    def line(self, type_width: int = TYPE_WIDTH, route_width: int = ROUTE_WIDTH) -> str:
+        """The exchange as a line of a table whose type and route columns are that wide."""
         what = self.outcome or ""
         if self.reason:
             what += f" ({self.reason})"
@@ -47,7 +56,11 @@ class Exchange:
             what += f", emitted {', '.join(self.emitted)}"
         if self.note:
             what += f"  [{self.note}]"
-        return f"{self.step:>4}  {self.kind:<7} {self.type:<24} {route:<36} {what}".rstrip()
+        return (f"{self.step:>4}  {self.kind:<7} {self.type:<{type_width}} "
+                f"{self.route:<{route_width}} {what}").rstrip()
+
+    def __str__(self) -> str:
+        return self.line()
 
 
 class Timeline(Sequence[Exchange]):
@@ -95,8 +108,10 @@ class Timeline(Sequence[Exchange]):
     def __str__(self) -> str:
         if not self._items:
             return "(no exchanges)"
-        head = f"{'step':>4}  {'kind':<7} {'type':<24} {'from → to':<36} outcome"
-        return "\n".join([head, *map(str, self._items)])
+        types = max(TYPE_WIDTH, *(len(e.type) for e in self._items))
+        routes = max(ROUTE_WIDTH, *(len(e.route) for e in self._items))
+        head = f"{'step':>4}  {'kind':<7} {'type':<{types}} {'from → to':<{routes}} outcome"
+        return "\n".join([head, *(e.line(types, routes) for e in self._items)])
 
     def __repr__(self) -> str:
         return f"Timeline({len(self._items)} exchanges)\n{self}"
