@@ -230,6 +230,7 @@ COMMAND_EXTRAS = {
     "run": ("pyspark", "pyarrow"), "stream": ("pyspark", "pyarrow"),
     "dispatch": ("aiohttp", "prometheus_client"), "dispatch-status": ("aiohttp",),
     "demo": ("pyspark", "pyarrow", "aiohttp", "prometheus_client"),
+    "trace": ("pandas", "pyarrow"), "outcomes": ("pandas", "pyarrow"),
 }
 
 

@@ -23,6 +23,7 @@ SUBCOMMAND_MODULES = (
     "aggbox.local",
     "aggbox.migrate",
     "aggbox.commands.show",
+    "aggbox.commands.trace",
 )
 
 #: module → ((command, one-line help), …), as each module's ``register`` adds them.
@@ -54,6 +55,10 @@ COMMANDS: dict[str, tuple[tuple[str, str], ...]] = {
         ("migrate", "rewrite stored aggregate documents in place (layout changes)"),),
     "aggbox.commands.show": (
         ("show", "show one aggregate: state, inbox, outbox, timers, parked, dead letters"),),
+    "aggbox.commands.trace": (
+        ("trace", "follow a message through the audit log: its causes and effects (--svg: a "
+                  "sequence diagram)"),
+        ("outcomes", "count the audit log's outcomes by reason per run (--svg: a bar chart)")),
 }
 
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeAlias, overload
+from typing import TYPE_CHECKING, Literal, TypeAlias, overload
+
+if TYPE_CHECKING:
+    from aggregates.debug.diagram import SequenceDiagram
 
 __all__ = ["Exchange", "ExchangeKind", "Timeline", "find_cycle"]
 
@@ -115,6 +118,20 @@ class Timeline(Sequence[Exchange]):
 
     def __repr__(self) -> str:
         return f"Timeline({len(self._items)} exchanges)\n{self}"
+
+    def diagram(self, title: str = "scenario") -> SequenceDiagram:
+        """The exchanges as a sequence diagram in SVG
+        (:func:`aggregates.debug.diagram.timeline_diagram`): shows itself in a notebook,
+        ``.save(path)`` writes it."""
+        from aggregates.debug.diagram import timeline_diagram
+
+        return timeline_diagram(self._items, title)
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the diagram, then the table."""
+        from html import escape
+
+        return f"{self.diagram().svg()}<pre>{escape(str(self))}</pre>"
 
 
 def find_cycle(exchanges: Sequence[Exchange], *, longest: int = 32) -> list[Exchange] | None:
