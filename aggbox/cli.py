@@ -6,10 +6,15 @@
 - ``aggbox.commands.check_store`` — ``aggbox check-store`` (does a MongoDB do what aggbox needs)
 - ``aggbox.admin.register``    — ``aggbox deadletters …``, ``aggbox parked …``, ``aggbox indexes``
 - ``aggbox.demo.register``     — ``aggbox demo``
+- ``aggbox.commands.trace``    — ``aggbox trace``, ``aggbox outcomes`` (the audit log)
 
 A sub-command module exposes ``register(subparsers) -> None``; each parser it adds sets
 ``func=<callable(args) -> int>`` with ``set_defaults``. Heavy imports (pyspark,
-confluent_kafka) happen inside ``func`` so ``aggbox --help`` stays fast.
+confluent_kafka) happen inside ``func``. :mod:`aggbox.subcommands` lists every command with
+its one-line help, so ``aggbox --help`` and ``--version`` import no command module and a
+command imports only its own (issue 44, item 5: bench/cli_start.py). Every command runs with
+the current folder first on the import path, where a team's aggregates module is
+(:mod:`aggbox.commands.importpath`, items 2 and 6).
 
 Errors: an :class:`AggboxError` is printed as one line on stderr, ``aggbox <command>: error:
 …`` (exit status 1); any other exception too, with its traceback written to the log file
