@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install native demo test lint bench clean
+.PHONY: install native dist demo test lint bench clean
 
 $(BIN)/aggbox: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,23 @@ native:
 	@if command -v cargo >/dev/null; then $(BIN)/pip install -q ./native; \
 	else echo "cargo not found: the native core is not built, aggbox runs pure Python (same results, slower)"; fi
 
+# The wheels a team installs aggbox from (README "Install"; aggbox is not on the package index),
+# into $(DIST): aggbox (pure Python, with the extra `native` = aggbox-native of the same
+# version), the native core's wheel for this platform (when cargo is on PATH) and
+# aggbox-native's pure fallback (no module), which pip takes on a platform dist/ has no native
+# wheel for — so one `pip install --find-links dist 'aggbox[native]'` works everywhere.
+# Needs `make install` first (its setuptools and wheel; maturin is fetched as `make native` does).
+DIST ?= dist
+dist:
+	@test -x $(BIN)/pip || { echo "make dist needs $(VENV): run make install first"; exit 1; }
+	rm -rf $(DIST) build native/fallback/build
+	$(BIN)/pip wheel -q --no-deps --no-build-isolation -w $(DIST) .
+	$(BIN)/pip wheel -q --no-deps --no-build-isolation -w $(DIST) ./native/fallback
+	@if command -v cargo >/dev/null; then $(BIN)/pip wheel -q --no-deps -w $(DIST) ./native; \
+	else echo "cargo not found: no native wheel in $(DIST); aggbox[native] installs the pure fallback"; fi
+	rm -rf build native/fallback/build *.egg-info native/fallback/*.egg-info
+	@ls -1 $(DIST)
+
 demo: install          ## the Customers & Orders scenario on the embedded default
 	$(BIN)/aggbox demo
 
@@ -37,4 +54,5 @@ bench: install
 	$(BIN)/python bench/dispatch.py
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .hypothesis native/target
+	rm -rf $(VENV) build dist *.egg-info .mypy_cache .ruff_cache .hypothesis native/target \
+	    native/fallback/build native/fallback/*.egg-info

@@ -6,10 +6,15 @@
 - ``aggbox.commands.check_store`` — ``aggbox check-store`` (does a MongoDB do what aggbox needs)
 - ``aggbox.admin.register``    — ``aggbox deadletters …``, ``aggbox parked …``, ``aggbox indexes``
 - ``aggbox.demo.register``     — ``aggbox demo``
+- ``aggbox.commands.trace``    — ``aggbox trace``, ``aggbox outcomes`` (the audit log)
 
 A sub-command module exposes ``register(subparsers) -> None``; each parser it adds sets
 ``func=<callable(args) -> int>`` with ``set_defaults``. Heavy imports (pyspark,
-confluent_kafka) happen inside ``func`` so ``aggbox --help`` stays fast.
+confluent_kafka) happen inside ``func``. :mod:`aggbox.subcommands` lists every command with
+its one-line help, so ``aggbox --help`` and ``--version`` import no command module and a
+command imports only its own (issue 44, item 5: bench/cli_start.py). Every command runs with
+the current folder first on the import path, where a team's aggregates module is
+(:mod:`aggbox.commands.importpath`, items 2 and 6).
 
 Errors: an :class:`AggboxError` is printed as one line on stderr, ``aggbox <command>: error:
 …`` (exit status 1); any other exception too, with its traceback written to the log file
@@ -38,16 +43,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # imported in the functions: ``main`` must start before ``aggregates``
     from aggregates.core.errors import AggboxError
 
-SUBCOMMAND_MODULES = (
-    "aggbox.commands.run", "aggbox.commands.dispatch", "aggbox.commands.dispatch_status",
-    "aggbox.commands.check_store",
-    "aggbox.admin", "aggbox.demo", "aggbox.configref",
-    "aggbox.reasonref",
-    "aggbox.local",
-    "aggbox.migrate",
-    "aggbox.commands.show",
-)
-
+from aggbox.subcommands import SUBCOMMAND_MODULES, add_placeholders, module_of
 
 #: reStructuredText in help texts taken from docstrings: ``x``, :mod:`x`, :func:`~a.b`.
 _RST_ROLE = re.compile(r":[a-z]+:`~?([^`]+)`")
@@ -122,7 +118,11 @@ def core_kind() -> str:
     return "native core"
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None, *, lazy: bool = False) -> argparse.ArgumentParser:
+    """The parser of every sub-command; with ``lazy``, only ``command``'s module is imported
+    and registered, the other commands are placeholders (name and help:
+    :mod:`aggbox.subcommands`), so that ``aggbox --help``, ``--version`` and a command start
+    without importing the others."""
     parser = AggboxParser(
         prog="aggbox",
         description="Exactly-once-effect message processing on MongoDB aggregates.",
@@ -135,7 +135,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="DEBUG, INFO, WARNING or ERROR (default: INFO)")
     parser.add_argument("--log-json", action="store_true", help="structured JSON logs")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = module_of(command)
     for name in SUBCOMMAND_MODULES:
+        if lazy and name != wanted and add_placeholders(sub, name):
+            continue
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -232,6 +235,7 @@ COMMAND_EXTRAS = {
     "run": ("pyspark", "pyarrow"), "stream": ("pyspark", "pyarrow"),
     "dispatch": ("aiohttp", "prometheus_client"), "dispatch-status": ("aiohttp",),
     "demo": ("pyspark", "pyarrow", "aiohttp", "prometheus_client"),
+    "trace": ("pandas", "pyarrow"), "outcomes": ("pandas", "pyarrow"),
 }
 
 
@@ -288,13 +292,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str]) -> int:
-    from aggregates.core.errors import AggboxError, ConfigurationError
-
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    parser = build_parser(_command_word(argv), lazy=True)
+    args = parser.parse_args(argv)  # --help and --version exit here, having imported little
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    from aggregates.core.errors import AggboxError, ConfigurationError
+
     needs = missing_extra(args.command)
     if needs:
         print(f"aggbox: error: {needs}", file=sys.stderr)
@@ -313,6 +317,9 @@ def _main(argv: Sequence[str]) -> int:
             return int(getattr(args, "config_error_status", 1))
         except Exception:  # a warning must never stop the command
             log.debug("checking for unknown settings failed", exc_info=True)
+        from aggbox.commands.importpath import project_folder
+
+        project_folder(args)  # the team's module is imported from the current folder
         rc: int = args.func(args)
         return rc
     except AggboxError as exc:

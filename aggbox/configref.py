@@ -2,7 +2,10 @@
 
 ``config/aggbox.toml`` (every setting with its default, valid as a config file) and
 ``docs/configuration.md`` are rendered from the models' field descriptions; a test checks
-that the committed files equal what the models say. Regenerate with ``aggbox config --write``.
+that the committed files equal what the models say. Regenerate them with ``aggbox config
+--write`` in the checkout: ``--write [DIR]`` writes ``config/aggbox.toml`` and
+``docs/configuration.md`` under DIR, by default the current folder — never into the installed
+package (issue 44, item 7).
 """
 
 from __future__ import annotations
@@ -111,19 +114,22 @@ def render_markdown() -> str:
 def register(sub: Any) -> None:
     p = sub.add_parser("config", help="print or regenerate the configuration reference",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--write", action="store_true",
-                   help=f"write {TOML_PATH.relative_to(ROOT)} and {DOC_PATH.relative_to(ROOT)}")
+    p.add_argument("--write", nargs="?", const=".", metavar="DIR",
+                   help=f"write {TOML_PATH.relative_to(ROOT)} and {DOC_PATH.relative_to(ROOT)} "
+                   "under DIR (default: the current folder)")
     p.add_argument("--markdown", action="store_true", help="print the Markdown reference")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     if args.write:
-        TOML_PATH.parent.mkdir(parents=True, exist_ok=True)
-        DOC_PATH.parent.mkdir(parents=True, exist_ok=True)
-        TOML_PATH.write_text(render_toml())
-        DOC_PATH.write_text(render_markdown())
-        print(f"wrote {TOML_PATH} and {DOC_PATH}")
+        toml, doc = (Path(args.write).resolve() / p.relative_to(ROOT)
+                     for p in (TOML_PATH, DOC_PATH))
+        toml.parent.mkdir(parents=True, exist_ok=True)
+        doc.parent.mkdir(parents=True, exist_ok=True)
+        toml.write_text(render_toml())
+        doc.write_text(render_markdown())
+        print(f"wrote {toml} and {doc}")
     else:
         print(render_markdown() if args.markdown else render_toml(), end="")
     return 0

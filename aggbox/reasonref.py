@@ -1,7 +1,9 @@
 """The reason-code reference, generated from :class:`aggregates.core.reasons.Reason`.
 
 ``docs/reasons.md`` is rendered from :data:`aggregates.core.reasons.REASON_DOCS`; a test checks
-that the committed file equals what the enum says. Regenerate with ``aggbox reasons --write``.
+that the committed file equals what the enum says. Regenerate it with ``aggbox reasons
+--write`` in the checkout: ``--write [DIR]`` writes ``docs/reasons.md`` under DIR, by default
+the current folder — never into the installed package (issue 44, item 7).
 """
 
 from __future__ import annotations
@@ -45,15 +47,18 @@ def render_markdown() -> str:
 def register(sub: Any) -> None:
     p = sub.add_parser("reasons", help="print or regenerate the reason-code reference",
                        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--write", action="store_true", help=f"write {DOC_PATH.relative_to(ROOT)}")
+    p.add_argument("--write", nargs="?", const=".", metavar="DIR",
+                   help=f"write {DOC_PATH.relative_to(ROOT)} under DIR (default: the current "
+                   "folder)")
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     if args.write:
-        DOC_PATH.parent.mkdir(parents=True, exist_ok=True)
-        DOC_PATH.write_text(render_markdown())
-        print(f"wrote {DOC_PATH}")
+        doc = Path(args.write).resolve() / DOC_PATH.relative_to(ROOT)
+        doc.parent.mkdir(parents=True, exist_ok=True)
+        doc.write_text(render_markdown())
+        print(f"wrote {doc}")
     else:
         print(render_markdown(), end="")
     return 0

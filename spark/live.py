@@ -14,6 +14,10 @@ summary's counts come from the job itself
 The document: ``{_id: <run stamp>, p: {"<partition>_<attempt>": {read, applied, duplicate,
 dead_lettered, parked}}, at}`` in :data:`PROGRESS_COLLECTION`; the command creates it before
 the job and deletes it when the run ends.
+
+Before the first message is written the counts stay at zero — for minutes on a large input —
+so the display also names the phase of the run and its Spark tasks (:class:`Phases`, issue
+44, item 3).
 """
 
 from __future__ import annotations
@@ -27,7 +31,8 @@ from typing import Any, Final
 
 from aggregates.message.outcomes import Outcome
 
-__all__ = ["COUNTS", "FLUSH_S", "PROGRESS_COLLECTION", "Live", "LiveCounts", "count_input",
+__all__ = ["COUNTS", "FLUSH_S", "PREPARING", "PROGRESS_COLLECTION", "READING", "SORTING",
+           "WRITING", "Live", "LiveCounts", "Phase", "Phases", "StageCount", "count_input",
            "live_counts", "read_counts"]
 
 #: The collection of the progress documents (one per running ``aggbox run``).
@@ -169,3 +174,68 @@ def live_counts(pipeline: Any, run: str, inputs: Iterable[str], *,
         except Exception as exc:  # the display's leftovers must never fail the run
             log.debug("progress document %s not deleted: %s: %s", run, type(exc).__name__, exc)
         client.close()
+
+
+# -- the phase of a run, from its Spark stages (issue 44, item 3) ----------------------------
+#: The phases of a run as the progress display names them.
+PREPARING: Final = "starting the job"
+READING: Final = "reading and validating input"
+SORTING: Final = "sorting by aggregate"
+WRITING: Final = "messages written"
+
+
+@dataclass(frozen=True, slots=True)
+class StageCount:
+    """One Spark stage as the status tracker or a Spark Connect server reports it: its tasks
+    completed, all, and running (when known); ``finished`` when the report says so."""
+
+    stage_id: int
+    done: int
+    total: int
+    running: int = 0
+    finished: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Phase:
+    """What the display shows before the first write: the phase and its tasks."""
+
+    name: str
+    done: int = 0
+    total: int = 0
+    running: int = 0
+
+
+class Phases:
+    """Which phase a run is in, from the Spark stages it has run (pure: :meth:`update` is fed
+    the stages of each poll). A run is one Spark job in two parts (docs/design.md "The
+    pipeline"): the input read and validated, ending in the shuffle by aggregate (the map
+    stage); then each partition sorted by aggregate and written (the result stage), whose
+    writers count their first message only once their partition is sorted. So: no stage yet
+    is :data:`PREPARING`; a stage that starts after an earlier one of the run finished runs
+    downstream of it, :data:`SORTING`; any other, :data:`READING`."""
+
+    def __init__(self) -> None:
+        self._finished: set[int] = set()
+        self._active: dict[int, StageCount] = {}
+
+    def update(self, stages: Iterable[StageCount]) -> None:
+        """The stages reported now: those still running, and any reported finished; a stage
+        reported before and missing now has finished."""
+        now = {}
+        for st in stages:
+            if st.finished or (st.total and st.done >= st.total):
+                self._finished.add(st.stage_id)
+            else:
+                now[st.stage_id] = st
+        self._finished.update(self._active.keys() - now.keys())
+        self._active = now
+
+    def current(self) -> Phase:
+        first = min(self._finished, default=None)
+        if not self._active:  # before the first stage, or between the two parts
+            return Phase(PREPARING if first is None else SORTING)
+        later = [st for st in self._active.values() if first is not None and st.stage_id > first]
+        stages = later or list(self._active.values())
+        return Phase(SORTING if later else READING, sum(st.done for st in stages),
+                     sum(st.total for st in stages), sum(st.running for st in stages))

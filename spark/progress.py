@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.console import Console, RenderableType
 from rich.markup import escape
@@ -27,9 +27,7 @@ from rich.table import Table
 from rich.text import Text
 
 from aggregates.message.outcomes import OUTCOME_KINDS
-
-if TYPE_CHECKING:
-    from spark.live import Live
+from spark.live import PREPARING, WRITING, Live, Phase, Phases, StageCount
 
 __all__ = ["by_type_table", "jvm_stderr_to", "rate", "spark_progress", "summary_table"]
 
@@ -53,23 +51,39 @@ def _duration(seconds: float) -> str:
 
 
 class _MessageBar:
-    """The ``messages`` bar: read so far (of ``total``), the rate over the last seconds, the
-    ETA, and the outcomes written below the bars."""
+    """The ``messages`` bar. Before the first write it names the run's phase and its Spark
+    tasks (:class:`spark.live.Phases`: reading and validating, sorting), with no rate and no
+    ETA; from the first write on, the messages written (of ``total``), the rate over the last
+    seconds of writing and the ETA from it — never from the time before the writes began,
+    which made the first ETA several times too long (issue 44, item 3) — and the outcomes
+    written below the bars."""
 
     WINDOW_S = 30.0
 
     def __init__(self, progress: _Display, total: int | None) -> None:
         self.progress, self.total = progress, total
-        self.task = progress.add_task("messages written", total=total, done="", extra="")
+        self.task = progress.add_task(PREPARING, total=None, done="", extra="")
         self.samples: deque[tuple[float, int]] = deque()
 
-    def update(self, counts: dict[str, int]) -> None:
+    def update(self, counts: dict[str, int], phase: Phase | None = None) -> None:
         """The bar counts the messages written (one outcome each); the writers read them in
         Arrow batches (10,000 rows by default), so ``read`` runs ahead."""
         now = time.monotonic()
         read, done = counts.get("read", 0), sum(counts.get(k, 0) for k in OUTCOME_KINDS)
         if self.total is not None:  # never past the total, whatever the counts say
             read, done = min(read, self.total), min(done, self.total)
+        of = f"/{self.total:,}" if self.total is not None else ""
+        self.progress.line = f"read {read:,}{of} · " + " · ".join(
+            f"{k.replace('_', '-')} {counts.get(k, 0):,}" for k in OUTCOME_KINDS)
+        if not done:  # not writing yet: the phase; the rate starts from the last such poll
+            self.samples.clear()
+            self.samples.append((now, 0))
+            p = phase or Phase(PREPARING)
+            tasks = f"{p.done:,}/{p.total:,} tasks" if p.total else ""
+            self.progress.update(self.task, description=p.name, completed=p.done,
+                                 total=p.total or None, done=tasks,
+                                 extra=f"{p.running:,} running" if p.running else "")
+            return
         if self.samples and done < self.samples[-1][1]:  # a task retried: a new window
             self.samples.clear()
         self.samples.append((now, done))
@@ -77,13 +91,11 @@ class _MessageBar:
             self.samples.popleft()
         t0, d0 = self.samples[0]
         rate = (done - d0) / (now - t0) if now > t0 else 0.0
-        extra = f"{rate:,.0f} msg/s" if done else ""
-        if self.total is not None and done and rate > 0:
+        extra = f"{rate:,.0f} msg/s" if rate > 0 else ""
+        if self.total is not None and rate > 0:
             extra += f" · ETA {_duration((self.total - done) / rate)}"
-        of = f"/{self.total:,}" if self.total is not None else ""
-        self.progress.update(self.task, completed=done, done=f"{done:,}{of}", extra=extra)
-        self.progress.line = f"read {read:,}{of} · " + " · ".join(
-            f"{k.replace('_', '-')} {counts.get(k, 0):,}" for k in OUTCOME_KINDS)
+        self.progress.update(self.task, description=WRITING, completed=done, total=self.total,
+                             done=f"{done:,}{of}", extra=extra)
 
 
 @contextmanager
@@ -149,9 +161,12 @@ def spark_progress(spark: Any, console: Console, *, enabled: bool = True,
     """While the block runs: with ``live`` (the run's live counts, :mod:`spark.live`), a
     ``messages`` bar (of its total when known: rate and ETA) and the outcomes written; with
     ``stages``, one bar per active Spark stage (tasks done / total). Log records are kept out
-    of the display (:func:`_logs_above_bar`)."""
+    of the display (:func:`_logs_above_bar`). Without the display too: the summary the command
+    prints says what the pipeline's INFO records say (``run …: {'run_id': …}``), so they go to
+    the log file only (issue 44, item 7)."""
     if not enabled:
-        yield None
+        with _logs_above_bar():
+            yield None
         return
     progress = _Display(
         TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.fields[done]}"),
@@ -161,17 +176,26 @@ def spark_progress(spark: Any, console: Console, *, enabled: bool = True,
     from spark.session import is_connect
 
     stop = threading.Event()
-    tracker = None if not stages or is_connect(spark) else spark.sparkContext.statusTracker()
+    connect = is_connect(spark)
+    # The stages name the phase before the first write (issue 44, item 3), shown as bars of
+    # their own only with ``stages`` (-v).
+    tracker = None if connect or (live is None and not stages) else \
+        spark.sparkContext.statusTracker()
+    phases, lock = Phases(), threading.Lock()
     bars: dict[int, Any] = {}
     messages = _MessageBar(progress, live.total) if live is not None else None
 
     def poll() -> None:
         while not stop.wait(interval):
             try:
-                if messages is not None and live is not None:
-                    messages.update(live.counts())
                 if tracker is not None:
-                    _poll_stages(tracker, progress, bars)
+                    seen = _poll_stages(tracker, progress if stages else None, bars)
+                    with lock:
+                        phases.update(seen)
+                if messages is not None and live is not None:
+                    with lock:
+                        phase = phases.current()
+                    messages.update(live.counts(), phase)
             except Exception as exc:  # the display must never break the job
                 log.debug("progress display: %s: %s", type(exc).__name__, exc, exc_info=True)
                 continue
@@ -180,8 +204,9 @@ def spark_progress(spark: Any, console: Console, *, enabled: bool = True,
     with ExitStack() as stack:
         stack.enter_context(progress)
         stack.enter_context(_logs_above_bar())
-        if stages and is_connect(spark):
-            stack.enter_context(_connect_progress(spark, progress))
+        if connect and (stages or live is not None):
+            stack.enter_context(_connect_progress(spark, progress if stages else None,
+                                                  phases, lock))
         thread.start()
         try:
             yield progress
@@ -190,17 +215,24 @@ def spark_progress(spark: Any, console: Console, *, enabled: bool = True,
             thread.join(timeout=2 * interval + 1)
             if messages is not None and live is not None:  # the last counts, once
                 try:
-                    messages.update(live.counts())
+                    messages.update(live.counts(), phases.current())
                     progress.refresh()
                 except Exception as exc:  # the display must never break the job
                     log.debug("progress display: %s: %s", type(exc).__name__, exc)
 
 
-def _poll_stages(tracker: Any, progress: Progress, bars: dict[int, Any]) -> None:
+def _poll_stages(tracker: Any, progress: Progress | None,
+                 bars: dict[int, Any]) -> list[StageCount]:
+    """The active stages of the status tracker; with ``progress``, one bar each."""
+    seen = []
     active = set(tracker.getActiveStageIds())
     for sid in active:
         info = tracker.getStageInfo(sid)
         if info is None:
+            continue
+        seen.append(StageCount(sid, info.numCompletedTasks, info.numTasks,
+                               info.numActiveTasks))
+        if progress is None:
             continue
         extra = f"failed {info.numFailedTasks}" if info.numFailedTasks else ""
         done = f"{info.numCompletedTasks}/{info.numTasks} tasks"
@@ -210,19 +242,27 @@ def _poll_stages(tracker: Any, progress: Progress, bars: dict[int, Any]) -> None
         progress.update(bars[sid], completed=info.numCompletedTasks, total=info.numTasks,
                         done=done, extra=extra)
     for sid in [s for s in bars if s not in active]:
-        progress.remove_task(bars.pop(sid))
+        if progress is not None:
+            progress.remove_task(bars.pop(sid))
+    return seen
 
 
 @contextmanager
-def _connect_progress(spark: Any, progress: Progress) -> Iterator[None]:
-    """Bars from the stage progress a Spark Connect server sends with each operation."""
+def _connect_progress(spark: Any, progress: Progress | None, phases: Phases,
+                      lock: threading.Lock) -> Iterator[None]:
+    """The stage progress a Spark Connect server sends with each operation: into ``phases``,
+    and with ``progress``, one bar per stage."""
     bars: dict[tuple[str, int], Any] = {}
-    lock = threading.Lock()
 
     def handler(stages: Any, inflight_tasks: int, operation_id: str | None,
                 done: bool) -> None:
         try:
             with lock:
+                phases.update(StageCount(int(st.stage_id), int(st.num_completed_tasks),
+                                         int(st.num_tasks), finished=bool(st.done or done))
+                              for st in stages)
+                if progress is None:
+                    return
                 seen = set()
                 for st in stages:
                     key = (str(operation_id), int(st.stage_id))

@@ -87,6 +87,9 @@ SMOKE: dict[str, list[tuple[list[str], dict[str, Any]]]] = {
     "faultcheck.py": [
         (["--smoke", "--json"], {"json": ["smoke"]}),
     ],
+    "cli_start.py": [
+        (["--smoke"], {"json": ["version_s", "help_s", "unreachable_s"]}),
+    ],
     "h2_chunks.py": [
         (["--minutes", "0.03", "--writers", "1", "--interval", "1"],
          {"lines": [" s  oplog ", "result: "]}),

@@ -12,12 +12,22 @@ each command that needs an extra says which in one line — and with each extra,
 then runs for real. The extras' dependencies come from a wheelhouse in the aggbox cache
 (``$AGGBOX_CACHE_DIR/wheelhouse``), filled from PyPI with ``pip wheel`` the first time an
 install from it alone fails; after that the installs are offline (pyspark's wheel is ~300 MB:
-the spark virtualenv takes about a minute to install, the others seconds)."""
+the spark virtualenv takes about a minute to install, the others seconds).
+
+README's own commands (issue 44, item 1): ``make dist`` in a clean copy of the work tree, then
+README "Install"'s block as written, by bash, in a folder outside the checkout — from that
+``dist/`` (the native core for this platform: ``aggbox --version`` says ``native core``) and
+from one without a wheel for this platform (the fallback: ``pure Python``) — and README's
+flow from the team's folder with its own module (README's aggregate as ``my_domain.py``):
+``aggbox local start``, ``run``, ``dispatch --once``, ``show``, ``local stop``. Before: README's
+``pip install 'aggbox[spark,dispatcher]'`` found no distribution, and a wheel built from the
+checkout carried no native core."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -287,3 +297,140 @@ def test_the_other_extras_bring_what_they_say(wheel: Path, tmp_path: Path) -> No
     done = subprocess.run([str(bin_dir / "python"), "-c", code], capture_output=True,
                           text=True, timeout=300, check=False)
     assert done.returncode == 0 and done.stdout == "DataFrame\n", done
+
+
+# -- README "Install" and "From your project folder", as written (issue 44, item 1) ------------
+README = ROOT / "README.md"
+
+
+def _readme_block(*needles: str, language: str = "bash") -> str:
+    """The one fenced block of README.md in ``language`` that holds every needle."""
+    from tests.docs.markdown import fenced_blocks
+
+    (block,) = [b for b in fenced_blocks(README)
+                if b.language == language and all(n in b.source for n in needles)]
+    return block.source
+
+
+@pytest.fixture(scope="module")
+def dist(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """README's ``make dist`` in a clean copy of the work tree, with this virtualenv (the one
+    ``make install`` made): the aggbox wheel, the native core's wheel for this platform (with
+    cargo) and its pure fallback."""
+    assert "make dist" in _readme_block("make dist")
+    src = tmp_path_factory.mktemp("dist-src")
+    _copy_tree(src)
+    done = subprocess.run(["make", "-C", str(src), "dist", f"VENV={sys.prefix}"],
+                          capture_output=True, text=True, timeout=1800, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return src / "dist"
+
+
+def _platform_wheels(folder: Path) -> list[Path]:
+    return [w for w in folder.glob("aggbox_native-*.whl") if not w.name.endswith("-any.whl")]
+
+
+def test_make_dist_builds_the_wheels_readme_names(dist: Path) -> None:
+    names = sorted(p.name for p in dist.iterdir())
+    assert "aggbox-0.1.0-py3-none-any.whl" in names, names
+    assert "aggbox_native-0.1.0-py3-none-any.whl" in names, names  # the fallback
+    if shutil.which("cargo"):  # the native core for this platform
+        assert len(_platform_wheels(dist)) == 1, names
+    fallback = zipfile.ZipFile(dist / "aggbox_native-0.1.0-py3-none-any.whl").namelist()
+    assert all(n.startswith("aggbox_native-0.1.0.dist-info/") for n in fallback), fallback
+    meta = zipfile.ZipFile(dist / "aggbox-0.1.0-py3-none-any.whl").read(
+        "aggbox-0.1.0.dist-info/METADATA").decode()
+    native_version = re.search(r'^version = "(.+)"', (ROOT / "native" / "pyproject.toml")
+                               .read_text(), re.M)
+    assert native_version is not None
+    assert f'Requires-Dist: aggbox-native=={native_version.group(1)}; extra == "native"' \
+        in meta, meta
+
+
+def _install_as_readme_says(dist_dir: Path, where: Path) -> Path:
+    """README's install block, run by bash in ``where`` with ``AGGBOX_DIST`` = ``dist_dir``;
+    the extras' dependencies come from the aggbox cache's wheelhouse (``PIP_FIND_LINKS``,
+    offline: as a company's pip.conf would add a mirror), filled from PyPI once. The team's
+    project folder; its virtualenv is ``.venv`` there."""
+    block = _readme_block(".venv/bin/pip install", "AGGBOX_DIST")
+    house = _wheelhouse()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AGGBOX_", "PIP_"))}
+    env.update(AGGBOX_DIST=str(dist_dir), PIP_FIND_LINKS=str(house), PIP_NO_INDEX="1",
+               PIP_DISABLE_PIP_VERSION_CHECK="1",
+               PATH=f"{Path(sys.base_prefix) / 'bin'}{os.pathsep}{env.get('PATH', '')}")
+    project = where / "my-team-project"
+    project.mkdir(parents=True)
+
+    def run() -> subprocess.CompletedProcess[str]:
+        shutil.rmtree(project / ".venv", ignore_errors=True)
+        return subprocess.run(["bash", "-euc", block], cwd=where, env=env, capture_output=True,
+                              text=True, timeout=3600, check=False)
+
+    done = run()
+    if done.returncode != 0:  # the wheelhouse lacks something: fill it from PyPI, once
+        requirement = re.search(r"'(aggbox\[[^']+\][^']*)'", block)
+        assert requirement is not None, block
+        fill = subprocess.run([sys.executable, *PIP, "wheel", "-w", str(house), "--find-links",
+                               str(dist_dir), requirement.group(1)],
+                              capture_output=True, text=True, timeout=3600, check=False)
+        assert fill.returncode == 0, fill.stdout + fill.stderr
+        for built in [*house.glob("aggbox-*.whl"), *house.glob("aggbox_native-*.whl")]:
+            built.unlink()  # never install an aggbox from there
+        done = run()
+    assert done.returncode == 0, done.stdout + done.stderr
+    return project
+
+
+def _readme_flow(project: Path) -> subprocess.CompletedProcess[str]:
+    """README "From your project folder": its aggregate saved as ``my_domain.py`` in the
+    team's folder, then its commands, by bash, with the team's virtualenv first on PATH; the
+    local server's state in the project's parent."""
+    (project / "my_domain.py").write_text(_readme_block("customers = AggregateType",
+                                                        language="python"))
+    flow = _readme_block("--aggregates my_domain", "aggbox local start")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGGBOX_")}
+    env.update(AGGBOX_HOME=str(project.parent / "home"),
+               PATH=f"{project / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}")
+    if "AGGBOX_CACHE_DIR" in os.environ:  # the suite's Maven cache
+        env["AGGBOX_CACHE_DIR"] = os.environ["AGGBOX_CACHE_DIR"]
+    try:
+        return subprocess.run(["bash", "-euc", flow], cwd=project, env=env,
+                              capture_output=True, text=True, timeout=1800, check=False)
+    finally:  # whatever happened: no server left behind
+        subprocess.run([str(project / ".venv" / "bin" / "aggbox"), "local", "stop",
+                        "--delete-data"], cwd=project, env=env, capture_output=True,
+                       timeout=300, check=False)
+
+
+@pytest.mark.parametrize("core", ["native core", "pure Python"])
+def test_readme_install_and_flow_from_a_team_folder(core: str, dist: Path,
+                                                    tmp_path: Path) -> None:
+    """README's install command from ``dist/`` as ``make dist`` leaves it (the native core
+    for this platform) and from one without a wheel for this platform (built without cargo,
+    or for another platform: the fallback), then README's flow — run, dispatch, show — in
+    the team's folder with its own module."""
+    folder = dist
+    if core == "pure Python":
+        folder = tmp_path / "dist-elsewhere"
+        shutil.copytree(dist, folder)
+        for wheel in _platform_wheels(folder):
+            wheel.unlink()
+    elif not _platform_wheels(dist):  # no cargo here: make dist built the fallback only
+        assert shutil.which("cargo") is None
+        core = "pure Python"
+    project = _install_as_readme_says(folder, tmp_path)
+    aggbox = project / ".venv" / "bin" / "aggbox"
+    version = subprocess.run([str(aggbox), "--version"], capture_output=True, text=True,
+                             timeout=300, check=False)
+    assert version.stdout.startswith("aggbox 0.1.0 (Python "), version
+    assert version.stdout.rstrip().endswith(f", {core})"), version
+    assert not any(p.name == "aggbox" for p in project.iterdir())  # nothing of the checkout
+
+    done = _readme_flow(project)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "cannot import" not in done.stderr, done.stderr
+    assert re.search(r"│ applied\s+│\s+│\s+2 │", done.stdout), done.stdout
+    published = [json.loads(line) for f in sorted((project / "out").glob("*.jsonl"))
+                 for line in f.read_text().splitlines()]
+    assert [(r["type"], r["aggregate_id"]) for r in published] == [("CreditReserved", "o-1")]
+    assert re.search(r"reserved\s+30", done.stdout), done.stdout  # aggbox show

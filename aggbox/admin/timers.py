@@ -95,8 +95,10 @@ def cmd_timers_list(args: argparse.Namespace) -> int:
         ("aggregate type", "documents with timers", "overdue documents", "next due"),
         [[s["aggregate_type"], s["documents_with_timers"], s["overdue_documents"],
           s["next_due"] or ""] for s in summary],
-        caption=f"Overdue: due more than {args.overdue_after:g} s ago and still pending — "
-        "is a dispatcher running for these partitions? (aggbox dispatch-status)"))
+        # the hint only when something is overdue (issue 44, item 7)
+        caption=(f"Overdue: due more than {args.overdue_after:g} s ago and still pending — "
+                 "is a dispatcher running for these partitions? (aggbox dispatch-status)"
+                 if any(s["overdue_documents"] for s in summary) else None)))
     console.print(_table(
         f"Next {len(items)} timers, earliest due first",
         ("aggregate", "key", "message", "to", "due", "overdue"),

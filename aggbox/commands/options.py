@@ -47,11 +47,12 @@ class SettingOption(NamedTuple):
         return f"opt_{self.model.section}_{self.field}"
 
 
-def setting_help(model: type[SectionSettings], field: str) -> str:
-    """The field's description, its environment variable and its default."""
+def setting_help(model: type[SectionSettings], field: str, text: str | None = None) -> str:
+    """The field's description (or ``text``: the option's own words, where the description
+    shows the config file's form), its environment variable and its default."""
     info = model.model_fields[field]
     default = info.get_default(call_default_factory=True)
-    text = (info.description or "").replace("%", "%%")
+    text = (text or info.description or "").replace("%", "%%")
     return f"{text} [env {model.env_name(field)}; default: {default!r}]"
 
 
@@ -59,8 +60,10 @@ def add_setting_options(parser: argparse.ArgumentParser | Any,
                         options: Sequence[SettingOption]) -> None:
     """Add one flag per option to ``parser`` (or an argument group)."""
     for opt in options:
-        parser.add_argument(opt.flag, dest=opt.dest, help=setting_help(opt.model, opt.field),
-                            **opt.kwargs)
+        kwargs = dict(opt.kwargs)
+        text = kwargs.pop("help", None)
+        parser.add_argument(opt.flag, dest=opt.dest,
+                            help=setting_help(opt.model, opt.field, text), **kwargs)
 
 
 def overrides(args: argparse.Namespace, model: type[SectionSettings],

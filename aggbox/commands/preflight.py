@@ -29,9 +29,10 @@ from dispatcher.core.errors import TRACE_LOGGER, URI_OPTIONS, describe_store_err
 
 __all__ = ["DEFAULT_TIMEOUT_S", "JAVA_MAJOR", "PreflightError", "StoreNotReached",
            "add_py_files_to_path", "check_aggregates", "check_archives", "check_before_spark",
+           "check_former_collections",
            "check_inputs", "check_java", "check_master", "check_spark_start",
-           "mongodb_uri_source", "ping", "reach_mongodb", "reach_store", "run_uri_source",
-           "spark_session_running", "store_problem"]
+           "mongodb_uri_source", "ping", "reach_mongodb", "reach_store", "refused_everywhere",
+           "run_uri_source", "spark_session_running", "store_problem"]
 
 #: The server selection timeout of the pre-flight ping when the URI sets none (``aggbox
 #: check-store``'s default too; pymongo's own 30 s would hide a typo in the port for that long).
@@ -114,9 +115,28 @@ def reach_store(uri: str, *, source: str, database: str, aggregates: str | None,
     client: Any = MongoClient(uri, appname=appname, serverSelectionTimeoutMS=int(
         DEFAULT_TIMEOUT_S * 1000))
     try:
+        check_former_collections(client[database], aggregates)
         check_archives(client[database], aggregates)
     finally:
         client.close()
+
+
+def check_former_collections(db: Any, aggregates: str) -> None:
+    """A type that names no collection and whose default changed in aggbox 0.2 (``Category``:
+    ``categorys`` → ``categories``; :func:`~aggregates.domain.aggregate.default_collection`)
+    while the former default still holds documents: one line saying how to keep them, before
+    anything is written to the new, empty one (issue 44, item 7; docs/operations.md
+    "Upgrading")."""
+    from aggregates.domain.aggregate import Registry
+
+    for atype in Registry.from_module(aggregates):
+        former = atype.former_collection
+        if former and db[former].find_one({}, {"_id": 1}) is not None:
+            raise PreflightError(
+                f"aggregate type {atype.name}: its documents are in the collection {former!r}, "
+                f"its default before aggbox 0.2; the default is now {atype.collection!r}: "
+                f"give the type collection={former!r} to keep them (or rename the collection "
+                "when no aggbox command runs)")
 
 
 def check_archives(db: Any, aggregates: str) -> None:
@@ -144,18 +164,54 @@ def check_archives(db: Any, aggregates: str) -> None:
         raise PreflightError(str(exc)) from None
 
 
+#: How long the ping waits before it looks whether every server refused the connection or
+#: has a name that does not resolve (issue 44, item 5): pymongo itself keeps retrying those
+#: until the whole server selection timeout has passed.
+FIRST_LOOK_S: Final = 1.0
+#: A connection attempt that ended in one of these is an answer: nobody listens there, or the
+#: name does not exist. (errno 111/61/10061: refused; EAI_NONAME -2, EAI_NODATA -5, macOS 8.)
+_DEFINITE = re.compile(r"\[Errno (111|61|10061|-2|-5|8)\]|connection refused"
+                       r"|name or service not known|nodename nor servname", re.IGNORECASE)
+
+
+def refused_everywhere(client: Any) -> bool:
+    """Every server of ``client``'s topology was tried, and each attempt ended in a refused
+    connection or a name that does not resolve: waiting longer would only repeat that."""
+    servers = client.topology_description.server_descriptions().values()
+    return bool(servers) and all(
+        sd.error is not None and _DEFINITE.search(str(sd.error)) for sd in servers)
+
+
 def ping(client: Any, uri: str, *, source: str) -> None:
     """Ping any member through ``client`` (a ``MongoClient`` for ``uri``); raise
-    :class:`StoreNotReached` as :func:`reach_mongodb` does."""
+    :class:`StoreNotReached` as :func:`reach_mongodb` does — after about a second
+    (:data:`FIRST_LOOK_S`) when every server refused the connection or has no address
+    (:func:`refused_everywhere`), else when the client's server selection timeout passed."""
+    import pymongo
     from pymongo import ReadPreference
     from pymongo.errors import PyMongoError
 
-    try:
+    def command() -> None:
         # Any member answers (nearest): a replica set without a primary was reached.
         client.admin.command("ping", read_preference=ReadPreference.NEAREST)
+
+    total = client.options.server_selection_timeout
+    try:
+        if total > FIRST_LOOK_S:
+            try:
+                with pymongo.timeout(FIRST_LOOK_S):
+                    command()
+                return
+            except PyMongoError as first:
+                if refused_everywhere(client):
+                    raise first from None
+            with pymongo.timeout(total - FIRST_LOOK_S):  # the rest of the timeout
+                command()
+        else:
+            command()
     except PyMongoError as exc:
-        message = store_problem(uri, exc, timeout_s=client.options.server_selection_timeout,
-                                source=source)
+        waited = FIRST_LOOK_S if total > FIRST_LOOK_S and refused_everywhere(client) else total
+        message = store_problem(uri, exc, timeout_s=waited, source=source)
         if message is not None:
             raise StoreNotReached(message) from None
 
@@ -222,15 +278,22 @@ def add_py_files_to_path(py_files: list[str]) -> None:
 
 def check_aggregates(module: str, *, executors_path: bool = False) -> None:
     """Import the aggregates module (the current folder first on ``sys.path``, as pytest and
-    uvicorn do) and check it defines aggregate types. ``executors_path``: local mode, whose
-    Python workers are started by this process's JVM: the current folder goes on their
-    ``PYTHONPATH`` too (a cluster's executors need ``--py-files``)."""
+    uvicorn do: :func:`~aggbox.commands.importpath.use_current_folder`) and check it defines
+    aggregate types. ``executors_path``: local mode, whose Python workers are started by this
+    process's JVM: the current folder goes on their ``PYTHONPATH`` too (a cluster's executors
+    need ``--py-files``), and a folder there named like one of aggbox's packages, which the
+    workers would import instead of aggbox's, stops the run (issue 44, item 6)."""
     import importlib
     import importlib.util
 
+    from aggbox.commands.importpath import use_current_folder
+
     cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
+    shadows = use_current_folder()
+    if shadows and executors_path:  # the workers would import the team's folder instead
+        raise PreflightError(shadows[0].line())
+    for shadow in shadows:  # this process keeps aggbox's own packages
+        print(f"aggbox: warning: {shadow.line()}", file=sys.stderr)
     if executors_path:
         paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
         if cwd not in paths:

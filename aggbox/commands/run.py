@@ -87,8 +87,10 @@ _COMMON: list[SettingOption] = [
                   {"type": int, "metavar": "N"}),
     SettingOption("--py-files", _S, "py_files", {"metavar": "FILE", "action": "append"},
                   comma_list),
-    SettingOption("--conf", _S, "conf", {"metavar": "KEY=VALUE", "action": "append"},
-                  key_values),
+    SettingOption("--conf", _S, "conf", {"metavar": "KEY=VALUE", "action": "append", "help":
+                  "extra Spark configuration applied when aggbox creates the session, one "
+                  "KEY=VALUE per option, e.g. --conf spark.executor.memory=4g (config file: "
+                  "[spark] conf = {\"spark.executor.memory\" = \"4g\"})"}, key_values),
     SettingOption("--max-payload-bytes", _A, "max_payload_bytes",
                   {"type": int, "metavar": "BYTES"}),
 ]

@@ -4,9 +4,11 @@ pending outbox and timers, ``_blocked``, its parked messages — and its dead le
 
 ``--aggregates MODULE`` is optional, as for ``aggbox parked list`` and ``aggbox deadletters
 list``: without it the collection is ``--collection``, else the one the aggregate's parked
-messages name, else the type's default (``<type in lower case>s``, what ``AggregateType``
-uses); the state is then shown as stored (no codec) and the dedup strategy is read off the
-document. With it the type's own collection, codec and dedup strategy are used.
+messages name, else the type's default (the type in lower case made plural, what
+``AggregateType`` uses: ``categories``; else its default before aggbox 0.2, ``categorys``,
+when the aggregate is there); the state is then shown as stored (no codec) and the dedup
+strategy is read off the document. With it the type's own collection, codec and dedup
+strategy are used.
 
 Exit codes: 0 shown; 1 error; 3 no such aggregate (no document, no parked message, no dead
 letter): one line naming a few ids the collection has, or saying it has none.
@@ -43,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "timers, whether it is blocked, its parked messages and its dead letters (any "
         "status). Nothing is written. Without --aggregates the collection is --collection, "
         "else the one its parked messages name, else the type's default (the type name in "
-        "lower case plus 's'), and the state is shown as stored.")
+        "lower case, plural: orders, categories, boxes), and the state is shown as stored.")
     p.add_argument("aggregate_type", metavar="TYPE", help="aggregate type name, e.g. Order")
     p.add_argument("aggregate_id", metavar="ID", help="aggregate id, e.g. o-1")
     _store_options(p)
@@ -83,6 +85,9 @@ def cmd_show(args: argparse.Namespace) -> int:
                 (str(p["collection"]) for p in parked if p.get("collection")), None)
             atype = _stand_in(atype_name, collection)
             doc = db[atype.collection].find_one({"_id": agg_id})
+            if doc is None and atype.former_collection:  # stored before aggbox 0.2
+                doc = db[atype.former_collection].find_one({"_id": agg_id})
+                atype = _stand_in(atype_name, atype.former_collection) if doc else atype
             atype = _stand_in(atype_name, atype.collection, doc)
             view = AggregateView(atype, agg_id, doc, parked,
                                  archive=atype.dedup.archive(db, atype.collection))

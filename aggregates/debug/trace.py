@@ -27,6 +27,8 @@ from aggregates.message.outcomes import Outcome
 if TYPE_CHECKING:
     import pandas as pd
 
+    from aggregates.debug.diagram import SequenceDiagram
+
 #: Columns every audit log must have.
 REQUIRED_COLUMNS = ("message_id", "outcome", "emitted_ids")
 #: Columns shown in the trace (when present), after ``depth``, ``relation``, ``parent_id``.
@@ -64,9 +66,16 @@ class Trace:
     def __repr__(self) -> str:
         return self.tree
 
+    def diagram(self) -> SequenceDiagram:
+        """The chain as a sequence diagram (:func:`aggregates.debug.diagram.trace_diagram`):
+        shows itself in a notebook, ``.save(path)`` writes the SVG."""
+        from aggregates.debug.diagram import trace_diagram
+
+        return trace_diagram(self)
+
     def _repr_html_(self) -> str:
         table: str = self.frame.to_html(index=False, escape=True)
-        return f"<pre>{html.escape(self.tree)}</pre>{table}"
+        return f"{self.diagram().svg()}<pre>{html.escape(self.tree)}</pre>{table}"
 
 
 def trace(

@@ -74,13 +74,38 @@ __all__ = [
     "StateMigration",
     "TypedHandler",
     "Upcaster",
+    "default_collection",
     "dump_payload",
     "dump_payload_checked",
+    "former_default_collection",
     "is_payload_class",
     "payload_adapter",
 ]
 
 OnHandlerError = Literal["skip", "park"]
+
+_VOWELS = frozenset("aeiou")
+
+
+def default_collection(name: str) -> str:
+    """The collection of an aggregate type that names none: its name in lower case, made
+    plural — ``Order`` → ``orders``, ``Category`` → ``categories``, ``Box`` → ``boxes``,
+    ``Address`` → ``addresses``, ``Batch`` → ``batches`` (consonant + y → ies; s, x, z, ch,
+    sh → + es; else + s). Before aggbox 0.2 it was always + s (``categorys``): such a type is
+    named by :func:`former_default_collection`, docs/operations.md "Upgrading"."""
+    word = name.lower()
+    if len(word) > 1 and word.endswith("y") and word[-2] not in _VOWELS:
+        return word[:-1] + "ies"
+    if word.endswith(("s", "x", "z", "ch", "sh")):
+        return word + "es"
+    return word + "s"
+
+
+def former_default_collection(name: str) -> str | None:
+    """The default collection of a type named ``name`` before aggbox 0.2 (its name in lower
+    case + s) when it differs from :func:`default_collection`'s; else None."""
+    former = name.lower() + "s"
+    return former if former != default_collection(name) else None
 
 
 class AggregateType(SchemaEvolution[S]):
@@ -125,7 +150,10 @@ class AggregateType(SchemaEvolution[S]):
             raise ConfigurationError(f"{name}: state_version={state_version!r} must be an "
                                      "integer ≥ 1")
         self.name = name
-        self.collection = collection or name.lower() + "s"
+        self.collection = collection or default_collection(name)
+        #: the collection this type defaulted to before aggbox 0.2, when that was another one
+        #: (``categorys``): the commands refuse to run while it holds documents
+        self.former_collection = None if collection else former_default_collection(name)
         self.dedup: DedupStrategy = dedup if dedup is not None else Inbox()
         self.on_handler_error: OnHandlerError = on_handler_error
         self.topic = topic

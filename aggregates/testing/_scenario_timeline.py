@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeAlias, overload
+from typing import TYPE_CHECKING, Literal, TypeAlias, overload
+
+if TYPE_CHECKING:
+    from aggregates.debug.diagram import SequenceDiagram
 
 __all__ = ["Exchange", "ExchangeKind", "Timeline", "find_cycle"]
 
@@ -16,6 +19,10 @@ __all__ = ["Exchange", "ExchangeKind", "Timeline", "find_cycle"]
 #: effect function or fake), ``reply`` (an effect's result delivered to the emitter),
 #: ``fault`` (an injected fault, before what it disturbs).
 ExchangeKind: TypeAlias = Literal["input", "message", "event", "effect", "reply", "fault"]
+
+#: The least widths of the table's type and route columns; a longer type or route (a timer's
+#: sender names its key: ``Booking/b-1 ('payment')``) widens its column for every line.
+TYPE_WIDTH, ROUTE_WIDTH = 24, 36
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +45,13 @@ class Exchange:
     emitted: tuple[str, ...] = ()
     note: str = ""
 
-    def __str__(self) -> str:
-        route = f"{self.sender or 'test'} → {self.receiver or '-'}"
+    @property
+    def route(self) -> str:
+        """``sender → receiver`` as the table shows it."""
+        return f"{self.sender or 'test'} → {self.receiver or '-'}"
+
+    def line(self, type_width: int = TYPE_WIDTH, route_width: int = ROUTE_WIDTH) -> str:
+        """The exchange as a line of a table whose type and route columns are that wide."""
         what = self.outcome or ""
         if self.reason:
             what += f" ({self.reason})"
@@ -47,7 +59,11 @@ class Exchange:
             what += f", emitted {', '.join(self.emitted)}"
         if self.note:
             what += f"  [{self.note}]"
-        return f"{self.step:>4}  {self.kind:<7} {self.type:<24} {route:<36} {what}".rstrip()
+        return (f"{self.step:>4}  {self.kind:<7} {self.type:<{type_width}} "
+                f"{self.route:<{route_width}} {what}").rstrip()
+
+    def __str__(self) -> str:
+        return self.line()
 
 
 class Timeline(Sequence[Exchange]):
@@ -95,11 +111,27 @@ class Timeline(Sequence[Exchange]):
     def __str__(self) -> str:
         if not self._items:
             return "(no exchanges)"
-        head = f"{'step':>4}  {'kind':<7} {'type':<24} {'from → to':<36} outcome"
-        return "\n".join([head, *map(str, self._items)])
+        types = max(TYPE_WIDTH, *(len(e.type) for e in self._items))
+        routes = max(ROUTE_WIDTH, *(len(e.route) for e in self._items))
+        head = f"{'step':>4}  {'kind':<7} {'type':<{types}} {'from → to':<{routes}} outcome"
+        return "\n".join([head, *(e.line(types, routes) for e in self._items)])
 
     def __repr__(self) -> str:
         return f"Timeline({len(self._items)} exchanges)\n{self}"
+
+    def diagram(self, title: str = "scenario") -> SequenceDiagram:
+        """The exchanges as a sequence diagram in SVG
+        (:func:`aggregates.debug.diagram.timeline_diagram`): shows itself in a notebook,
+        ``.save(path)`` writes it."""
+        from aggregates.debug.diagram import timeline_diagram
+
+        return timeline_diagram(self._items, title)
+
+    def _repr_html_(self) -> str:
+        """In a notebook: the diagram, then the table."""
+        from html import escape
+
+        return f"{self.diagram().svg()}<pre>{escape(str(self))}</pre>"
 
 
 def find_cycle(exchanges: Sequence[Exchange], *, longest: int = 32) -> list[Exchange] | None:

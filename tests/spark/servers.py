@@ -3,13 +3,16 @@ Connect server (``SparkConnectServer`` through ``spark-submit``) and a standalon
 (one master, two workers with one core each, through ``spark-class``). Each runs in its own
 process group, logs into a file, and is stopped by its process id.
 
-The commands are the ones docs/operations.md gives ("Starting Spark from pip's PySpark"):
-:func:`master_command`, :func:`worker_command` and :func:`connect_command` build them, the
-fixtures add test settings (memory, ports, work directories) after them, and
-tests/docs/test_spark_server_commands.py checks that the page shows exactly these. Python
-processes of the servers are ``PYSPARK_PYTHON`` (this interpreter, which has aggbox
-installed) with an empty PYTHONPATH: nothing of the repository beyond the installed
-packages, so a test's aggregates module reaches them only through ``--py-files``."""
+The commands and their environment are those docs/operations.md shows ("Starting Spark from
+pip's PySpark"), built by one class, :class:`SparkServers`: the page shows
+:data:`DOCUMENTED` (its settings as the page's shell variables — no port written into a
+command, the worker's directory outside the virtualenv), the fixtures run the same methods
+with free ports, temporary directories and less memory, and
+tests/docs/test_spark_server_commands.py checks that the page shows exactly what the methods
+build. Beyond the page, the fixtures only clean the environment the servers inherit from the
+test process: an empty ``PYTHONPATH`` (nothing of the repository beyond the installed
+packages, so a test's aggregates module reaches them only through ``--py-files``) and no
+``SPARK_REMOTE``."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,48 +65,97 @@ def _tail(log: Path, lines: int = 40) -> str:
         return "(no log)"
 
 
-def master_command(spark_home: str, port: int, webui_port: int) -> list[str]:
-    """A standalone master on loopback (docs/operations.md)."""
-    return [f"{spark_home}/bin/spark-class", "org.apache.spark.deploy.master.Master",
-            "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(webui_port)]
+@dataclass(frozen=True)
+class SparkServers:
+    """The settings of the Spark servers and the commands that start them: one master, a
+    worker that joins it, a Spark Connect server. Values are strings as they go on the
+    command line (docs/operations.md shows :data:`DOCUMENTED`, shell variables)."""
+
+    spark_home: str
+    python: str
+    host: str = "127.0.0.1"
+    hostname: str = "localhost"
+    master_port: str = "7077"
+    master_ui_port: str = "8080"
+    worker_ui_port: str = "8081"
+    #: the worker's applications' directories (jars, stderr of executors); Spark's default,
+    #: ``$SPARK_HOME/work``, is inside the virtualenv that installed PySpark
+    worker_dir: str = "work"
+    worker_cores: str = "2"
+    worker_memory: str = "2g"
+    connect_port: str = "15002"
+    connect_master: str = "local[*, 4]"
+    connect_memory: str = "2g"
+    #: the Kafka source's jars, comma-separated ("": no --jars)
+    jars: str = ""
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://{self.host}:{self.master_port}"
+
+    def env(self) -> dict[str, str]:
+        """The servers' environment: where Spark is, the Python of their Python processes
+        (``PYSPARK_PYTHON``: the one with aggbox), the address they listen on and the
+        worker's directory."""
+        return {"SPARK_HOME": self.spark_home, "PYSPARK_PYTHON": self.python,
+                "SPARK_LOCAL_IP": self.host, "SPARK_LOCAL_HOSTNAME": self.hostname,
+                "SPARK_WORKER_DIR": self.worker_dir}
+
+    def master(self) -> list[str]:
+        """A standalone master."""
+        return [f"{self.spark_home}/bin/spark-class", "org.apache.spark.deploy.master.Master",
+                "--host", self.host, "--port", self.master_port,
+                "--webui-port", self.master_ui_port]
+
+    def worker(self) -> list[str]:
+        """A standalone worker that joins :meth:`master`."""
+        return [f"{self.spark_home}/bin/spark-class", "org.apache.spark.deploy.worker.Worker",
+                self.master_url, "--host", self.host, "--cores", self.worker_cores,
+                "--memory", self.worker_memory, "--webui-port", self.worker_ui_port,
+                "--work-dir", self.worker_dir]
+
+    def connect(self, conf: Mapping[str, str] | None = None) -> list[str]:
+        """A Spark Connect server, speculation off, with the Kafka source's jars (if any)
+        and ``conf``."""
+        cmd = [f"{self.spark_home}/bin/spark-submit",
+               "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
+               "--master", self.connect_master, "--driver-memory", self.connect_memory,
+               "--conf", f"spark.connect.grpc.binding.address={self.host}",
+               "--conf", f"spark.connect.grpc.binding.port={self.connect_port}",
+               "--conf", "spark.speculation=false"]
+        for key, value in (conf or {}).items():
+            cmd += ["--conf", f"{key}={value}"]
+        return cmd + (["--jars", self.jars] if self.jars else [])
 
 
-def worker_command(spark_home: str, master: str, cores: int, memory: str,
-                   webui_port: int) -> list[str]:
-    """A standalone worker of ``master`` on loopback (docs/operations.md)."""
-    return [f"{spark_home}/bin/spark-class", "org.apache.spark.deploy.worker.Worker", master,
-            "--host", "127.0.0.1", "--cores", str(cores), "--memory", memory,
-            "--webui-port", str(webui_port)]
+#: What docs/operations.md shows: the settings as the page's shell variables.
+DOCUMENTED = SparkServers(
+    spark_home="$SPARK_HOME", python="$PYSPARK_PYTHON", host="$SPARK_LOCAL_IP",
+    hostname="$SPARK_LOCAL_HOSTNAME", master_port="$MASTER_PORT",
+    master_ui_port="$MASTER_UI_PORT", worker_ui_port="$WORKER_UI_PORT",
+    worker_dir="$SPARK_WORKER_DIR", connect_port="$CONNECT_PORT", jars="$KAFKA_JARS")
 
 
-def connect_command(spark_home: str, master: str, port: int, jars: str) -> list[str]:
-    """A Spark Connect server on loopback, speculation off, with ``jars`` (the Kafka
-    source's, comma-separated) (docs/operations.md)."""
-    return [f"{spark_home}/bin/spark-submit",
-            "--class", "org.apache.spark.sql.connect.service.SparkConnectServer",
-            "--master", master,
-            "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
-            "--conf", f"spark.connect.grpc.binding.port={port}",
-            "--conf", "spark.speculation=false",
-            "--jars", jars]
+def suite_servers(**settings: str) -> SparkServers:
+    """The suite's servers: this installed PySpark and this interpreter, loopback, the
+    web UIs on ports the system picks (``0``); ``settings`` for the rest."""
+    base: dict[str, str] = {"spark_home": str(spark_home()), "python": sys.executable,
+                            "master_ui_port": "0", "worker_ui_port": "0"}
+    return SparkServers(**{**base, **settings})
 
 
 def spark_env(extra: Mapping[str, str] | None = None,
-              pythonpath: Sequence[str] | None = None) -> dict[str, str]:
-    """The environment of a Spark server process: loopback, this interpreter for Python
-    workers (``PYSPARK_PYTHON``), ``pythonpath`` (default: the repository, for
-    ``tests.spark.domain``)."""
+              pythonpath: Sequence[str] | None = None,
+              servers: SparkServers | None = None) -> dict[str, str]:
+    """The environment of a Spark server process (or a client of one): the test process's,
+    without ``SPARK_REMOTE`` and the like, with :meth:`SparkServers.env` and ``pythonpath``
+    (default: the repository, for ``tests.spark.domain``)."""
     env = dict(os.environ)
     for key in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "PYSPARK_SUBMIT_ARGS"):
         env.pop(key, None)
-    env.update({
-        "SPARK_HOME": str(spark_home()),
-        "SPARK_LOCAL_IP": "127.0.0.1",
-        "SPARK_LOCAL_HOSTNAME": "localhost",
-        "PYSPARK_PYTHON": sys.executable,
-        "PYSPARK_DRIVER_PYTHON": sys.executable,
-        "PYTHONPATH": os.pathsep.join([str(REPO)] if pythonpath is None else pythonpath),
-    })
+    env.pop("PYSPARK_DRIVER_PYTHON", None)
+    env.update((servers or suite_servers()).env())
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] if pythonpath is None else pythonpath)
     env.update(extra or {})
     return env
 
@@ -147,19 +199,17 @@ def connect_server(workdir: Path, *, jars: Sequence[Path] = (),
     docs/operations.md gives; yields its ``sc://127.0.0.1:<port>`` URL. Its Python processes
     (executors' workers, a stream's foreachBatch) are ``PYSPARK_PYTHON`` with an empty
     PYTHONPATH: aggbox (installed) but not the repository."""
-    port = free_port()
-    cmd = connect_command(str(spark_home()), "local[2, 4]", port,
-                          ",".join(str(j) for j in jars))
-    if not jars:
-        cmd = cmd[:-2]
-    cmd += ["--name", "aggbox-tests-connect", "--driver-memory", "768m",
-            "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.adaptive.enabled=false"]
-    for key, value in (conf or {}).items():
-        cmd += ["--conf", f"{key}={value}"]
-    server = _start("connect-server", cmd, spark_env(pythonpath=[]), workdir)
+    servers = suite_servers(connect_port=str(free_port()), connect_master="local[2, 4]",
+                           connect_memory="768m", jars=",".join(str(j) for j in jars),
+                           worker_dir=str(workdir / "work"))
+    cmd = servers.connect({"spark.app.name": "aggbox-tests-connect",
+                           "spark.ui.enabled": "false", "spark.sql.adaptive.enabled": "false",
+                           **(conf or {})})
+    server = _start("connect-server", cmd, spark_env(pythonpath=[], servers=servers), workdir)
     try:
-        _wait_port(port, server.proc, server.log, timeout, "the Spark Connect server")
-        yield f"sc://127.0.0.1:{port}"
+        _wait_port(int(servers.connect_port), server.proc, server.log, timeout,
+                   "the Spark Connect server")
+        yield f"sc://127.0.0.1:{servers.connect_port}"
     finally:
         server.stop()
 
@@ -225,20 +275,20 @@ def standalone_cluster(workdir: Path, *, workers: int = 2, worker_memory: str = 
     """A master and ``workers`` workers (1 core, ``worker_memory`` each) on loopback. The
     workers' environment has ``pythonpath`` only (not the repository): what the executors'
     Python imports beyond the installed packages must be shipped (``--py-files``)."""
-    port = free_port()
-    cluster = Cluster(f"spark://127.0.0.1:{port}", workdir)
-    env = spark_env(pythonpath=pythonpath, extra={
-        "SPARK_WORKER_DIR": str(workdir / "work"),
-        "SPARK_DAEMON_MEMORY": "256m",
-    })
+    servers = suite_servers(master_port=str(free_port()), worker_cores="1",
+                           worker_memory=worker_memory, worker_dir=str(workdir / "work"))
+    cluster = Cluster(servers.master_url, workdir)
     try:
-        master = _start("master", master_command(str(spark_home()), port, 0), env, workdir)
+        daemons = {"SPARK_DAEMON_MEMORY": "256m"}  # the master's and workers' own JVMs
+        master = _start("master", servers.master(),
+                        spark_env(daemons, pythonpath=pythonpath, servers=servers), workdir)
         cluster.processes.append(master)
-        _wait_port(port, master.proc, master.log, timeout, "the Spark master")
-        for i in range(workers):
-            worker = _start(f"worker-{i}", [
-                *worker_command(str(spark_home()), cluster.master, 1, worker_memory, 0),
-                "--work-dir", str(workdir / "work" / f"w{i}")], env, workdir)
+        _wait_port(int(servers.master_port), master.proc, master.log, timeout,
+                   "the Spark master")
+        for i in range(workers):  # each its own directory under the cluster's
+            mine = replace(servers, worker_dir=str(workdir / "work" / f"w{i}"))
+            worker = _start(f"worker-{i}", mine.worker(),
+                            spark_env(daemons, pythonpath=pythonpath, servers=mine), workdir)
             cluster.processes.append(worker)
         _wait_workers(cluster, workers, timeout)
         yield cluster
