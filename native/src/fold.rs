@@ -14,7 +14,7 @@
 //! writes is byte for byte what the definition writes (tests/aggregates/test_native_fold.py).
 
 use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::ffi;
@@ -64,7 +64,7 @@ pub struct Env {
 }
 
 /// A payload class (kept alive) and its scalar fields, when it has only such fields.
-type PayloadFields = (Py<PyAny>, Option<Vec<(Py<PyString>, Vec<usize>)>>);
+type PayloadFields = (Py<PyAny>, Arc<Option<Vec<(Py<PyString>, Vec<usize>)>>>);
 
 static ENV: OnceLock<Env> = OnceLock::new();
 
@@ -1100,24 +1100,32 @@ impl<'a> Folder<'a> {
     unsafe fn scalar_payload(&self, py: Python<'_>, o: *mut ffi::PyObject) -> PyResult<Option<Vec<u8>>> {
         let e = self.e;
         let cls = ffi::Py_TYPE(o) as usize;
-        let mut cache = e.payload_fields.lock().unwrap();
-        if !cache.contains_key(&cls) {
-            let c = Bound::from_borrowed_ptr(py, cls as *mut ffi::PyObject);
-            let found = e.scalar_fields.bind(py).call1((&c,))?;
-            let fields = if found.is_none() {
-                None
-            } else {
-                let mut v = Vec::new();
-                for item in found.try_iter()? {
-                    let (name, allowed): (Bound<'_, PyString>, Vec<Bound<'_, PyAny>>) = item?.extract()?;
-                    v.push((PyString::intern(py, name.to_str()?).unbind(),
-                            allowed.iter().map(|t| t.as_ptr() as usize).collect()));
-                }
-                Some(v)
-            };
-            cache.insert(cls, (c.unbind(), fields));
-        }
-        let fields = match &cache.get(&cls).unwrap().1 {
+        // The lock is never held while Python runs (another thread may hold it then and
+        // wait for the GIL): the class's fields are looked up, or found, without it.
+        let known = e.payload_fields.lock().unwrap().get(&cls).map(|(_, f)| f.clone());
+        let fields = match known {
+            Some(f) => f,
+            None => {
+                let c = Bound::from_borrowed_ptr(py, cls as *mut ffi::PyObject);
+                let found = e.scalar_fields.bind(py).call1((&c,))?;
+                let fields = if found.is_none() {
+                    None
+                } else {
+                    let mut v = Vec::new();
+                    for item in found.try_iter()? {
+                        let (name, allowed): (Bound<'_, PyString>, Vec<Bound<'_, PyAny>>) =
+                            item?.extract()?;
+                        v.push((PyString::intern(py, name.to_str()?).unbind(),
+                                allowed.iter().map(|t| t.as_ptr() as usize).collect()));
+                    }
+                    Some(v)
+                };
+                let fields = Arc::new(fields);
+                e.payload_fields.lock().unwrap().insert(cls, (c.unbind(), fields.clone()));
+                fields
+            }
+        };
+        let fields = match fields.as_ref() {
             Some(f) => f,
             None => return Ok(None),
         };
