@@ -14,9 +14,9 @@ $(BIN)/aggbox: pyproject.toml
 
 install: $(BIN)/aggbox
 
-# The native core (native/, docs/design.md "The hot path"): the writer's ids and payload
-# hashes in Rust. Built when cargo is on PATH; without it aggbox runs the pure-Python
-# definitions (same bytes), and says so in `aggbox --version`.
+# The native core (native/, docs/design.md "The hot path"): the executor's parse, the writer's
+# batch fold, ids and payload hashes in Rust. Built when cargo is on PATH; without it aggbox
+# runs the pure-Python definitions (same bytes), and says so in `aggbox --version`.
 native:
 	@if command -v cargo >/dev/null; then $(BIN)/pip install -q ./native; \
 	else echo "cargo not found: the native core is not built, aggbox runs pure Python (same results, slower)"; fi
