@@ -169,11 +169,14 @@ def _mode() -> str:
     return mode
 
 
-def start_local_mongodb(*, timeout: float = 60.0, java_options: Sequence[str] = ()) -> LocalMongo:
+def start_local_mongodb(*, timeout: float = 60.0, java_options: Sequence[str] = (),
+                        oplog: bool = True) -> LocalMongo:
     """The MongoDB to use: ``AGGBOX_MONGODB_URI``, else a new local server (see module doc).
 
     ``timeout`` bounds the start of a local server (not the first Maven resolution);
-    ``java_options`` are extra JVM options for mongo-java-server (e.g. ``("-Xmx4g",)``).
+    ``java_options`` are extra JVM options for mongo-java-server (e.g. ``("-Xmx4g",)``);
+    ``oplog=False`` starts mongo-java-server without its oplog (no change streams; its
+    in-memory oplog is never trimmed, so a long benchmark without streams leaves it out).
     Raises :class:`ServerError` with the server log when it cannot be started or reached.
     """
     uri = os.environ.get("AGGBOX_MONGODB_URI", "").strip()
@@ -187,7 +190,7 @@ def start_local_mongodb(*, timeout: float = 60.0, java_options: Sequence[str] = 
         )
     if mode != "mjs" and mongod is not None:
         return _start_mongod(mongod, timeout)
-    return _start_mjs(timeout, java_options)
+    return _start_mjs(timeout, java_options, oplog=oplog)
 
 
 def _external(uri: str, timeout: float) -> LocalMongo:
