@@ -27,6 +27,7 @@ import pytest
 
 from aggbox.examples.orders import customers, orders, registry
 from aggregates.testing import Fault, Scenario, message
+from aggregates.testing._numbering import numbered_run
 
 AGGBOX = str(Path(sys.executable).with_name("aggbox"))
 SVG = "{http://www.w3.org/2000/svg}"
@@ -49,7 +50,9 @@ def audit(tmp_path: Path) -> Path:
     directory per run (the second run a redelivery of the first's input)."""
     import pandas as pd
 
-    rows = [o.to_dict() for o in _scenario().outcomes]
+    # Numbered from 1 whatever ran before in this process: the messages' ids are run-1, ….
+    with numbered_run():
+        rows = [o.to_dict() for o in _scenario().outcomes]
     frame = pd.DataFrame([{**r, "run_id": "r1"} for r in rows]
                          + [{**rows[1], "outcome": "duplicate", "emitted_ids": [],
                              "run_id": "r2"}])
@@ -78,16 +81,16 @@ def test_trace_svg_has_a_lane_per_aggregate_and_an_arrow_per_audit_row(
         audit: Path, tmp_path: Path) -> None:
     from aggregates.debug import trace
 
-    done = _aggbox(tmp_path, "trace", str(audit), "test-2", "--svg", "chain.svg")
+    done = _aggbox(tmp_path, "trace", str(audit), "run-2", "--svg", "chain.svg")
     assert done.returncode == 0, done.stderr
-    assert "test-2 Order/o-1: applied" in done.stdout and "◀ traced" in done.stdout
+    assert "run-2 Order/o-1: applied" in done.stdout and "◀ traced" in done.stdout
     assert f"sequence diagram: {tmp_path / 'chain.svg'}" in done.stdout or \
         "sequence diagram: chain.svg" in done.stdout, done.stdout
     root = _parse(tmp_path / "chain.svg")
 
     # What the diagram must show, from the trace itself: a lane per aggregate of the chain
     # (after the input), and per audit row an arrow from the emitter's aggregate.
-    frame = trace(audit, "test-2").frame
+    frame = trace(audit, "run-2").frame
     lane_of = {r["message_id"]: f"{r['aggregate_type']}/{r['aggregate_id']}"
                for r in frame.to_dict("records")}
     expected = [(lane_of[r["parent_id"]] if isinstance(r["parent_id"], str) else "input",
