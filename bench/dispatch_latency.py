@@ -14,6 +14,7 @@ from typing import Any
 
 from common import cpu_since, cpu_ticks
 from dispatch_common import (
+    BenchMongo,
     from_beginning,
     registry,
     spawn_dispatcher,
@@ -22,11 +23,11 @@ from dispatch_common import (
 )
 from pymongo import MongoClient
 
-from aggbox.servers import LocalKafka, LocalMongo, create_topic
+from aggbox.servers import LocalKafka, create_topic
 from aggregates import AggboxSettings, StoreWriter
 
 
-def latency(mongo: LocalMongo, kafka: LocalKafka, mode: str, rate: int, seconds: float,
+def latency(mongo: BenchMongo, kafka: LocalKafka, mode: str, rate: int, seconds: float,
             tmp: Path) -> dict[str, Any]:
     client: MongoClient[dict[str, Any]] = MongoClient(mongo.uri, tz_aware=True)
     db = client["bench_latency_" + mode]
@@ -36,7 +37,7 @@ def latency(mongo: LocalMongo, kafka: LocalKafka, mode: str, rate: int, seconds:
     topic = f"{prefix}-Emitter"
     create_topic(kafka.bootstrap_servers, topic, partitions=3,
                  config={"message.timestamp.type": "LogAppendTime"})
-    log = tmp / f"dispatcher-{mode}.log"
+    log = tmp / f"dispatcher-{mode}-{prefix}.log"
     proc = spawn_dispatcher(mongo, kafka.bootstrap_servers, db.name, prefix, log, "--mode",
                             mode)
     try:
@@ -77,9 +78,16 @@ def latency(mongo: LocalMongo, kafka: LocalKafka, mode: str, rate: int, seconds:
         raise RuntimeError(f"{mode}: consumed {len(lat)} of {expected}; log: {log}")
     q = statistics.quantiles(lat, n=100)
     out = {"p50_ms": round(q[49], 1), "p99_ms": round(q[98], 1), "max_ms": round(lat[-1], 1),
-           "rate_per_s": round(achieved), "entries": expected, "cpu_s": cpu}
+           "rate_per_s": round(achieved), "entries": expected, "cpu_s": cpu,
+           # the server's CPU per entry over the load and the drain: the writer's writes (the
+           # same in both modes) plus what the dispatcher asks of it
+           "mongo_cpu_us_per_entry": None if cpu.get("mongo") is None
+           else round(cpu["mongo"] / expected * 1e6, 1),
+           "dispatcher_cpu_us_per_entry": None if cpu.get("dispatcher") is None
+           else round(cpu["dispatcher"] / expected * 1e6, 1)}
     print(f"  (c) {mode}: {expected} entries at {achieved:.0f}/s: p50 {out['p50_ms']} ms, "
-          f"p99 {out['p99_ms']} ms, max {out['max_ms']} ms; CPU s {cpu}")
+          f"p99 {out['p99_ms']} ms, max {out['max_ms']} ms; CPU s {cpu}; MongoDB "
+          f"{out['mongo_cpu_us_per_entry']} µs per entry")
     return out
 
 

@@ -38,7 +38,6 @@ from typing import Any
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import OperationFailure, PyMongoError
 
-from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TYPE
 from aggregates.wire.fence import fence_scope
 from dispatcher.core.errors import FatalStoreError, check_fatal
 from dispatcher.core.faults import Faults
@@ -56,7 +55,7 @@ from dispatcher.outbox.retries import Retries
 from dispatcher.outbox.selection import Selection
 from dispatcher.outbox.stream import CHANGE_STREAMS_UNSUPPORTED, Checkpoints, StreamFollower
 from dispatcher.outbox.streammode import StreamMode
-from dispatcher.outbox.sweep import PENDING, Sweeps, sweep
+from dispatcher.outbox.sweep import Sweeps, sweep
 from dispatcher.publishers.base import Publisher
 from dispatcher.timers.firer import TimerFirer
 
@@ -119,7 +118,8 @@ class CollectionWorker:
                              timing=timing, where=self.selection.query)
         self.follower = StreamFollower(self.coll, batch_size=s.batch_size,
                                        pacing_s=s.pacing_ms / 1000, timing=timing,
-                                       where=self.selection.stream_match)
+                                       where=self.selection.stream_match,
+                                       partitions=self.selection.held)
         self.stream = StreamMode(
             db, self.follower, Checkpoints(db[s.checkpoint_collection], key), name=collection,
             owner=owner, faults=faults, metrics=metrics, timing=timing,
@@ -343,9 +343,10 @@ class CollectionWorker:
         """Run these documents again; if that fails, keep them for the next attempt instead
         of leaving them to the periodic sweep (and never checkpoint past them)."""
         try:
-            docs = await self.coll.find({"_id": {"$in": keys}, **PENDING,
-                                         **self.selection.query()},
-                                        {F_OUTBOX: 1, F_TYPE: 1, F_PARTITION: 1}).to_list()
+            # on _id alone (any server answers it from the _id index; mongo-java-server uses
+            # an index only for a filter of exactly its keys): the pending outbox and the
+            # partition are checked here
+            docs = await self.follower.fetch(keys)
             self._contact()
             await self._publish(docs)
         except BaseException:

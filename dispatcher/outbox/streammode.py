@@ -152,13 +152,21 @@ class StreamMode:
         batch = await self._read()
         if batch is None:
             return True
+        if batch.reopen:  # the server's events name no document: look them up from now on
+            await self.follower.close()
+            await self._reopen()
+            return True
         self._observe(batch)
         await self._settle()
-        if batch.documents:
-            # An insert event carries the document as inserted and a looked-up one may
-            # predate our last pull: entries published already are recognised by the
-            # in-flight set (pulled again, not republished).
-            await self._publish(latest_documents(batch.documents))
+        docs = batch.documents
+        if batch.to_read:  # read after the previous batch's pull: its entries are done
+            docs = [*docs, *await self.follower.fetch(batch.to_read)]
+            self._contact()
+        if docs:
+            # An event shows the document as it was then (dispatcher/outbox/changes.py) and
+            # a read one may predate our last pull: entries published already are
+            # recognised by the in-flight set (pulled again, not republished).
+            await self._publish(latest_documents(docs))
             if not self._retry_pending() and not batch.ended:
                 if self._drain is None:
                     await self.checkpoint()

@@ -175,8 +175,29 @@ final class BoundedOplog implements Oplog {
             return;
         }
         append(modifiedIds.stream()
-            .map(id -> body("u", namespace).append("o", query).append("o2", new Document("_id", id)))
+            .map(id -> updateBody(namespace, query, id))
             .collect(Collectors.toList()));
+    }
+
+    /**
+     * An update's entry: as mongo-java-server's ("o" the update, "o2" the _id), plus what
+     * MongoDB's event reports and the stock one lacks (ChangeEvents.java): "ud", the update
+     * description, for an update of operators; for a replacement "o" is the document as
+     * replaced and "rep" is set (a "replace" event carrying it). Without the post-image (not
+     * captured: an update outside updateDocuments) the entry is the stock one, and its event
+     * has no updateDescription.
+     */
+    private static Document updateBody(String namespace, Document query, Object id) {
+        Document body = body("u", namespace);
+        Document after = ChangeEvents.PostImages.take(id);
+        if (after != null && !ChangeEvents.isOperatorUpdate(query)) {
+            return body.append("o", after.cloneDeeply()).append("o2", new Document("_id", id)).append("rep", true);
+        }
+        body.append("o", query).append("o2", new Document("_id", id));
+        if (after != null) {
+            body.append("ud", ChangeEvents.describe(query, after));
+        }
+        return body;
     }
 
     @Override
@@ -494,10 +515,36 @@ final class BoundedOplog implements Oplog {
                         .append("documentKey", new Document("_id", o.get("_id")))
                         .append("clusterTime", ts);
                 case "u":
+                    if (Boolean.TRUE.equals(entry.get("rep"))) {
+                        return new Document("_id", id)
+                            .append("operationType", "replace")
+                            .append("clusterTime", ts)
+                            .append("wallTime", entry.get("wall"))
+                            .append("ns", ns(entry))
+                            .append("documentKey", entry.get("o2"))
+                            .append("fullDocument", o);
+                    }
+                    if (entry.get("ud") instanceof Document description) {
+                        // as MongoDB: the _id as documentKey, the update description, and the
+                        // document only when asked for (updateLookup)
+                        Document event = new Document("_id", id)
+                            .append("operationType", "update")
+                            .append("clusterTime", ts)
+                            .append("wallTime", entry.get("wall"))
+                            .append("ns", ns(entry))
+                            .append("documentKey", entry.get("o2"))
+                            .append("updateDescription", description);
+                        if ("updateLookup".equals(changeStreamDocument.get("fullDocument"))) {
+                            event.append("fullDocument", lookUp(entry));
+                        }
+                        return event;
+                    }
+                    // an entry without a description (written by an earlier launcher): as
+                    // mongo-java-server's own events, with the _id as documentKey
                     return new Document("_id", id)
                         .append("operationType", "update")
                         .append("fullDocument", lookUp(entry))
-                        .append("documentKey", o) // as mongo-java-server's own oplog
+                        .append("documentKey", entry.get("o2"))
                         .append("clusterTime", ts);
                 case "d":
                     return new Document("_id", id)
@@ -512,6 +559,12 @@ final class BoundedOplog implements Oplog {
                 default:
                     throw new IllegalArgumentException("unexpected oplog operation: " + op);
             }
+        }
+
+        private Document ns(Document entry) {
+            String ns = (String) entry.get("ns");
+            return new Document("db", Utils.getDatabaseNameFromFullName(ns))
+                .append("coll", Utils.getCollectionNameFromFullName(ns));
         }
 
         private Document lookUp(Document entry) {
