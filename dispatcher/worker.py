@@ -113,13 +113,14 @@ class CollectionWorker:
             source_type=source_type, topic_template=s.topic_template,
             page_size=s.batch_size, faults=faults,
             on_error=lambda exc: self.outcomes.timers_failed(exc))
-        self.sweeps = Sweeps(self.coll, self.cycle, name=collection, page_size=s.batch_size,
-                             interval_s=s.sweep_interval_s, stop=stop, metrics=metrics,
-                             timing=timing, where=self.selection.query)
         self.follower = StreamFollower(self.coll, batch_size=s.batch_size,
                                        pacing_s=s.pacing_ms / 1000, timing=timing,
                                        where=self.selection.stream_match,
                                        partitions=self.selection.held)
+        self.sweeps = Sweeps(self.coll, self.cycle, name=collection, page_size=s.batch_size,
+                             interval_s=s.sweep_interval_s, stop=stop, metrics=metrics,
+                             timing=timing, where=self.selection.query,
+                             learn=self.follower.meta.learn)
         self.stream = StreamMode(
             db, self.follower, Checkpoints(db[s.checkpoint_collection], key), name=collection,
             owner=owner, faults=faults, metrics=metrics, timing=timing,

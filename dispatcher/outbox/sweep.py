@@ -39,8 +39,10 @@ class SweepResult:
 
 async def sweep(coll: AsyncCollection[Any], cycle: Cycle, *, page_size: int,
                 stop: asyncio.Event | None = None,
-                where: Mapping[str, Any] | None = None) -> SweepResult:
-    """Publish every pending document (of the partitions ``where`` selects, if given)."""
+                where: Mapping[str, Any] | None = None,
+                learn: Callable[[Mapping[str, Any]], None] | None = None) -> SweepResult:
+    """Publish every pending document (of the partitions ``where`` selects, if given).
+    ``learn`` sees each document read (the stream remembers their ``_type`` and ``_p``)."""
     out = SweepResult()
     last: Any = None
     try:
@@ -53,6 +55,9 @@ async def sweep(coll: AsyncCollection[Any], cycle: Cycle, *, page_size: int,
             if not page:
                 break
             out.documents += len(page)
+            if learn is not None:
+                for doc in page:
+                    learn(doc)
             # The page's pull overlaps with reading and publishing the next page.
             res = await cycle.run(page, wait=False)
             out.cycle.add(res)
@@ -80,8 +85,10 @@ class Sweeps:
 
     def __init__(self, coll: AsyncCollection[Any], cycle: Cycle, *, name: str, page_size: int,
                  interval_s: float, stop: asyncio.Event, metrics: Metrics, timing: Timing,
-                 where: Callable[[], Mapping[str, Any]] = dict) -> None:
+                 where: Callable[[], Mapping[str, Any]] = dict,
+                 learn: Callable[[Mapping[str, Any]], None] | None = None) -> None:
         self.coll = coll
+        self._learn = learn
         self._where = where
         self.cycle = cycle
         self.name = name
@@ -115,7 +122,7 @@ class Sweeps:
         self.metrics.sweeps.labels(self.name, reason).inc()
         self.count += 1
         res = await sweep(self.coll, self.cycle, page_size=self.page_size, stop=self.stop,
-                          where=self._where())
+                          where=self._where(), learn=self._learn)
         on_contact()
         if self._partial is None:
             self._partial = CycleResult()
