@@ -48,7 +48,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
 from aggregates.core.partitions import partition_of
-from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TYPE
+from aggregates.dedup.core import F_HW, F_INBOX
+from aggregates.dedup.runstate import F_RUN
+from aggregates.fold.document import F_BLOCKED, F_OUTBOX, F_PARTITION, F_STATE, F_TIMERS, F_TYPE
 
 __all__ = [
     "FETCH_PROJECTION",
@@ -84,49 +86,35 @@ LOOKUP_PIPELINE: Final[list[dict[str, Any]]] = [
 ]
 PIPELINE = LOOKUP_PIPELINE  # (the name of issue 35's code)
 
-#: An update description's keys the dispatcher reads: ``outbox`` and ``outbox.<n>…`` (the
-#: first segment, so ``outbox_old`` is not one), ``_p`` and ``_type``. ``$split`` rather than a
-#: byte prefix: ``$substrBytes`` fails on a key whose 6th byte is inside a character.
-_CHANGED: Final = {"$arrayToObject": {"$filter": {
-    "input": {"$objectToArray": {"$ifNull": ["$updateDescription.updatedFields", {}]}},
-    "as": "f",
-    "cond": {"$or": [
-        {"$eq": [{"$arrayElemAt": [{"$split": ["$$f.k", "."]}, 0]}, F_OUTBOX]},
-        {"$in": ["$$f.k", [F_PARTITION, F_TYPE]]}]}}}}
+#: Fields of an aggregate document the dispatcher never reads that can be large (the state,
+#: the dedup record, the timers): left out of the events it is sent (an exclusion
+#: projection — mongo-java-server evaluates a ``$filter`` over the update description's
+#: keys at about half a millisecond per event, issue 42). An update description's other
+#: fields (``_v``, ``_seq``, …) are small; an event that changes none of ``outbox``, ``_p``
+#: and ``_type`` is read and dropped by the dispatcher.
+_NOT_READ: Final = (F_STATE, F_INBOX, F_HW, F_TIMERS, F_BLOCKED, F_RUN)
 
 
 def delta_pipeline(where: Mapping[str, Any]) -> list[dict[str, Any]]:
     """The stream without lookup: inserts and replaces with an outbox (of the partitions
-    ``where`` selects on ``fullDocument._p``), and updates; each event cut to what
-    :class:`~dispatcher.outbox.changes.ChangeSet` reads. Updates that change neither the
-    outbox, ``_p`` nor ``_type`` are dropped by the server, and so is a ``$pull`` leaving an
-    empty outbox; an update without a description, or whose ``documentKey`` has no ``_id``,
-    passes (it is read, or makes the follower fall back to lookup)."""
+    ``where`` selects on ``fullDocument._p``), and updates — but the ``$pull`` that leaves
+    an empty outbox; each event without the fields the dispatcher never reads."""
     documents = {"operationType": {"$in": ["insert", "replace"]},
                  f"fullDocument.{F_OUTBOX}.0": {"$exists": True}, **where}
     if "$or" in documents:  # partition 0 also selects documents without _p
         documents = {"$and": [{k: v for k, v in documents.items() if k != "$or"},
                               {"$or": documents["$or"]}]}
+    dropped: dict[str, Any] = {"ns": 0, "wallTime": 0}
+    for name in _NOT_READ:
+        dropped[f"updateDescription.updatedFields.{name}"] = 0
+        dropped[f"fullDocument.{name}"] = 0
     return [
         {"$match": {"$or": [
             documents,
             {"operationType": "update",
              f"updateDescription.updatedFields.{F_OUTBOX}": {"$ne": []}},
         ]}},
-        {"$project": {"operationType": 1, "clusterTime": 1, "documentKey._id": 1,
-                      "fullDocument._id": 1, f"fullDocument.{F_TYPE}": 1,
-                      f"fullDocument.{F_OUTBOX}": 1, f"fullDocument.{F_PARTITION}": 1,
-                      "changed": _CHANGED,
-                      "removed": "$updateDescription.removedFields",
-                      "truncated": "$updateDescription.truncatedArrays"}},
-        {"$match": {"$or": [
-            {"operationType": {"$ne": "update"}},
-            {"changed": {"$ne": {}}},
-            {"removed": None},  # no update description: the document is read
-            {"documentKey._id": {"$exists": False}},  # names no document: lookup instead
-            {"removed": {"$in": [F_OUTBOX, F_PARTITION, F_TYPE]}},
-            {"truncated.field": F_OUTBOX},
-        ]}},
+        {"$project": dropped},
     ]
 
 
@@ -236,10 +224,6 @@ class ChangeSet:
             raise NoDocumentKey(str(event.get("operationType")))
         key = dkey["_id"]
         desc = event.get("updateDescription")
-        if not isinstance(desc, Mapping) and isinstance(event.get("removed"), list):
-            # as the stream's pipeline projects it (dispatcher/outbox/stream.py)
-            desc = {"updatedFields": event.get("changed"), "removedFields": event["removed"],
-                    "truncatedArrays": event.get("truncated")}
         if not isinstance(desc, Mapping):
             self._set(key, None)
             return

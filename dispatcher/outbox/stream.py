@@ -5,11 +5,10 @@ launchers; docs/design.md "How stream mode finds new entries"):
 
 - no full-document lookup: an update event is read for its ``documentKey._id`` and its
   ``updateDescription`` (:mod:`dispatcher.outbox.changes` says what it tells and when the
-  document is read instead, in one batched ``find`` per read). The pipeline (:func:`pipeline`)
-  keeps only what that needs: a document's ``_id``, ``_type``, ``_p`` and ``outbox`` (inserts,
-  replaces), the update description's keys that concern the outbox, ``_p`` or ``_type``
-  (``$objectToArray``/``$filter``: a state or dedup change is not sent), and drops updates
-  that touch none of them and the ``$pull`` that empties an outbox;
+  document is read instead, in one batched ``find`` per read). The pipeline
+  (:func:`~dispatcher.outbox.changes.delta_pipeline`) drops the ``$pull`` that empties an
+  outbox and leaves out of each event the fields the dispatcher never reads (the state,
+  the dedup record, the timers);
 - a server whose update events name no document (mongo-java-server's own oplog: its
   ``documentKey`` is the update, it has no ``updateDescription``) is detected at its first
   such event (:class:`~dispatcher.outbox.changes.NoDocumentKey`): the stream is reopened from

@@ -27,9 +27,10 @@ def insert(key: str, *entries: dict[str, Any], p: int | None = 3,
 
 def update(key: str, fields: dict[str, Any], removed: tuple[str, ...] = (),
            truncated: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
-    """An update event as the stream's pipeline projects it."""
-    return {"operationType": "update", "documentKey": {"_id": key}, "changed": fields,
-            "removed": list(removed), "truncated": list(truncated)}
+    """An update event as MongoDB reports it."""
+    return {"operationType": "update", "documentKey": {"_id": key},
+            "updateDescription": {"updatedFields": fields, "removedFields": list(removed),
+                                  "truncatedArrays": list(truncated)}}
 
 
 def changes(*events: dict[str, Any], meta: DocMeta | None = None,

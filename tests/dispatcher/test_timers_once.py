@@ -201,8 +201,8 @@ def test_dispatch_once_with_a_missing_topic_ends_1_with_the_other_types_timers_f
     assert done.returncode == 1, done.stdout + done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("aggbox")]
     assert len(errors) == 1 and errors[0].startswith(
-        "aggbox dispatch: error: ktprobes: no progress for 12s in --once mode (last error: publishing "
-        "2 due timer(s) of ktprobes failed: "), done.stderr
+        "aggbox dispatch: error: ktprobes: no progress for 12s in --once mode (last error: "
+        "publishing 2 due timer(s) of ktprobes failed: "), done.stderr
     assert errors[0].endswith("giving up with due timers still pending (once_timeout_s)")
     assert _timers(ddb, "ktorders") == set()  # fired to the topic that exists
     assert _timers(ddb, "ktprobes") == probes

@@ -339,6 +339,39 @@ final class BoundedOplog implements Oplog {
 
     // ---- reading -------------------------------------------------------------------------
 
+    /**
+     * The postBatchResumeToken MongoDB sends with every change-stream batch (since 4.0.7):
+     * the point the stream has read to, past the events its pipeline filtered out. A reader
+     * resumes there; pymongo's resume_token is this token once the batch's last event was
+     * returned, which tells a reader that nothing more is buffered (the dispatcher publishes
+     * a batch as soon as the server's batch ends instead of reading on). The token of a
+     * batch that went through to the end of the oplog is marked ("hw": the high-water mark,
+     * distinct from its last event's own token even where their position is the same); one
+     * cut by the batch size is the last event's token (more follow).
+     */
+    static Document postBatchToken(long position, boolean complete) {
+        Document token = new Document("_data", Long.toHexString(position));
+        return complete ? token.append("hw", true) : token;
+    }
+
+    /** Adds the cursor's postBatchResumeToken to a change stream's aggregate or getMore
+     * reply (mongo-java-server sends none). */
+    void addPostBatchResumeToken(Document reply) {
+        if (!(reply.get("cursor") instanceof Document cursor) || !(cursor.get("id") instanceof Number id)
+            || id.longValue() == 0) {
+            return;
+        }
+        Object open;
+        try {
+            open = cursorRegistry.getCursor(id.longValue());
+        } catch (MongoServerError e) { // closed meanwhile
+            return;
+        }
+        if (open instanceof StreamCursor stream && stream.batchToken != null) {
+            cursor.put("postBatchResumeToken", stream.batchToken);
+        }
+    }
+
     private static MongoServerError historyLost(String what) {
         return new MongoServerError(CHANGE_STREAM_HISTORY_LOST, "ChangeStreamHistoryLost",
             "Resume of change stream was not possible, as the resume point may no longer be in the oplog ("
@@ -383,6 +416,7 @@ final class BoundedOplog implements Oplog {
                 after = lastTs;
             }
         }
+        ChangeEvents.fastExclusions(aggregation);
         StreamCursor cursor = new StreamCursor(cursorRegistry.generateCursorId(), changeStreamDocument,
             namespace, aggregation, after);
         cursorRegistry.add(cursor);
@@ -456,6 +490,8 @@ final class BoundedOplog implements Oplog {
         private final String namespace;
         private final Aggregation aggregation;
         private long position;
+        /** The postBatchResumeToken of the last batch (see postBatchResumeToken). */
+        private volatile Document batchToken;
 
         StreamCursor(long id, Document changeStreamDocument, String namespace, Aggregation aggregation, long after) {
             super(id);
@@ -494,11 +530,13 @@ final class BoundedOplog implements Oplog {
             if (!documents.isEmpty()) {
                 position = tokenTs((Document) documents.get(documents.size() - 1).get("_id"));
             }
-            if (numberToReturn <= 0 || documents.size() < numberToReturn) {
+            boolean complete = numberToReturn <= 0 || documents.size() < numberToReturn;
+            if (complete) {
                 // the read went through to the end: the entries scanned and not returned were
                 // filtered out by the namespace or the pipeline; do not scan them again
                 position = Math.max(position, scanned[0]);
             }
+            batchToken = postBatchToken(position, complete);
             return documents;
         }
 

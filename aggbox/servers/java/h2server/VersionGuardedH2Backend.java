@@ -58,7 +58,12 @@ final class VersionGuardedH2Backend extends H2Backend {
         }
         MVStore.TxCounter usage = store.registerVersionUsage();
         try {
-            return super.handleCommand(channel, databaseName, command, query);
+            Document reply = super.handleCommand(channel, databaseName, command, query);
+            BoundedOplog oplog = boundedOplog;
+            if (oplog != null && ("getMore".equals(command) || "aggregate".equals(command))) {
+                oplog.addPostBatchResumeToken(reply);
+            }
+            return reply;
         } catch (RuntimeException e) {
             if (StorageErrors.is(e) && !store.isClosed()) {
                 StorageErrors.report("command " + command + " on " + databaseName, e);
