@@ -126,7 +126,7 @@ class CollectionWorker:
             owner=owner, faults=faults, metrics=metrics, timing=timing,
             request_sweep=self.sweeps.request, publish=self._publish_streamed,
             retry_pending=lambda: self.retries.pending, on_contact=self._contact,
-            drain=self.cycle.drain)
+            pulls=self.cycle)
         self.mode: str = "standby"
         self.last_active_mode: str | None = None
         self._drained = False

@@ -123,6 +123,10 @@ class Cycle:
         self.backoff_max_s = backoff_max_s
         self.timing = timing
         self._pulling: asyncio.Task[None] | None = None
+        #: pulls started, and the last one done (in order): a stream batch's token is saved
+        #: once the pull started with it is done
+        self.pulls_started = 0
+        self.pulls_done = 0
         c = self.collection
         self._m_published = metrics.published.labels(c)
         self._m_stale = metrics.stale_skipped.labels(c)
@@ -169,6 +173,11 @@ class Cycle:
         task, self._pulling = self._pulling, None
         if task is not None:
             await task
+
+    async def drain_if_done(self) -> None:
+        """:meth:`drain` when the last ``$pull`` is over (raises its error), else nothing."""
+        if self._pulling is not None and self._pulling.done():
+            await self.drain()
 
     def _prepare(self, doc: Mapping[str, Any]) -> _Doc | None:
         key = doc.get("_id")
@@ -229,14 +238,29 @@ class Cycle:
             if letters:
                 await self._write_letters(letters, now)
             self.faults.hit("after_publish")
+        except BaseException:
+            for d, _done, _released in pulls:  # nothing acknowledged counts: sent again
+                self.inflight.finish(d.key, (), self._ids(d.records))
+            raise
+        # Acknowledged: the documents are free for their newer entries (published while
+        # this pull runs, after these acknowledgements: the order holds).
+        for d, done, released in pulls:
+            self.inflight.acked(d.key, done, released)
+        failed: Exception | None = None
+        try:
             await self.drain()  # one pull at a time, in order
+        except Exception as exc:  # the previous pull's: raised once this one is started
+            failed = exc
         except BaseException:
             self._release(pulls)
             raise
         # Executed effects have their own metrics (dispatcher.effects): the published
         # counter counts only what a broker acknowledged.
+        self.pulls_started += 1
         self._pulling = asyncio.create_task(
-            self._complete(pulls, result.published - result.executed))
+            self._complete(pulls, result.published - result.executed, self.pulls_started))
+        if failed is not None:
+            raise failed
         return result
 
     async def _publish(self, docs: list[_Doc], records: list[OutboundRecord]
@@ -310,11 +334,11 @@ class Cycle:
         return done, released, letters
 
     def _release(self, pulls: list[tuple[_Doc, list[str], list[str]]]) -> None:
-        for d, _done, _released in pulls:  # published but not pulled: sent again later
-            self.inflight.finish(d.key, (), self._ids(d.records))
+        for _d, done, _released in pulls:  # published but not pulled: sent again later
+            self.inflight.unpulled(done)
 
     async def _complete(self, pulls: list[tuple[_Doc, list[str], list[str]]],
-                        published: int) -> None:
+                        published: int, seq: int = 0) -> None:
         pulls = self._still_fenced(pulls)
         try:
             await pull_entries(self.coll, [(d.key, done + d.stale) for d, done, _ in pulls
@@ -326,9 +350,10 @@ class Cycle:
             raise
         self.faults.hit("after_pull")
         stale = 0
-        for d, done, released in pulls:
-            self.inflight.finish(d.key, done, released)
+        for d, done, _released in pulls:
+            self.inflight.pulled(done)
             stale += len(d.stale)
+        self.pulls_done = max(self.pulls_done, seq)
         if published:
             self._m_published.inc(published)
         if stale:
