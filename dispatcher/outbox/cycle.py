@@ -239,13 +239,12 @@ class Cycle:
                 await self._write_letters(letters, now)
             self.faults.hit("after_publish")
         except BaseException:
-            for d, _done, _released in pulls:  # nothing acknowledged counts: sent again
-                self.inflight.finish(d.key, (), self._ids(d.records))
+            self._release(pulls)
             raise
-        # Acknowledged: the documents are free for their newer entries (published while
-        # this pull runs, after these acknowledgements: the order holds).
-        for d, done, released in pulls:
-            self.inflight.acked(d.key, done, released)
+        # The documents stay claimed until their pull is done (their newer entries wait:
+        # a pull that fails or comes too late — "Fencing" — republishes them, and nothing
+        # newer of the document may have gone out before that). Other documents are
+        # published while this pull runs.
         failed: Exception | None = None
         try:
             await self.drain()  # one pull at a time, in order
@@ -334,8 +333,8 @@ class Cycle:
         return done, released, letters
 
     def _release(self, pulls: list[tuple[_Doc, list[str], list[str]]]) -> None:
-        for _d, done, _released in pulls:  # published but not pulled: sent again later
-            self.inflight.unpulled(done)
+        for d, _done, _released in pulls:  # published but not pulled: sent again later
+            self.inflight.finish(d.key, (), self._ids(d.records))
 
     async def _complete(self, pulls: list[tuple[_Doc, list[str], list[str]]],
                         published: int, seq: int = 0) -> None:
@@ -350,8 +349,8 @@ class Cycle:
             raise
         self.faults.hit("after_pull")
         stale = 0
-        for d, done, _released in pulls:
-            self.inflight.pulled(done)
+        for d, done, released in pulls:
+            self.inflight.finish(d.key, done, released)
             stale += len(d.stale)
         self.pulls_done = max(self.pulls_done, seq)
         if published:

@@ -13,13 +13,6 @@ handed to the publisher once:
 Documents are serialised as well: while a document has entries in flight, its newer entries
 wait (:meth:`claim` returns nothing and marks the document *dirty*, to be re-read when
 the batch finishes) — so one aggregate's entries are always published in emission order.
-
-An entry the publisher acknowledged (:meth:`acked`) is *being pulled* until its ``$pull``
-is done (:meth:`pulled`): views skip it, and the document is free again — its newer
-entries may be published while that pull runs (the acknowledgement of the older ones came
-first, so the order holds). A pull that fails, or that the fence leaves undone
-(:meth:`unpulled`), frees its entries for publishing again: a duplicate with the same id,
-as after a crash between acknowledgement and pull.
 """
 
 from __future__ import annotations
@@ -47,14 +40,12 @@ class InFlight:
     def __init__(self, *, done_capacity: int = 100_000) -> None:
         self._entries: dict[str, Any] = {}  # entry id → document key
         self._docs: dict[Any, int] = {}  # document key → entries in flight
-        self._pulling: set[str] = set()  # acknowledged, their $pull not done yet
         self._done: OrderedDict[str, None] = OrderedDict()
         self._capacity = done_capacity
         self.dirty: set[Any] = set()
 
     def __len__(self) -> int:
-        """Entries in flight or being pulled."""
-        return len(self._entries) + len(self._pulling)
+        return len(self._entries)
 
     def busy(self, doc_key: Any) -> bool:
         return doc_key in self._docs
@@ -68,13 +59,10 @@ class InFlight:
         fresh: list[dict[str, Any]] = []
         stale: list[str] = []
         malformed = 0
-        pulling = self._pulling
         for entry in outbox:
             eid = entry.get("id") if isinstance(entry, dict) else None
             if not isinstance(eid, str) or not eid:
                 malformed += 1
-            elif eid in pulling:
-                continue  # published; its pull is running
             elif eid in self._done:
                 stale.append(eid)
             else:
@@ -83,32 +71,6 @@ class InFlight:
         if fresh:
             self._docs[doc_key] = len(fresh)
         return Claim(fresh, stale, malformed)
-
-    def acked(self, doc_key: Any, done: Iterable[str], released: Iterable[str]) -> None:
-        """The publisher answered for the document's batch: ``done`` ids (published or
-        dead-lettered) are being pulled, ``released`` ones are free again, and so is the
-        document."""
-        for eid in done:
-            self._entries.pop(eid, None)
-            self._pulling.add(eid)
-        for eid in released:
-            self._entries.pop(eid, None)
-        self._docs.pop(doc_key, None)
-
-    def pulled(self, done: Iterable[str]) -> None:
-        """Their ``$pull`` is done: published and gone (remembered as done)."""
-        for eid in done:
-            self._pulling.discard(eid)
-            self._done[eid] = None
-            self._done.move_to_end(eid)
-        while len(self._done) > self._capacity:
-            self._done.popitem(last=False)
-
-    def unpulled(self, ids: Iterable[str]) -> None:
-        """Their ``$pull`` failed or was left undone (a late copy): they are published
-        again by the next view that shows them."""
-        for eid in ids:
-            self._pulling.discard(eid)
 
     def finish(self, doc_key: Any, done: Iterable[str], released: Iterable[str]) -> None:
         """End the document's batch: ``done`` ids were published (or dead-lettered) and

@@ -8,9 +8,10 @@ time and a full sweep; an ``invalidate`` event a new stream ``start_after`` it a
 sweep at once; a read error a reopen from the last token (rewound before the failed read).
 After each published batch with no retry pending, the resume token is saved — once the
 batch's ``$pull`` is done. With ``pulls`` (the worker's cycle), that pull runs on while the
-next batches are read and published (their entries were acknowledged after the pulled
-ones: dispatcher/outbox/inflight.py); each step raises the error of a pull that failed
-(before publishing anything new) and saves the token of the last batch whose pull is done.
+next batches are read and published (a document of the pulled batch stays claimed until
+its pull is done: its newer entries wait, dispatcher/outbox/inflight.py); each step raises
+the error of a pull that failed and saves the token of the last batch whose pull is done
+(at most once a second).
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ class StreamMode:
         #: the newest token whose batch's pull is done, not saved yet
         self._saveable: Mapping[str, Any] | None = None
         self._last_save = float("-inf")
+        #: events read since a token was last remembered
+        self._events = 0
         self.restarts = 0
         self.invalidations = 0
         self._start_after: Mapping[str, Any] | None = None
@@ -178,16 +181,22 @@ class StreamMode:
         if batch.to_read:
             docs = [*docs, *await self.follower.fetch(batch.to_read)]
             self._contact()
+        self._events += batch.events
         if docs:
             # An event shows the document as it was then (dispatcher/outbox/changes.py) and
             # a read one may predate our last pull: entries published already are
             # recognised by the in-flight set (pulled again, not republished).
             await self._publish(latest_documents(docs))
             if not batch.ended:
+                self._events = 0
                 await self._remember(self.follower.resume_token)
-        elif (not batch.ended
+        elif (self._events and not batch.ended
               and self._monotonic() - self._last_idle_checkpoint > _IDLE_CHECKPOINT_S):
+            # Events that published nothing (other partitions, other fields): past them. An
+            # idle stream's token moves too (the server's postBatchResumeToken), but saving
+            # it would write a checkpoint every second for nothing.
             self._last_idle_checkpoint = self._monotonic()
+            self._events = 0
             await self._remember(self.follower.resume_token)
         if batch.ended:
             await self._invalidated(batch.end_token)

@@ -9,6 +9,7 @@
 //! it call the Python definition registered with `init`, which also raises what Python
 //! raises (circular references, unencodable names).
 
+mod records;
 use std::io::Write;
 use std::ptr::addr_of_mut;
 use std::sync::OnceLock;
@@ -570,5 +571,6 @@ fn _aggbox_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(emitted_message_ids, m)?)?;
     m.add_function(wrap_pyfunction!(uuid5, m)?)?;
     m.add_function(wrap_pyfunction!(noop, m)?)?;
+    records::register(m)?;
     Ok(())
 }
