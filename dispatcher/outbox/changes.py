@@ -30,6 +30,15 @@ outbox was then; a document whose event does not carry it is read (one batched, 
 - with **full-document lookup** (the fallback below), an update event's ``fullDocument`` is
   the document as it is now: used as a view.
 
+Views only come from events newer than the stream's open (``fresh_after``: the server's
+operation time right after it, :func:`~dispatcher.outbox.stream.server_time`). An older
+event — replayed from a resume token, or from a start point rounded down to the second —
+shows an outbox as it was: entries in it may have been published and pulled since by a
+previous owner of the partition (a hand-over, a restart), which this instance cannot tell
+from pending ones (its in-flight set knows only its own). Their documents are read
+instead, as they are now. After the open, only this instance pulls the partition's
+entries, and its in-flight set recognises what it has pulled already.
+
 Partitions: inserts and replaces are selected by the stream's ``$match`` on
 ``fullDocument._p``; an update event has no ``_p``, so its document is selected here — by
 its remembered ``_p`` (none: partition 0), else skipped when neither the partition of its
@@ -46,6 +55,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
+
+from bson import Timestamp
 
 from aggregates.core.partitions import partition_of
 from aggregates.dedup.core import F_HW, F_INBOX
@@ -201,21 +212,37 @@ class ChangeSet:
     """The documents the events of one read name, in order of their last event: a view
     (the outbox the events showed) or a read."""
 
-    __slots__ = ("_meta", "_parts", "_prefix", "_read")
+    __slots__ = ("_fresh_after", "_looked_up", "_meta", "_parts", "_prefix", "_read")
 
     def __init__(self, meta: DocMeta, partitions: Callable[[], frozenset[int] | None]
-                 = lambda: None) -> None:
+                 = lambda: None, *, fresh_after: Timestamp | None = None,
+                 looked_up: bool = False) -> None:
         self._meta = meta
         self._parts = partitions()
+        #: events at or before this cluster time are read, not viewed (None: all viewed)
+        self._fresh_after = fresh_after
+        #: update events carry the document as it is now (full-document lookup)
+        self._looked_up = looked_up
         #: document → a prefix of its outbox at its last event (None: read it), in order
         self._prefix: dict[Any, list[Any] | None] = {}
         self._read: set[Any] = set()
+
+    def _old(self, event: Mapping[str, Any]) -> bool:
+        """The event predates the stream's open: what it shows may have been pulled since."""
+        if self._fresh_after is None:
+            return False
+        at = event.get("clusterTime")
+        return not isinstance(at, Timestamp) or at <= self._fresh_after
 
     def add(self, event: Mapping[str, Any]) -> None:
         """Take one change event (insert, update, replace); raises :class:`NoDocumentKey`."""
         doc = event.get("fullDocument")
         if isinstance(doc, Mapping) and "_id" in doc:  # an insert, a replace, a lookup
             self._meta.learn(doc)
+            looked_up = self._looked_up and event.get("operationType") == "update"
+            if not looked_up and self._old(event):
+                self._set(doc["_id"], None)  # as it was then: read it as it is
+                return
             outbox = doc.get(F_OUTBOX)
             self._set(doc["_id"], list(outbox) if isinstance(outbox, list) else [])
             return
@@ -233,6 +260,11 @@ class ChangeSet:
         if F_TYPE in fields or F_PARTITION in fields or F_TYPE in removed \
                 or F_PARTITION in removed:
             self._meta.changed(key, fields, removed)
+        if self._old(event):
+            if any(k == F_OUTBOX or k.startswith(_PREFIX) for k in fields) \
+                    or F_OUTBOX in removed:
+                self._set(key, None)
+            return
         truncated = any(isinstance(t, Mapping) and t.get("field") == F_OUTBOX
                         for t in desc.get("truncatedArrays") or ())
         if F_OUTBOX in removed:

@@ -82,21 +82,23 @@ TOKEN_UNUSABLE: Final = frozenset({286, 280, 260, 2, 9})
 #: NotImplemented: FerretDB's '`aggregate` stage "$changeStream" is not implemented yet').
 CHANGE_STREAMS_UNSUPPORTED: Final = frozenset({40573, 40324, 115, 238})
 
-async def server_time(db: AsyncDatabase[Any]) -> Timestamp:
-    """A start point for a new stream, taken *before* the sweep that accompanies it.
+async def server_time(db: AsyncDatabase[Any], *, round_up: bool = False) -> Timestamp:
+    """The server's position: a start point for a new stream, taken *before* the sweep that
+    accompanies it, or (``round_up``) the time after which every event is newer than now.
 
-    The ``operationTime`` of a ``ping`` when the server reports one (replica sets); else
-    (mongo-java-server) the server's ``localTime`` rounded down to the second — replaying a
-    few events rather than missing one."""
+    The ``operationTime`` of a ``ping`` when the server reports one (replica sets, and
+    aggbox's launchers of mongo-java-server); else the server's ``localTime`` rounded down
+    to the second — replaying a few events rather than missing one — or, ``round_up``, to
+    the next second."""
     reply = await db.client.admin.command("ping")
     op_time = reply.get("operationTime")
     if isinstance(op_time, Timestamp):
         return op_time
     hello = await db.client.admin.command("isMaster")
     local = hello.get("localTime")
-    if isinstance(local, datetime):
-        return Timestamp(calendar.timegm(local.utctimetuple()), 0)
-    return Timestamp(int(time.time()), 0)
+    seconds = (calendar.timegm(local.utctimetuple()) if isinstance(local, datetime)
+               else int(time.time()))
+    return Timestamp(seconds + 1 if round_up else seconds, 0)
 
 
 class Checkpoints:
@@ -172,6 +174,8 @@ class StreamFollower:
         #: full-document lookup per event (the fallback for a server whose update events
         #: name no document); set at the first such event, kept
         self.lookup = False
+        #: the server's time when the stream was opened: older events are not viewed
+        self.fresh_after: Timestamp | None = None
         self.batch_size = batch_size
         self.pacing_s = pacing_s
         self.timing = timing
@@ -202,6 +206,9 @@ class StreamFollower:
         self._stream = await self.coll.watch(
             pipeline(self._where(), lookup=self.lookup), batch_size=self.batch_size,
             max_await_time_ms=max(1, int(self.pacing_s * 1000)), **kwargs)
+        # Events up to now may show entries a previous owner (or this instance, before)
+        # has pulled since: their documents are read, not viewed (changes.py).
+        self.fresh_after = await server_time(self.coll.database, round_up=True)
 
     @property
     def resume_token(self) -> Mapping[str, Any] | None:
@@ -220,7 +227,8 @@ class StreamFollower:
         if self._ended is not None:  # nothing more will come (never spin on it either)
             await pause(self.timing, self.pacing_s)
             return self._ended
-        changes = ChangeSet(self.meta, self._partitions)
+        changes = ChangeSet(self.meta, self._partitions, fresh_after=self.fresh_after,
+                            looked_up=self.lookup)
         newest: Timestamp | None = None
         n = 0
         start_token = self._stream.resume_token

@@ -120,6 +120,10 @@ public final class AggboxMongoServer {
         @Override
         public Document handleCommand(Channel channel, String databaseName, String command, Document query) {
             Document reply = super.handleCommand(channel, databaseName, command, query);
+            if ("ping".equalsIgnoreCase(command) && oplog instanceof TimestampOplog timestamps) {
+                reply.put("operationTime", timestamps.operationTime()); // as a replica set member
+                return reply;
+            }
             if (("getMore".equals(command) || "aggregate".equals(command)) && reply.get("cursor") instanceof Document cursor
                 && cursor.get("id") instanceof Number id && id.longValue() != 0) {
                 Object open;
@@ -240,6 +244,11 @@ public final class AggboxMongoServer {
         TimestampOplog(MemoryBackend backend, CursorRegistry cursorRegistry) {
             this.backend = backend;
             this.cursorRegistry = cursorRegistry;
+        }
+
+        /** The time of the last operation (h2server/BoundedOplog.operationTime). */
+        synchronized BsonTimestamp operationTime() {
+            return new BsonTimestamp(lastTs > 0 ? lastTs : Instant.now().getEpochSecond() << 32);
         }
 
         private synchronized void append(List<Document> bodies) {

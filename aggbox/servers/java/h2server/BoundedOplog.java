@@ -354,6 +354,19 @@ final class BoundedOplog implements Oplog {
         return complete ? token.append("hw", true) : token;
     }
 
+    /**
+     * The operationTime a replica set member puts in its replies: the time of the last
+     * operation in the oplog (the current second's start when there is none). aggbox adds
+     * it to ping replies, where clients read the server's position (a reader that opens a
+     * change stream knows that every event after it is newer than its open). Without it,
+     * the server's localTime rounded to the second was all a client had.
+     */
+    BsonTimestamp operationTime() {
+        synchronized (appendLock) {
+            return new BsonTimestamp(lastTs > 0 ? lastTs : Instant.now().getEpochSecond() << 32);
+        }
+    }
+
     /** Adds the cursor's postBatchResumeToken to a change stream's aggregate or getMore
      * reply (mongo-java-server sends none). */
     void addPostBatchResumeToken(Document reply) {

@@ -62,6 +62,8 @@ final class VersionGuardedH2Backend extends H2Backend {
             BoundedOplog oplog = boundedOplog;
             if (oplog != null && ("getMore".equals(command) || "aggregate".equals(command))) {
                 oplog.addPostBatchResumeToken(reply);
+            } else if (oplog != null && "ping".equalsIgnoreCase(command)) {
+                reply.put("operationTime", oplog.operationTime());
             }
             return reply;
         } catch (RuntimeException e) {
