@@ -57,6 +57,7 @@ from dispatcher.outbox.stream import CHANGE_STREAMS_UNSUPPORTED, Checkpoints, St
 from dispatcher.outbox.streammode import StreamMode
 from dispatcher.outbox.sweep import Sweeps, sweep
 from dispatcher.publishers.base import Publisher
+from dispatcher.publishers.native import NATIVE, RAW
 from dispatcher.timers.firer import TimerFirer
 
 __all__ = ["CollectionWorker", "WorkerStats"]
@@ -113,11 +114,15 @@ class CollectionWorker:
             source_type=source_type, topic_template=s.topic_template,
             page_size=s.batch_size, faults=faults,
             on_error=lambda exc: self.outcomes.timers_failed(exc))
+        #: pages of documents are read as raw BSON where the native core builds records
+        #: from it (dispatcher/publishers/native.py), else decoded
+        self.read_coll = self.coll.with_options(codec_options=RAW) if NATIVE else self.coll
         self.follower = StreamFollower(self.coll, batch_size=s.batch_size,
                                        pacing_s=s.pacing_ms / 1000, timing=timing,
                                        where=self.selection.stream_match,
-                                       partitions=self.selection.held)
-        self.sweeps = Sweeps(self.coll, self.cycle, name=collection, page_size=s.batch_size,
+                                       partitions=self.selection.held,
+                                       read_coll=self.read_coll)
+        self.sweeps = Sweeps(self.read_coll, self.cycle, name=collection, page_size=s.batch_size,
                              interval_s=s.sweep_interval_s, stop=stop, metrics=metrics,
                              timing=timing, where=self.selection.query,
                              learn=self.follower.meta.learn)
@@ -357,8 +362,9 @@ class CollectionWorker:
     # -- polling and once ---------------------------------------------------------------
     async def _poll_step(self) -> bool:
         self.metrics.sweeps.labels(self.name, "poll").inc()
-        res = await sweep(self.coll, self.cycle, page_size=self.settings.batch_size,
-                          stop=self.stop, where=self.selection.query())
+        res = await sweep(self.read_coll, self.cycle, page_size=self.settings.batch_size,
+                          stop=self.stop, where=self.selection.query(),
+                          learn=self.follower.meta.learn)
         self._contact()
         self.outcomes.absorb(res.cycle)
         if res.documents == 0:

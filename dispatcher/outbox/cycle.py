@@ -38,6 +38,7 @@ from dispatcher.outbox.pull import pull_entries
 from dispatcher.publishers.base import Publisher, PublishResult
 from dispatcher.publishers.builder import record_builder
 from dispatcher.publishers.letters import invalid_letter, rejected_letter
+from dispatcher.publishers.native import ScannedDoc, decoded_entry, record_of
 from dispatcher.publishers.record import H_FENCE, InvalidEntry, OutboundRecord
 
 __all__ = ["INVALID_OUTBOX_ENTRY", "Cycle", "CycleResult"]
@@ -181,18 +182,25 @@ class Cycle:
 
     def _prepare(self, doc: Mapping[str, Any]) -> _Doc | None:
         key = doc.get("_id")
-        outbox = doc.get(F_OUTBOX) or []
-        if not isinstance(outbox, list) or not outbox:
-            return None
-        claim = self.inflight.claim(key, outbox)
+        if type(doc) is ScannedDoc:  # read as raw BSON: its entries' ids and bytes
+            outbox: Any = doc.entries
+            if not outbox:
+                return None
+            claim = self.inflight.claim(key, outbox, ids=[eid for eid, _ in outbox])
+        else:
+            outbox = doc.get(F_OUTBOX) or []
+            if not isinstance(outbox, list) or not outbox:
+                return None
+            claim = self.inflight.claim(key, outbox)
         if claim.malformed:
             log.error("%s/%r: %d outbox entries without an id are ignored (they cannot be "
                       "pulled by id; remove them by hand)", self.collection, key,
                       claim.malformed, extra={"collection": self.collection})
         if not claim.fresh and not claim.stale:
             return None
-        build = record_builder(self.collection, str(doc.get(F_TYPE) or self.source_type),
-                               self.topic_template).build
+        source_type = str(doc.get(F_TYPE) or self.source_type)
+        build = (self._raw_builder(source_type) if type(doc) is ScannedDoc
+                 else record_builder(self.collection, source_type, self.topic_template).build)
         records: list[OutboundRecord | InvalidEntry] = []
         for entry in claim.fresh:
             try:
@@ -202,6 +210,8 @@ class Cycle:
             except Exception as exc:  # e.g. a hand-edited entry with out-of-range values
                 # Dead-letter it like any other invalid entry: an exception here would leave
                 # the document claimed (in flight) for the life of the process.
+                if type(doc) is ScannedDoc:
+                    entry = decoded_entry(entry)
                 records.append(InvalidEntry(str(entry.get("id")) if isinstance(entry, Mapping)
                                             else repr(entry),
                                             f"{type(exc).__name__}: {exc}", entry=entry))
@@ -211,6 +221,16 @@ class Cycle:
                 if isinstance(r, OutboundRecord):
                     r.headers[H_FENCE] = fence
         return _Doc(key, records, claim.stale, fence, doc)
+
+    def _raw_builder(self, source_type: str) -> Callable[[Any, Any], OutboundRecord]:
+        """Records of (id, BSON) entries: the native builder's, else the decoded entry's
+        (dispatcher/publishers/native.py)."""
+        collection, template = self.collection, self.topic_template
+
+        def build(entry: tuple[str, bytes], key: Any) -> OutboundRecord:
+            return record_of(entry[1], key, collection=collection, source_type=source_type,
+                             topic_template=template)
+        return build
 
     async def _send(self, docs: list[_Doc]) -> CycleResult:
         """Publish one chunk and write its dead letters; its pull is started in the

@@ -44,7 +44,6 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
 
-from aggregates.fold.document import F_OUTBOX
 from dispatcher.core.errors import describe_store_error
 from dispatcher.core.timing import REAL_TIME, Timing, pause
 from dispatcher.outbox.changes import (
@@ -58,6 +57,7 @@ from dispatcher.outbox.changes import (
     pipeline,
     selected,
 )
+from dispatcher.publishers.native import pending, scan
 
 __all__ = [
     "CHANGE_STREAMS_UNSUPPORTED",
@@ -163,8 +163,11 @@ class StreamFollower:
     def __init__(self, coll: AsyncCollection[Any], *, batch_size: int, pacing_s: float,
                  timing: Timing = REAL_TIME,
                  where: Callable[[], Mapping[str, Any]] = dict,
-                 partitions: Callable[[], frozenset[int] | None] = lambda: None) -> None:
+                 partitions: Callable[[], frozenset[int] | None] = lambda: None,
+                 read_coll: AsyncCollection[Any] | None = None) -> None:
         self.coll = coll
+        #: the collection documents are read from (raw BSON for the native builder)
+        self.read_coll = read_coll if read_coll is not None else coll
         #: extra ``$match`` conditions on the event (the worker's partitions), read at open
         self._where = where
         #: the partitions held (``None``: all), for the documents of update events
@@ -298,8 +301,8 @@ class StreamFollower:
         order of ``keys``."""
         if not keys:
             return []
-        found = {d["_id"]: d for d in await self.coll.find(
-            {"_id": {"$in": keys}}, FETCH_PROJECTION).to_list()}
+        found = {d["_id"]: d for d in (scan(x) for x in await self.read_coll.find(
+            {"_id": {"$in": keys}}, FETCH_PROJECTION).to_list())}
         parts = self._partitions()
         out: list[Mapping[str, Any]] = []
         for key in keys:
@@ -307,7 +310,7 @@ class StreamFollower:
             if doc is None:
                 continue
             self.meta.learn(doc)
-            if doc.get(F_OUTBOX) and selected(doc, parts):
+            if pending(doc) and selected(doc, parts):
                 out.append(doc)
         return out
 

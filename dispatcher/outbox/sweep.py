@@ -20,6 +20,7 @@ from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TYPE
 from dispatcher.core.timing import Timing
 from dispatcher.observe.metrics import Metrics
 from dispatcher.outbox.cycle import Cycle, CycleResult
+from dispatcher.publishers.native import scan
 
 __all__ = ["PENDING", "SweepResult", "Sweeps", "sweep"]
 
@@ -50,8 +51,10 @@ async def sweep(coll: AsyncCollection[Any], cycle: Cycle, *, page_size: int,
             query = {**PENDING, **(where or {})}
             if last is not None:
                 query["_id"] = {"$gt": last}
-            page = await coll.find(query, {F_OUTBOX: 1, F_TYPE: 1, F_PARTITION: 1}).sort(
-                "_id", 1).limit(page_size).to_list()
+            # read raw where the native builder takes it (dispatcher/publishers/native.py)
+            page = [scan(d) for d in await coll.find(
+                query, {F_OUTBOX: 1, F_TYPE: 1, F_PARTITION: 1}).sort(
+                "_id", 1).limit(page_size).to_list()]
             if not page:
                 break
             out.documents += len(page)
