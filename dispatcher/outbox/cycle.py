@@ -38,7 +38,7 @@ from dispatcher.outbox.pull import pull_entries
 from dispatcher.publishers.base import Publisher, PublishResult
 from dispatcher.publishers.builder import record_builder
 from dispatcher.publishers.letters import invalid_letter, rejected_letter
-from dispatcher.publishers.native import ScannedDoc, decoded_entry, record_of
+from dispatcher.publishers.native import ScannedDoc, decoded_entry, maker, record_of
 from dispatcher.publishers.record import H_FENCE, InvalidEntry, OutboundRecord
 
 __all__ = ["INVALID_OUTBOX_ENTRY", "Cycle", "CycleResult"]
@@ -226,10 +226,14 @@ class Cycle:
         """Records of (id, BSON) entries: the native builder's, else the decoded entry's
         (dispatcher/publishers/native.py)."""
         collection, template = self.collection, self.topic_template
+        native_build = maker(collection, template).build
 
         def build(entry: tuple[str, bytes], key: Any) -> OutboundRecord:
-            return record_of(entry[1], key, collection=collection, source_type=source_type,
-                             topic_template=template)
+            rec: OutboundRecord | None = native_build(entry[1], key)
+            if rec is None:
+                rec = record_of(entry[1], key, collection=collection,
+                                source_type=source_type, topic_template=template)
+            return rec
         return build
 
     async def _send(self, docs: list[_Doc]) -> CycleResult:

@@ -21,6 +21,7 @@ use std::sync::OnceLock;
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::ffi;
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDateTime, PyDict, PyList, PyString, PyTuple, PyTzInfo};
 
@@ -35,6 +36,8 @@ struct Shared {
     record_type: Py<PyAny>,
     /// the member descriptors of OutboundRecord's fields, in field order
     setters: Vec<Py<PyAny>>,
+    /// their slots' offsets in the object (each a plain object slot), when all are
+    offsets: Option<Vec<isize>>,
     render_topic: Py<PyAny>,
     utc: Py<PyAny>,
     decode: Py<PyAny>,
@@ -61,12 +64,34 @@ fn records_init(
 ) -> PyResult<()> {
     let dict = record_type.getattr("__dict__")?;
     let mut setters = Vec::with_capacity(FIELDS.len());
+    let mut offsets = Some(Vec::with_capacity(FIELDS.len()));
+    let member_type = py.import("types")?.getattr("MemberDescriptorType")?;
     for name in FIELDS {
-        setters.push(dict.get_item(name)?.unbind());
+        let d = dict.get_item(name)?;
+        // A slot's member descriptor (T_OBJECT_EX): its offset, filled directly.
+        if d.get_type().is(&member_type) {
+            let off = unsafe {
+                let m = (*(d.as_ptr() as *mut ffi::PyMemberDescrObject)).d_member
+                    as *mut ffi::PyMemberDef;
+                if (*m).type_code == ffi::Py_T_OBJECT_EX && (*m).flags == 0 {
+                    Some((*m).offset)
+                } else {
+                    None
+                }
+            };
+            match (off, offsets.as_mut()) {
+                (Some(o), Some(v)) => v.push(o),
+                _ => offsets = None,
+            }
+        } else {
+            offsets = None;
+        }
+        setters.push(d.unbind());
     }
     let _ = SHARED.set(Shared {
         record_type: record_type.unbind(),
         setters,
+        offsets,
         render_topic: render_topic.unbind(),
         utc: utc.unbind(),
         decode: decode.unbind(),
@@ -80,7 +105,8 @@ fn records_init(
 #[derive(Clone, Copy)]
 enum V<'a> {
     Double(f64),
-    Str(&'a str),
+    /// a string's bytes, UTF-8 not checked yet (:func:`utf8`)
+    Str(&'a [u8]),
     Doc(&'a [u8]),
     Arr(&'a [u8]),
     Bool(bool),
@@ -125,7 +151,7 @@ impl<'a> Elems<'a> {
         Ok(&self.buf[start..start + rel])
     }
 
-    fn string(&mut self) -> Result<&'a str, ()> {
+    fn string(&mut self) -> Result<&'a [u8], ()> {
         let n = i32_at(self.buf, self.pos)?;
         if n < 1 {
             return Err(());
@@ -136,7 +162,7 @@ impl<'a> Elems<'a> {
             return Err(());
         }
         self.pos = end;
-        std::str::from_utf8(&self.buf[start..end - 1]).map_err(|_| ())
+        Ok(&self.buf[start..end - 1])
     }
 
     fn sub(&mut self) -> Result<&'a [u8], ()> {
@@ -247,6 +273,15 @@ impl<'a> Elems<'a> {
     }
 }
 
+/// A BSON string's text (pymongo refuses invalid UTF-8: left to Python).
+fn utf8(b: &[u8]) -> Option<&str> {
+    if b.is_ascii() {
+        // ASCII is UTF-8
+        return Some(unsafe { std::str::from_utf8_unchecked(b) });
+    }
+    std::str::from_utf8(b).ok()
+}
+
 /// The elements of a document as (key, value), `None` when malformed or a key repeats
 /// (a dict keeps the first position and the last value: left to Python).
 fn items(doc: &[u8]) -> Option<Vec<(&[u8], V<'_>)>> {
@@ -309,8 +344,15 @@ fn is_py_space(b: u8) -> bool {
 /// json's `encode_basestring` (ensure_ascii=False): `"`, `\`, `\b\f\n\r\t` by letter, the
 /// other control characters as `\u00xx`; everything else as it is.
 fn json_str(out: &mut Vec<u8>, s: &str) {
-    out.push(b'"');
     let b = s.as_bytes();
+    if b.iter().all(|&c| c >= 0x20 && c != b'"' && c != b'\\') {
+        out.reserve(b.len() + 2);
+        out.push(b'"');
+        out.extend_from_slice(b);
+        out.push(b'"');
+        return;
+    }
+    out.push(b'"');
     let mut start = 0;
     for (i, &c) in b.iter().enumerate() {
         if c >= 0x20 && c != b'"' && c != b'\\' {
@@ -420,10 +462,26 @@ fn key_ok(k: &[u8]) -> Option<&str> {
 
 /// A payload value as the JSON encoder writes it and as a Python object (the envelope's
 /// payload); `None` for what `plain_payload` refuses or this code leaves to Python.
-fn value<'py>(py: Python<'py>, out: &mut Vec<u8>, v: V<'_>, depth: u32)
+/// Payload keys seen (few distinct ones, on every entry): one Python string each.
+type Keys = HashMap<Vec<u8>, Py<PyString>, Fx>;
+
+fn key_str<'py>(py: Python<'py>, keys: &mut Keys, k: &str) -> Bound<'py, PyString> {
+    if let Some(o) = keys.get(k.as_bytes()) {
+        return o.bind(py).clone();
+    }
+    if keys.len() >= CACHE_CAP {
+        keys.clear();
+    }
+    let o = PyString::new(py, k);
+    keys.insert(k.as_bytes().to_vec(), o.clone().unbind());
+    o
+}
+
+fn value<'py>(py: Python<'py>, keys: &mut Keys, out: &mut Vec<u8>, v: V<'_>, depth: u32)
               -> PyResult<Option<Bound<'py, PyAny>>> {
     Ok(Some(match v {
-        V::Str(s) => {
+        V::Str(b) => {
+            let Some(s) = utf8(b) else { return Ok(None) };
             json_str(out, s);
             PyString::new(py, s).into_any()
         }
@@ -446,11 +504,11 @@ fn value<'py>(py: Python<'py>, out: &mut Vec<u8>, v: V<'_>, depth: u32)
             out.extend_from_slice(b"null");
             py.None().into_bound(py)
         }
-        V::Doc(d) => match object(py, out, d, depth + 1)? {
+        V::Doc(d) => match object(py, keys, out, d, depth + 1)? {
             Some(o) => o.into_any(),
             None => return Ok(None),
         },
-        V::Arr(a) => match array(py, out, a, depth + 1)? {
+        V::Arr(a) => match array(py, keys, out, a, depth + 1)? {
             Some(o) => o.into_any(),
             None => return Ok(None),
         },
@@ -458,13 +516,13 @@ fn value<'py>(py: Python<'py>, out: &mut Vec<u8>, v: V<'_>, depth: u32)
     }))
 }
 
-fn object<'py>(py: Python<'py>, out: &mut Vec<u8>, doc: &[u8], depth: u32)
+fn object<'py>(py: Python<'py>, keys: &mut Keys, out: &mut Vec<u8>, doc: &[u8], depth: u32)
                -> PyResult<Option<Bound<'py, PyDict>>> {
     if depth > MAX_WALK_DEPTH {
         return Ok(None);
     }
     let Some(fields) = items(doc) else { return Ok(None) };
-    let dict = PyDict::new(py);
+    let dict = dict_for(py, fields.len() as isize)?;
     out.push(b'{');
     for (i, (k, v)) in fields.into_iter().enumerate() {
         let Some(key) = key_ok(k) else { return Ok(None) };
@@ -473,14 +531,14 @@ fn object<'py>(py: Python<'py>, out: &mut Vec<u8>, doc: &[u8], depth: u32)
         }
         json_str(out, key);
         out.push(b':');
-        let Some(item) = value(py, out, v, depth)? else { return Ok(None) };
-        dict.set_item(PyString::new(py, key), item)?;
+        let Some(item) = value(py, keys, out, v, depth)? else { return Ok(None) };
+        dict.set_item(key_str(py, keys, key), item)?;
     }
     out.push(b'}');
     Ok(Some(dict))
 }
 
-fn array<'py>(py: Python<'py>, out: &mut Vec<u8>, arr: &[u8], depth: u32)
+fn array<'py>(py: Python<'py>, keys: &mut Keys, out: &mut Vec<u8>, arr: &[u8], depth: u32)
               -> PyResult<Option<Bound<'py, PyList>>> {
     if depth > MAX_WALK_DEPTH {
         return Ok(None);
@@ -500,7 +558,7 @@ fn array<'py>(py: Python<'py>, out: &mut Vec<u8>, arr: &[u8], depth: u32)
         if i > 0 {
             out.push(b',');
         }
-        let Some(item) = value(py, out, v, depth)? else { return Ok(None) };
+        let Some(item) = value(py, keys, out, v, depth)? else { return Ok(None) };
         list.append(item)?;
         i += 1;
     }
@@ -561,6 +619,51 @@ fn iso(c: &Civil) -> String {
 
 // ---------------------------------------------------------------- the maker
 
+/// FxHash (rustc's): the string caches' keys are short, trusted and hashed per entry; the
+/// default SipHash was a tenth of the record's cost.
+#[derive(Default, Clone, Copy)]
+struct Fx;
+
+#[derive(Default)]
+struct FxHasher(u64);
+
+impl std::hash::BuildHasher for Fx {
+    type Hasher = FxHasher;
+    fn build_hasher(&self) -> FxHasher {
+        FxHasher(0)
+    }
+}
+
+impl std::hash::Hasher for FxHasher {
+    fn write(&mut self, bytes: &[u8]) {
+        const K: u64 = 0x517c_c1b7_2722_0a95;
+        let mut h = self.0;
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            let w = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
+            h = (h.rotate_left(5) ^ w).wrapping_mul(K);
+        }
+        for &b in chunks.remainder() {
+            h = (h.rotate_left(5) ^ b as u64).wrapping_mul(K);
+        }
+        self.0 = h;
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A dict with room for `n` items (no resize while it is filled).
+fn dict_for<'py>(py: Python<'py>, n: isize) -> PyResult<Bound<'py, PyDict>> {
+    unsafe {
+        let d = ffi::_PyDict_NewPresized(n);
+        if d.is_null() {
+            return Err(PyErr::fetch(py));
+        }
+        Ok(Bound::from_owned_ptr(py, d).cast_into_unchecked())
+    }
+}
+
 /// An ordered string map with dict assignment semantics (a key set again keeps its place).
 struct Ordered<'a>(Vec<(&'a str, &'a str)>);
 
@@ -579,8 +682,12 @@ struct RecordMaker {
     collection: Py<PyString>,
     topic_template: Py<PyString>,
     /// strings seen (types, ids, names): one Python object each
-    strings: HashMap<Vec<u8>, Py<PyString>>,
-    topics: HashMap<(Vec<u8>, Vec<u8>, Vec<u8>), Py<PyString>>,
+    strings: HashMap<Vec<u8>, Py<PyString>, Fx>,
+    /// topics by "emitter type\0target type\0message type"
+    topics: HashMap<Vec<u8>, Py<PyString>, Fx>,
+    keybuf: Vec<u8>,
+    /// payload keys
+    keys: Keys,
     /// the last created_at: (ms, datetime, ISO form)
     last_at: Option<(i64, Py<PyAny>, Py<PyString>, String)>,
 }
@@ -599,11 +706,66 @@ impl RecordMaker {
     }
 }
 
+/// An entry's fields, by name (the last one of a name: a dict keeps the last value).
+#[derive(Default)]
+struct Fields<'a> {
+    id: Option<V<'a>>,
+    type_: Option<V<'a>>,
+    payload: Option<V<'a>>,
+    source: Option<V<'a>>,
+    created_at: Option<V<'a>>,
+    target: Option<V<'a>>,
+    correlation_id: Option<V<'a>>,
+    causation_id: Option<V<'a>>,
+    headers: Option<V<'a>>,
+    schema_version: Option<V<'a>>,
+    topic: Option<V<'a>>,
+    key: Option<V<'a>>,
+    timer: bool,
+}
+
+impl<'a> Fields<'a> {
+    fn of(raw: &'a [u8]) -> Option<Fields<'a>> {
+        let mut it = elems(raw).ok()?;
+        let mut f = Fields::default();
+        while let Some((k, v)) = it.next().ok()? {
+            let slot = match k {
+                b"id" => &mut f.id,
+                b"type" => &mut f.type_,
+                b"payload" => &mut f.payload,
+                b"source" => &mut f.source,
+                b"created_at" => &mut f.created_at,
+                b"target" => &mut f.target,
+                b"correlation_id" => &mut f.correlation_id,
+                b"causation_id" => &mut f.causation_id,
+                b"headers" => &mut f.headers,
+                b"schema_version" => &mut f.schema_version,
+                b"topic" => &mut f.topic,
+                b"key" => &mut f.key,
+                b"timer" => {
+                    f.timer = true;
+                    continue;
+                }
+                _ => continue,
+            };
+            *slot = Some(v);
+        }
+        Some(f)
+    }
+}
+
 fn opt_str<'a>(v: Option<V<'a>>) -> Result<Option<&'a str>, ()> {
     match v {
         None | Some(V::Null) => Ok(None),
-        Some(V::Str(s)) => Ok(Some(s)),
+        Some(V::Str(b)) => utf8(b).map(Some).ok_or(()),
         _ => Err(()),
+    }
+}
+
+fn text(v: Option<V<'_>>) -> Option<&str> {
+    match v {
+        Some(V::Str(b)) => utf8(b),
+        _ => None,
     }
 }
 
@@ -614,8 +776,10 @@ impl RecordMaker {
         RecordMaker {
             collection: collection.unbind(),
             topic_template: topic_template.unbind(),
-            strings: HashMap::new(),
-            topics: HashMap::new(),
+            strings: HashMap::default(),
+            topics: HashMap::default(),
+            keybuf: Vec::new(),
+            keys: HashMap::default(),
             last_at: None,
         }
     }
@@ -624,28 +788,15 @@ impl RecordMaker {
     fn build<'py>(&mut self, py: Python<'py>, entry: &Bound<'py, PyBytes>,
                   document_id: Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let raw = entry.as_bytes();
-        let Some(fields) = (match elems(raw) {
-            Ok(mut it) => {
-                let mut v = Vec::with_capacity(12);
-                loop {
-                    match it.next() {
-                        Ok(Some(kv)) => v.push(kv),
-                        Ok(None) => break Some(v),
-                        Err(()) => break None,
-                    }
-                }
-            }
-            Err(()) => None,
-        }) else {
-            return Ok(None);
-        };
-        if fields.iter().any(|(k, _)| *k == b"timer") {
+        let Some(fields) = Fields::of(raw) else { return Ok(None) };
+        if fields.timer {
             return Ok(None);
         }
-        let (Some(V::Str(eid)), Some(V::Str(etype)), Some(V::Doc(payload)), Some(V::Doc(src)),
-             Some(V::Date(created_ms))) = (field(&fields, b"id"), field(&fields, b"type"),
-                                           field(&fields, b"payload"), field(&fields, b"source"),
-                                           field(&fields, b"created_at"))
+        let (Some(eid), Some(etype), Some(V::Doc(payload)), Some(V::Doc(src)),
+             Some(V::Date(created_ms))) = (text(fields.id),
+                                           text(fields.type_),
+                                           fields.payload, fields.source,
+                                           fields.created_at)
         else {
             return Ok(None);
         };
@@ -661,27 +812,27 @@ impl RecordMaker {
         }) else {
             return Ok(None);
         };
-        let (Some(V::Str(stype)), Some(V::Str(sid)), Some(V::Int32(seq))) =
-            (field(&srcf, b"type"), field(&srcf, b"id"), field(&srcf, b"seq"))
+        let (Some(stype), Some(sid), Some(V::Int32(seq))) =
+            (text(field(&srcf, b"type")), text(field(&srcf, b"id")), field(&srcf, b"seq"))
         else {
             return Ok(None);
         };
         if seq < 1 {
             return Ok(None);
         }
-        let (agg_type, agg_id, addressed) = match field(&fields, b"target") {
+        let (agg_type, agg_id, addressed) = match fields.target {
             None | Some(V::Null) => (stype, sid, false),
             Some(V::Doc(t)) => {
                 let Some(tf) = items(t) else { return Ok(None) };
-                match (field(&tf, b"type"), field(&tf, b"id")) {
-                    (Some(V::Str(tt)), Some(V::Str(ti))) if !tt.is_empty() => (tt, ti, true),
+                match (text(field(&tf, b"type")), text(field(&tf, b"id"))) {
+                    (Some(tt), Some(ti)) if !tt.is_empty() => (tt, ti, true),
                     _ => return Ok(None),
                 }
             }
             _ => return Ok(None),
         };
-        let (Ok(corr), Ok(caus)) = (opt_str(field(&fields, b"correlation_id")),
-                                    opt_str(field(&fields, b"causation_id")))
+        let (Ok(corr), Ok(caus)) = (opt_str(fields.correlation_id),
+                                    opt_str(fields.causation_id))
         else {
             return Ok(None);
         };
@@ -689,13 +840,14 @@ impl RecordMaker {
              && id_ok(agg_id) && corr.map_or(true, id_ok) && caus.map_or(true, id_ok)) {
             return Ok(None);
         }
-        let headers: Vec<(&str, &str)> = match field(&fields, b"headers") {
+        let headers: Vec<(&str, &str)> = match fields.headers {
             None | Some(V::Null) => Vec::new(),
             Some(V::Doc(h)) => {
                 let Some(hf) = items(h) else { return Ok(None) };
                 let mut out = Vec::with_capacity(hf.len());
                 for (k, v) in hf {
-                    let (Ok(k), V::Str(v)) = (std::str::from_utf8(k), v) else { return Ok(None) };
+                    let (Some(k), V::Str(v)) = (utf8(k), v) else { return Ok(None) };
+                    let Some(v) = utf8(v) else { return Ok(None) };
                     if k.starts_with('$') {
                         return Ok(None);
                     }
@@ -705,35 +857,42 @@ impl RecordMaker {
             }
             _ => return Ok(None),
         };
-        let sv: Option<i32> = match field(&fields, b"schema_version") {
+        let sv: Option<i32> = match fields.schema_version {
             None | Some(V::Null) => None,
             Some(V::Int32(v)) if v >= 1 => Some(v),
             _ => return Ok(None),
         };
-        let topic = match field(&fields, b"topic") {
+        let topic = match fields.topic {
             None | Some(V::Null) => None,
             Some(V::Str(t)) if t.is_empty() => None,
-            Some(V::Str(t)) => Some(t),
+            Some(V::Str(t)) => match utf8(t) {
+                Some(t) => Some(t),
+                None => return Ok(None),
+            },
             _ => return Ok(None),
         };
-        let key = match field(&fields, b"key") {
+        let key = match fields.key {
             None | Some(V::Null) => None,
             Some(V::Str(k)) if k.is_empty() => None,
-            Some(V::Str(k)) => Some(k),
+            Some(V::Str(k)) => match utf8(k) {
+                Some(k) => Some(k),
+                None => return Ok(None),
+            },
             _ => return Ok(None),
         };
         let Some(when) = date_of(created_ms) else { return Ok(None) };
 
         // The payload: its JSON and its Python form.
         let mut pjson = Vec::with_capacity(payload.len() + 16);
-        let Some(payload_obj) = object(py, &mut pjson, payload, 0)? else { return Ok(None) };
+        let Some(payload_obj) = object(py, &mut self.keys, &mut pjson, payload, 0)? else {
+            return Ok(None);
+        };
         let _ = FLAT_MAX;
 
         let sh = shared()?;
         // created_at and its ISO form (one per write, shared by its entries)
-        let (created, at_str, at) = match &self.last_at {
-            Some((ms, dt, s, text)) if *ms == created_ms =>
-                (dt.bind(py).clone(), s.bind(py).clone(), text.clone()),
+        let (created, at_str) = match &self.last_at {
+            Some((ms, dt, s, _)) if *ms == created_ms => (dt.bind(py).clone(), s.bind(py).clone()),
             _ => {
                 let tz = sh.utc.bind(py).cast::<PyTzInfo>()?.clone();
                 let dt = PyDateTime::new(py, when.year, when.month, when.day, when.hour,
@@ -741,10 +900,15 @@ impl RecordMaker {
                 let text = iso(&when);
                 let s = PyString::new(py, &text);
                 self.last_at = Some((created_ms, dt.clone().into_any().unbind(),
-                                     s.clone().unbind(), text.clone()));
-                (dt.into_any(), s, text)
+                                     s.clone().unbind(), text));
+                (dt.into_any(), s)
             }
         };
+        let at: &str = match &self.last_at {
+            Some((_, _, _, text)) => text,
+            None => "",
+        };
+        let at = at.to_owned();
 
         // env headers: the entry's, then aggbox-kind: event when not addressed
         let mut env_headers = Ordered(headers.clone());
@@ -814,63 +978,67 @@ impl RecordMaker {
         let caus_o = caus.map(|c| self.string(py, c));
         let seq_o = seq.into_pyobject(py)?;
 
-        let env = PyDict::new(py);
-        env.set_item("message_id", &eid_o)?;
-        env.set_item("type", &etype_o)?;
-        env.set_item("aggregate_type", &agg_type_o)?;
-        env.set_item("aggregate_id", &agg_id_o)?;
-        env.set_item("payload", &payload_obj)?;
-        env.set_item("occurred_at", &at_str)?;
-        let source = PyDict::new(py);
-        source.set_item("type", &stype_o)?;
-        source.set_item("id", &sid_o)?;
-        source.set_item("seq", &seq_o)?;
-        env.set_item("source", source)?;
+        let env = dict_for(py, 11)?;
+        env.set_item(intern!(py, "message_id"), &eid_o)?;
+        env.set_item(intern!(py, "type"), &etype_o)?;
+        env.set_item(intern!(py, "aggregate_type"), &agg_type_o)?;
+        env.set_item(intern!(py, "aggregate_id"), &agg_id_o)?;
+        env.set_item(intern!(py, "payload"), &payload_obj)?;
+        env.set_item(intern!(py, "occurred_at"), &at_str)?;
+        let source = dict_for(py, 3)?;
+        source.set_item(intern!(py, "type"), &stype_o)?;
+        source.set_item(intern!(py, "id"), &sid_o)?;
+        source.set_item(intern!(py, "seq"), &seq_o)?;
+        env.set_item(intern!(py, "source"), source)?;
         if let Some(c) = &corr_o {
-            env.set_item("correlation_id", c)?;
+            env.set_item(intern!(py, "correlation_id"), c)?;
         }
         if let Some(c) = &caus_o {
-            env.set_item("causation_id", c)?;
-        }
-        let env_headers_o = PyDict::new(py);
-        for (k, val) in &env_headers.0 {
-            env_headers_o.set_item(*k, *val)?;
+            env.set_item(intern!(py, "causation_id"), c)?;
         }
         if !headers.is_empty() {
-            env.set_item("headers", &env_headers_o)?;
+            let env_headers_o = PyDict::new(py);
+            for (k, val) in &env_headers.0 {
+                env_headers_o.set_item(*k, *val)?;
+            }
+            env.set_item(intern!(py, "headers"), &env_headers_o)?;
         }
         if let Some(n) = sv {
             if n != 1 {
-                env.set_item("schema_version", n)?;
+                env.set_item(intern!(py, "schema_version"), n)?;
             }
         }
         if headers.is_empty() && !addressed {
             let h = PyDict::new(py);
-            h.set_item("aggbox-kind", "event")?;
-            env.set_item("headers", h)?;
+            h.set_item(intern!(py, "aggbox-kind"), intern!(py, "event"))?;
+            env.set_item(intern!(py, "headers"), h)?;
         }
 
         // the topic: the entry's, else the template's for (emitter, target, type)
         let topic_o: Bound<'py, PyAny> = match topic {
             Some(t) => PyString::new(py, t).into_any(),
             None => {
-                let tkey = (stype.as_bytes().to_vec(), agg_type.as_bytes().to_vec(),
-                            etype.as_bytes().to_vec());
-                match self.topics.get(&tkey) {
+                self.keybuf.clear();
+                self.keybuf.extend_from_slice(stype.as_bytes());
+                self.keybuf.push(0);
+                self.keybuf.extend_from_slice(agg_type.as_bytes());
+                self.keybuf.push(0);
+                self.keybuf.extend_from_slice(etype.as_bytes());
+                match self.topics.get(self.keybuf.as_slice()) {
                     Some(t) => t.bind(py).clone().into_any(),
                     None => {
                         let kwargs = PyDict::new(py);
-                        kwargs.set_item("aggregate_type", &stype_o)?;
-                        kwargs.set_item("target_type", &agg_type_o)?;
-                        kwargs.set_item("type", &etype_o)?;
-                        kwargs.set_item("collection", self.collection.bind(py))?;
+                        kwargs.set_item(intern!(py, "aggregate_type"), &stype_o)?;
+                        kwargs.set_item(intern!(py, "target_type"), &agg_type_o)?;
+                        kwargs.set_item(intern!(py, "type"), &etype_o)?;
+                        kwargs.set_item(intern!(py, "collection"), self.collection.bind(py))?;
                         let t = sh.render_topic.bind(py).call(
                             (self.topic_template.bind(py),), Some(&kwargs))?;
                         let t = t.str()?;
                         if self.topics.len() >= CACHE_CAP {
                             self.topics.clear();
                         }
-                        self.topics.insert(tkey, t.clone().unbind());
+                        self.topics.insert(self.keybuf.clone(), t.clone().unbind());
                         t.into_any()
                     }
                 }
@@ -878,41 +1046,41 @@ impl RecordMaker {
         };
 
         // the record's headers: the envelope's own first, then the ids (reference order)
-        let rh = PyDict::new(py);
-        let kind = if addressed { "input" } else { "event" };
+        let rh = dict_for(py, 12 + headers.len() as isize)?;
+        let kind_o = if addressed { intern!(py, "input") } else { intern!(py, "event") };
         if !headers.is_empty() {
             for (k, val) in &env_headers.0 {
                 rh.set_item(*k, *val)?;
             }
-            rh.set_item("message_id", &eid_o)?;
-            rh.set_item("type", &etype_o)?;
-            rh.set_item("aggregate_type", &agg_type_o)?;
-            rh.set_item("aggregate_id", &agg_id_o)?;
-            rh.set_item("aggbox-kind", kind)?;
+            rh.set_item(intern!(py, "message_id"), &eid_o)?;
+            rh.set_item(intern!(py, "type"), &etype_o)?;
+            rh.set_item(intern!(py, "aggregate_type"), &agg_type_o)?;
+            rh.set_item(intern!(py, "aggregate_id"), &agg_id_o)?;
+            rh.set_item(intern!(py, "aggbox-kind"), kind_o)?;
         } else if addressed {
-            rh.set_item("message_id", &eid_o)?;
-            rh.set_item("type", &etype_o)?;
-            rh.set_item("aggregate_type", &agg_type_o)?;
-            rh.set_item("aggregate_id", &agg_id_o)?;
-            rh.set_item("aggbox-kind", kind)?;
+            rh.set_item(intern!(py, "message_id"), &eid_o)?;
+            rh.set_item(intern!(py, "type"), &etype_o)?;
+            rh.set_item(intern!(py, "aggregate_type"), &agg_type_o)?;
+            rh.set_item(intern!(py, "aggregate_id"), &agg_id_o)?;
+            rh.set_item(intern!(py, "aggbox-kind"), kind_o)?;
         } else {
-            rh.set_item("aggbox-kind", kind)?;
-            rh.set_item("message_id", &eid_o)?;
-            rh.set_item("type", &etype_o)?;
-            rh.set_item("aggregate_type", &agg_type_o)?;
-            rh.set_item("aggregate_id", &agg_id_o)?;
+            rh.set_item(intern!(py, "aggbox-kind"), kind_o)?;
+            rh.set_item(intern!(py, "message_id"), &eid_o)?;
+            rh.set_item(intern!(py, "type"), &etype_o)?;
+            rh.set_item(intern!(py, "aggregate_type"), &agg_type_o)?;
+            rh.set_item(intern!(py, "aggregate_id"), &agg_id_o)?;
         }
         if let Some(c) = &caus_o {
-            rh.set_item("causation_id", c)?;
+            rh.set_item(intern!(py, "causation_id"), c)?;
         }
         if let Some(c) = &corr_o {
-            rh.set_item("correlation_id", c)?;
+            rh.set_item(intern!(py, "correlation_id"), c)?;
         }
-        rh.set_item("source_type", &stype_o)?;
-        rh.set_item("source_id", &sid_o)?;
+        rh.set_item(intern!(py, "source_type"), &stype_o)?;
+        rh.set_item(intern!(py, "source_id"), &sid_o)?;
         let mut seq_text = Vec::with_capacity(12);
         push_i64(&mut seq_text, seq as i64);
-        rh.set_item("source_seq", std::str::from_utf8(&seq_text).unwrap())?;
+        rh.set_item(intern!(py, "source_seq"), std::str::from_utf8(&seq_text).unwrap())?;
 
         let key_o: Bound<'py, PyAny> = match key {
             Some(k) if k == sid => sid_o.clone().into_any(),
@@ -945,6 +1113,17 @@ fn new_record<'py>(py: Python<'py>, sh: &Shared, values: [Bound<'py, PyAny>; 11]
         }
         Bound::from_owned_ptr(py, o)
     };
+    if let Some(offsets) = &sh.offsets {
+        // a new object: its slots are empty (NULL); a member descriptor would store the
+        // same reference there
+        for (off, value) in offsets.iter().zip(values) {
+            unsafe {
+                let slot = (obj.as_ptr() as *mut u8).offset(*off) as *mut *mut ffi::PyObject;
+                *slot = value.into_ptr();
+            }
+        }
+        return Ok(obj);
+    }
     for (setter, value) in sh.setters.iter().zip(values.iter()) {
         unsafe {
             let d = setter.as_ptr();
@@ -976,12 +1155,14 @@ fn outbox_of<'py>(py: Python<'py>, doc: &[u8]) -> PyResult<Option<Bound<'py, PyT
         let Some((k, v)) = next else { break };
         match k {
             b"_id" => {
-                let V::Str(s) = v else { return Ok(None) };
+                let Some(s) = (if let V::Str(b) = v { utf8(b) } else { None }) else {
+                    return Ok(None);
+                };
                 if seen_id {
                     return Ok(None);
                 }
                 seen_id = true;
-                view.set_item("_id", s)?;
+                view.set_item(intern!(py, "_id"), s)?;
             }
             b"_type" => {
                 if seen_type {
@@ -989,8 +1170,11 @@ fn outbox_of<'py>(py: Python<'py>, doc: &[u8]) -> PyResult<Option<Bound<'py, PyT
                 }
                 seen_type = true;
                 match v {
-                    V::Str(s) => view.set_item("_type", s)?,
-                    V::Null => view.set_item("_type", py.None())?,
+                    V::Str(b) => match utf8(b) {
+                        Some(s) => view.set_item(intern!(py, "_type"), s)?,
+                        None => return Ok(None),
+                    },
+                    V::Null => view.set_item(intern!(py, "_type"), py.None())?,
                     _ => return Ok(None),
                 }
             }
@@ -1000,7 +1184,7 @@ fn outbox_of<'py>(py: Python<'py>, doc: &[u8]) -> PyResult<Option<Bound<'py, PyT
                     return Ok(None);
                 }
                 seen_p = true;
-                view.set_item("_p", p)?;
+                view.set_item(intern!(py, "_p"), p)?;
             }
             b"outbox" => {
                 if seen_outbox {
@@ -1027,7 +1211,10 @@ fn outbox_of<'py>(py: Python<'py>, doc: &[u8]) -> PyResult<Option<Bound<'py, PyT
                                             }
                                         }
                                     }) {
-                                        Some(Some(s)) if !s.is_empty() => PyString::new(py, s).into_any(),
+                                        Some(Some(b)) if !b.is_empty() => match utf8(b) {
+                                            Some(s) => PyString::new(py, s).into_any(),
+                                            None => return Ok(None),
+                                        },
                                         Some(_) => py.None().into_bound(py),
                                         None => return Ok(None),
                                     };

@@ -59,9 +59,10 @@ def test_the_usual_entries_are_built_natively() -> None:
     if not native.NATIVE:
         assert maker is None  # pure Python: every entry is decoded first
         return
-    usual: list[dict[str, Any]] = [{}, {"headers": {"tenant": "t1"}}, {"target": {"type": "Order", "id": "o-9"}},
-             {"schema_version": 3}, {"topic": "explicit"}, {"correlation_id": None},
-             {"payload": {str(i): [i, {"x": 1.5}] for i in range(20)}}]
+    usual: list[dict[str, Any]] = [
+        {}, {"headers": {"tenant": "t1"}}, {"target": {"type": "Order", "id": "o-9"}},
+        {"schema_version": 3}, {"topic": "explicit"}, {"correlation_id": None},
+        {"payload": {str(i): [i, {"x": 1.5}] for i in range(20)}}]
     for over in usual:
         raw = _raw(entry(**over))
         assert raw is not None and maker.build(raw, "agg-1") is not None, over
