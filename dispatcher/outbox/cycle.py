@@ -35,10 +35,11 @@ from dispatcher.observe.metrics import Metrics
 from dispatcher.observe.tracing import publish_spans
 from dispatcher.outbox.inflight import InFlight
 from dispatcher.outbox.pull import pull_entries
+from dispatcher.outbox.results import CycleResult
 from dispatcher.publishers.base import Publisher, PublishResult
 from dispatcher.publishers.builder import record_builder
 from dispatcher.publishers.letters import invalid_letter, rejected_letter
-from dispatcher.publishers.native import ScannedDoc, decoded_entry, maker, record_of
+from dispatcher.publishers.native import ScannedDoc, decoded_entry, raw_builder
 from dispatcher.publishers.record import H_FENCE, InvalidEntry, OutboundRecord
 
 __all__ = ["INVALID_OUTBOX_ENTRY", "Cycle", "CycleResult"]
@@ -47,31 +48,6 @@ log = logging.getLogger("aggbox.dispatcher")
 
 #: Dead-letter reason of an entry that cannot form a valid envelope.
 INVALID_OUTBOX_ENTRY = Reason.INVALID_OUTBOX_ENTRY
-
-
-@dataclass(slots=True)
-class CycleResult:
-    documents: int = 0
-    published: int = 0
-    #: of ``published``, the effect entries executed instead (dispatcher.effects)
-    executed: int = 0
-    dead_lettered: int = 0
-    stale: int = 0
-    #: documents with entries still pending after a retryable failure (retry after backoff)
-    retry: list[Any] = field(default_factory=list)
-    retry_error: str | None = None
-    #: the lease was not held: nothing was published
-    lease_lost: bool = False
-
-    def add(self, other: CycleResult) -> None:
-        self.documents += other.documents
-        self.published += other.published
-        self.executed += other.executed
-        self.dead_lettered += other.dead_lettered
-        self.stale += other.stale
-        self.retry.extend(other.retry)
-        self.retry_error = self.retry_error or other.retry_error
-        self.lease_lost = self.lease_lost or other.lease_lost
 
 
 @dataclass(slots=True)
@@ -199,7 +175,8 @@ class Cycle:
         if not claim.fresh and not claim.stale:
             return None
         source_type = str(doc.get(F_TYPE) or self.source_type)
-        build = (self._raw_builder(source_type) if type(doc) is ScannedDoc
+        build = (raw_builder(self.collection, source_type, self.topic_template)
+                 if type(doc) is ScannedDoc
                  else record_builder(self.collection, source_type, self.topic_template).build)
         records: list[OutboundRecord | InvalidEntry] = []
         for entry in claim.fresh:
@@ -221,20 +198,6 @@ class Cycle:
                 if isinstance(r, OutboundRecord):
                     r.headers[H_FENCE] = fence
         return _Doc(key, records, claim.stale, fence, doc)
-
-    def _raw_builder(self, source_type: str) -> Callable[[Any, Any], OutboundRecord]:
-        """Records of (id, BSON) entries: the native builder's, else the decoded entry's
-        (dispatcher/publishers/native.py)."""
-        collection, template = self.collection, self.topic_template
-        native_build = maker(collection, template).build
-
-        def build(entry: tuple[str, bytes], key: Any) -> OutboundRecord:
-            rec: OutboundRecord | None = native_build(entry[1], key)
-            if rec is None:
-                rec = record_of(entry[1], key, collection=collection,
-                                source_type=source_type, topic_template=template)
-            return rec
-        return build
 
     async def _send(self, docs: list[_Doc]) -> CycleResult:
         """Publish one chunk and write its dead letters; its pull is started in the

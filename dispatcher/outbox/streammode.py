@@ -99,6 +99,21 @@ class StreamMode:
         self._last_idle_checkpoint = 0.0
 
     # -- opening ------------------------------------------------------------------------
+    async def choose(self, setting: str) -> str:
+        """The worker's mode: ``stream`` when the change stream opens; ``poll`` when the
+        server has none and ``setting`` is ``auto`` (or when it is ``poll``)."""
+        if setting not in ("auto", "stream"):
+            return "poll"
+        try:
+            await self.start()
+            return "stream"
+        except OperationFailure as exc:
+            if exc.code not in CHANGE_STREAMS_UNSUPPORTED or setting == "stream":
+                raise
+            log.warning("%s: the server has no change streams (%s); polling mode",
+                        self.name, exc, extra={"collection": self.name})
+            return "poll"
+
     async def start(self) -> None:
         """Open from the checkpoint when there is one (else at the current time) and ask for
         the start-up sweep. Raises ``OperationFailure`` with a code of

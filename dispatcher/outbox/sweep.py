@@ -17,12 +17,14 @@ from typing import Any
 from pymongo.asynchronous.collection import AsyncCollection
 
 from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TYPE
-from dispatcher.core.timing import Timing
+from dispatcher.core.settings import DispatcherSettings
+from dispatcher.core.timing import Timing, pause
 from dispatcher.observe.metrics import Metrics
-from dispatcher.outbox.cycle import Cycle, CycleResult
+from dispatcher.outbox.cycle import Cycle
+from dispatcher.outbox.results import CycleResult
 from dispatcher.publishers.native import scan
 
-__all__ = ["PENDING", "SweepResult", "Sweeps", "sweep"]
+__all__ = ["PENDING", "SweepResult", "Sweeps", "poll", "sweep"]
 
 log = logging.getLogger("aggbox.dispatcher")
 
@@ -76,6 +78,21 @@ async def sweep(coll: AsyncCollection[Any], cycle: Cycle, *, page_size: int,
     finally:
         await cycle.drain()
     return out
+
+
+async def poll(coll: AsyncCollection[Any], cycle: Cycle, settings: DispatcherSettings,
+               stop: asyncio.Event, metrics: Metrics, timing: Timing, where: Mapping[str, Any],
+               learn: Callable[[Mapping[str, Any]], None], on_contact: Callable[[], None],
+               absorb: Callable[[CycleResult], None]) -> None:
+    """One step of polling mode: a sweep (``absorb`` takes its result: it may raise, e.g.
+    lease lost), then the poll interval's pause when it found nothing."""
+    metrics.sweeps.labels(coll.name, "poll").inc()
+    res = await sweep(coll, cycle, page_size=settings.batch_size, stop=stop, where=where,
+                      learn=learn)
+    on_contact()
+    absorb(res.cycle)
+    if res.documents == 0:
+        await pause(timing, settings.poll_interval_ms / 1000, stop)
 
 
 class Sweeps:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 import bson
@@ -28,7 +28,7 @@ from dispatcher.publishers.builder import record_builder
 from dispatcher.publishers.record import OutboundRecord, render_topic
 
 __all__ = ["DECODED", "NATIVE", "RAW", "ScannedDoc", "decoded_entry", "maker", "pending",
-           "record_of", "scan"]
+           "raw_builder", "record_of", "scan"]
 
 #: How documents are decoded (the dispatcher's client is tz-aware).
 DECODED: Final[CodecOptions[dict[str, Any]]] = CodecOptions(tz_aware=True, tzinfo=utc)
@@ -133,3 +133,20 @@ def pending(doc: Mapping[str, Any]) -> bool:
     if type(doc) is ScannedDoc:
         return bool(doc.entries)
     return bool(doc.get("outbox"))
+
+
+def raw_builder(collection: str, source_type: str, topic_template: str
+                ) -> Callable[[tuple[str, bytes], Any], OutboundRecord]:
+    """The cycle's records of a :class:`ScannedDoc`'s (id, BSON) entries: the native
+    builder's, else the decoded entry's (:func:`record_of`)."""
+    m = maker(collection, topic_template)
+    native_build = m.build if m is not None else None
+
+    def build(entry: tuple[str, bytes], key: Any) -> OutboundRecord:
+        rec: OutboundRecord | None = (native_build(entry[1], key)
+                                      if native_build is not None else None)
+        if rec is None:
+            rec = record_of(entry[1], key, collection=collection, source_type=source_type,
+                            topic_template=topic_template)
+        return rec
+    return build
