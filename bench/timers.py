@@ -167,8 +167,10 @@ class RoundTrips(monitoring.CommandListener):
     def _kind(name: str, cmd: Mapping[str, Any]) -> str:
         target = cmd.get(name)
         if name == "find" and target == COLLECTION:
-            if "timers.due" in (cmd.get("filter") or {}):
-                return "timers: next due" if cmd.get("sort") else "timers: due page"
+            due = (cmd.get("filter") or {}).get("timers.due")
+            if due is not None:  # the next due time: {$exists}, limit 1; the due page: $lte
+                return ("timers: next due" if isinstance(due, Mapping) and "$exists" in due
+                        else "timers: due page")
             return "outbox: find"
         if name == "update" and target == COLLECTION:
             first = (cmd.get("updates") or [{}])[0].get("u") or {}
