@@ -5,9 +5,10 @@ one run.
     drained to Kafka by ``Dispatcher.run(once=True)`` in this process;
 (b) raw confluent-kafka produce of the same records (same value, key, headers, producer
     settings: idempotent, acks=all) from one process — the floor;
-(c) commit → publish latency at a steady rate (default 1,000 entries/s), the dispatcher
-    running as its own process (``python -m aggbox.commands.dispatch``) with default
-    settings, in stream mode and in polling mode. "Publish" is the broker's LogAppendTime of
+(c) commit → publish latency at a steady rate (default 1,000 entries/s, after ``--warmup``
+    seconds of it that are not counted), the dispatcher running as its own process
+    (``python -m aggbox.commands.dispatch``) with default settings, in stream mode and in
+    polling mode. "Publish" is the broker's LogAppendTime of
     the record; "commit" the entry's ``created_at`` (taken by the writer just before its write).
 (d) scale-out: the same backlog (``--scale-docs`` × ``--scale-per`` entries, written by the
     StoreWriter) drained by ONE dispatcher process, then — on a fresh server, database and
@@ -76,6 +77,8 @@ def main() -> None:
     ap.add_argument("--per", type=int, default=10)
     ap.add_argument("--rate", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--warmup", type=float, default=3.0,
+                    help="(c): seconds of the steady load before the measured ones")
     ap.add_argument("--scale-docs", type=int, default=2000, help="(d): documents")
     ap.add_argument("--scale-per", type=int, default=10, help="(d): entries per document")
     ap.add_argument("--skip-scale", action="store_true", help="leave (d) out")
@@ -114,7 +117,7 @@ def main() -> None:
                 if args.only in (None, mode):
                     with local_mongo(args.server) as mongo:
                         runs[mode].append(latency(mongo, kafka, mode, args.rate,
-                                                  args.seconds, tmp))
+                                                  args.seconds, tmp, args.warmup))
         tp, stream, poll = (median_run(runs[k]) for k in ("throughput", "stream", "poll"))
         if args.only == "scale" or (args.only is None and not args.skip_scale):
             sc = scale(kafka, args.scale_docs, args.scale_per, tmp)

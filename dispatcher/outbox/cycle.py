@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,6 +32,7 @@ from dispatcher.core.faults import Faults
 from dispatcher.core.timing import REAL_TIME, Timing
 from dispatcher.observe.metrics import Metrics
 from dispatcher.observe.tracing import publish_spans
+from dispatcher.outbox.fenced import Pull, _Doc, still_fenced
 from dispatcher.outbox.inflight import InFlight
 from dispatcher.outbox.pull import pull_entries
 from dispatcher.outbox.results import CycleResult
@@ -48,17 +48,6 @@ log = logging.getLogger("aggbox.dispatcher")
 
 #: Dead-letter reason of an entry that cannot form a valid envelope.
 INVALID_OUTBOX_ENTRY = Reason.INVALID_OUTBOX_ENTRY
-
-
-@dataclass(slots=True)
-class _Doc:
-    key: Any
-    records: list[OutboundRecord | InvalidEntry]
-    stale: list[str]
-    #: the ``fence`` header its records carry (None: none), and the document it came from
-    #: (to compute the fence again before the pull)
-    fence: str | None = None
-    doc: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
 
 class Cycle:
@@ -99,7 +88,9 @@ class Cycle:
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.timing = timing
-        self._pulling: asyncio.Task[None] | None = None
+        self._pulling: asyncio.Task[None] | None = None  # the last pull started
+        self._behind: asyncio.Task[None] | None = None  # the one before it
+        self._pull_errors: list[Exception] = []
         #: pulls started, and the last one done (in order): a stream batch's token is saved
         #: once the pull started with it is done
         self.pulls_started = 0
@@ -146,15 +137,17 @@ class Cycle:
         return total
 
     async def drain(self) -> None:
-        """Wait for the ``$pull`` still running, if any (raises its error)."""
-        task, self._pulling = self._pulling, None
+        """Wait for the ``$pull``s still running, if any (raises the first error of one)."""
+        task, self._pulling, self._behind = self._pulling, None, None
         if task is not None:
             await task
+        self._raise_pull_error()
 
     async def drain_if_done(self) -> None:
-        """:meth:`drain` when the last ``$pull`` is over (raises its error), else nothing."""
+        """Raise the error of a ``$pull`` that failed; :meth:`drain` when all are over."""
         if self._pulling is not None and self._pulling.done():
             await self.drain()
+        self._raise_pull_error()
 
     def _prepare(self, doc: Mapping[str, Any]) -> _Doc | None:
         key = doc.get("_id")
@@ -214,7 +207,7 @@ class Cycle:
         by_record = dict(zip((id(r) for r in records), outcomes, strict=True))
         now = datetime.now(UTC)
         letters: list[DeadLetter] = []
-        pulls: list[tuple[_Doc, list[str], list[str]]] = []
+        pulls: list[Pull] = []
         for d in docs:
             done, released, doc_letters = self._settle(d, by_record, now, result)
             letters.extend(doc_letters)
@@ -232,22 +225,41 @@ class Cycle:
         # a pull that fails or comes too late — "Fencing" — republishes them, and nothing
         # newer of the document may have gone out before that). Other documents are
         # published while this pull runs.
-        failed: Exception | None = None
+        # Pulls run one at a time, in order, each after the one before it (chained: the
+        # next batch is read and published meanwhile); at most two wait.
+        prev = self._pulling
         try:
-            await self.drain()  # one pull at a time, in order
-        except Exception as exc:  # the previous pull's: raised once this one is started
-            failed = exc
+            if prev is not None and self._behind is not None and not self._behind.done():
+                await asyncio.wait([self._behind])
         except BaseException:
             self._release(pulls)
             raise
         # Executed effects have their own metrics (dispatcher.effects): the published
         # counter counts only what a broker acknowledged.
         self.pulls_started += 1
-        self._pulling = asyncio.create_task(
-            self._complete(pulls, result.published - result.executed, self.pulls_started))
-        if failed is not None:
-            raise failed
+        self._behind = prev
+        self._pulling = asyncio.create_task(self._chained(
+            prev, pulls, result.published - result.executed, self.pulls_started))
+        self._raise_pull_error()
         return result
+
+    async def _chained(self, prev: asyncio.Task[None] | None,
+                       pulls: list[Pull], published: int,
+                       seq: int) -> None:
+        """This pull once the one before it is over; its error is kept for :meth:`drain`
+        (the next pull goes ahead: its entries are published too)."""
+        if prev is not None:
+            await asyncio.wait([prev])
+        try:
+            await self._complete(pulls, published, seq)
+        except Exception as exc:
+            self._pull_errors.append(exc)
+
+    def _raise_pull_error(self) -> None:
+        if self._pull_errors:
+            error = self._pull_errors[0]
+            self._pull_errors.clear()
+            raise error
 
     async def _publish(self, docs: list[_Doc], records: list[OutboundRecord]
                        ) -> list[PublishResult]:
@@ -319,11 +331,11 @@ class Cycle:
             result.retry.append(d.key)
         return done, released, letters
 
-    def _release(self, pulls: list[tuple[_Doc, list[str], list[str]]]) -> None:
+    def _release(self, pulls: list[Pull]) -> None:
         for d, _done, _released in pulls:  # published but not pulled: sent again later
             self.inflight.finish(d.key, (), self._ids(d.records))
 
-    async def _complete(self, pulls: list[tuple[_Doc, list[str], list[str]]],
+    async def _complete(self, pulls: list[Pull],
                         published: int, seq: int = 0) -> None:
         pulls = self._still_fenced(pulls)
         try:
@@ -346,31 +358,10 @@ class Cycle:
             self._m_stale.inc(stale)
         self._m_batches.inc()
 
-    def _still_fenced(self, pulls: list[tuple[_Doc, list[str], list[str]]]
-                      ) -> list[tuple[_Doc, list[str], list[str]]]:
-        """The pulls of documents whose lease is still held at the epoch their records were
-        published under (without a fence: while the whole set is held); the others are
-        released, not pulled. A record the publisher acknowledged after its lease ended is
-        a late copy (docs/design.md "Fencing"): left in the outbox, its entry is published
-        again by the owner that took over, under a higher epoch — pulled, the late copy
-        could be its only copy, and a consumer that drops late copies would lose it."""
-        keep: list[tuple[_Doc, list[str], list[str]]] = []
-        late: list[tuple[_Doc, list[str], list[str]]] = []
-        for pull in pulls:
-            d = pull[0]
-            if d.fence is None or self.fence is None:
-                held = self.lease_held()
-            else:
-                held = self.fence(d.doc) == d.fence
-            (keep if held else late).append(pull)
-        if late:
-            entries = sum(len(done) for _d, done, _r in late)
-            log.warning("%s: %d published entr%s of %d document(s) left in the outbox: the "
-                        "lease they were published under ended before the publisher answered "
-                        "(late copies; the partition's next owner publishes them again)",
-                        self.collection, entries, "y" if entries == 1 else "ies", len(late),
-                        extra={"collection": self.collection})
-            self._release(late)
+    def _still_fenced(self, pulls: list[Pull]) -> list[Pull]:
+        keep, late = still_fenced(pulls, fence=self.fence, lease_held=self.lease_held,
+                                  collection=self.collection)
+        self._release(late)
         return keep
 
     @staticmethod
