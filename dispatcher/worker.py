@@ -94,7 +94,7 @@ class CollectionWorker:
                                  on_error=lambda text: setattr(self.outcomes, "last_error", text),
                                  published=lambda: self.outcomes.counts.published,
                                  publishing=lambda: self.selection.partitions,
-                                 on_members=self._on_members if fleet else None)
+                                 on_members=self._on_members if fleet else None, eager=once)
         #: the partitions published in the current activation (empty while standby)
         self.selection = Selection()
         self.selection.set(())

@@ -47,35 +47,39 @@ async def sweep(coll: AsyncCollection[Any], cycle: Cycle, *, page_size: int,
     """Publish every pending document (of the partitions ``where`` selects, if given).
     ``learn`` sees each document read (the stream remembers their ``_type`` and ``_p``)."""
     out = SweepResult()
-    last: Any = None
+    base = {**PENDING, **(where or {})}
+
+    async def read(after: Any) -> list[Mapping[str, Any]]:
+        query = base if after is None else {**base, "_id": {"$gt": after}}
+        # raw where the native builder takes it (dispatcher/publishers/native.py)
+        return [scan(d) for d in await coll.find(
+            query, {F_OUTBOX: 1, F_TYPE: 1, F_PARTITION: 1}).sort(
+            "_id", 1).limit(page_size).to_list()]
+
+    ahead: asyncio.Task[list[Mapping[str, Any]]] | None = None
     try:
-        while True:
-            query = {**PENDING, **(where or {})}
-            if last is not None:
-                query["_id"] = {"$gt": last}
-            # read raw where the native builder takes it (dispatcher/publishers/native.py)
-            page = [scan(d) for d in await coll.find(
-                query, {F_OUTBOX: 1, F_TYPE: 1, F_PARTITION: 1}).sort(
-                "_id", 1).limit(page_size).to_list()]
-            if not page:
-                break
+        page = await read(None)
+        while page:
             out.documents += len(page)
             if learn is not None:
                 for doc in page:
                     learn(doc)
-            # The page's pull overlaps with reading and publishing the next page.
+            # The next page is read while this one is published (other documents: _id
+            # after this page's), and this page's pull overlaps with both.
+            ahead = (asyncio.create_task(read(page[-1]["_id"]))
+                     if len(page) >= page_size else None)
             res = await cycle.run(page, wait=False)
             out.cycle.add(res)
-            if res.retry or res.lease_lost:
+            if res.retry or res.lease_lost or (stop is not None and stop.is_set()):
                 out.complete = False
                 break
-            if stop is not None and stop.is_set():
-                out.complete = False
+            if ahead is None:
                 break
-            if len(page) < page_size:
-                break
-            last = page[-1]["_id"]
+            page, ahead = await ahead, None
     finally:
+        if ahead is not None:
+            ahead.cancel()
+            await asyncio.gather(ahead, return_exceptions=True)
         await cycle.drain()
     return out
 
