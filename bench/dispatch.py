@@ -5,9 +5,10 @@ one run.
     drained to Kafka by ``Dispatcher.run(once=True)`` in this process;
 (b) raw confluent-kafka produce of the same records (same value, key, headers, producer
     settings: idempotent, acks=all) from one process — the floor;
-(c) commit → publish latency at a steady rate (default 1,000 entries/s), the dispatcher
-    running as its own process (``python -m aggbox.commands.dispatch``) with default
-    settings, in stream mode and in polling mode. "Publish" is the broker's LogAppendTime of
+(c) commit → publish latency at a steady rate (default 1,000 entries/s, after ``--warmup``
+    seconds of it that are not counted), the dispatcher running as its own process
+    (``python -m aggbox.commands.dispatch``) with default settings, in stream mode and in
+    polling mode. "Publish" is the broker's LogAppendTime of
     the record; "commit" the entry's ``created_at`` (taken by the writer just before its write).
 (d) scale-out: the same backlog (``--scale-docs`` × ``--scale-per`` entries, written by the
     StoreWriter) drained by ONE dispatcher process, then — on a fresh server, database and
@@ -30,8 +31,17 @@ the same for (b)), ``scale_2_vs_1`` (entries/s of (d) with 2 instances ÷ with 1
 ``scale_entries_per_s_1``, ``scale_entries_per_s_2``, ``scale_cpu_s_per_instance`` (CPU
 seconds of each of the 2 instances during (d)), and the raw figures.
 
+``--server memory`` (default) runs each phase on its own throw-away mongo-java-server,
+``--server local`` on the persistent local server of ``aggbox local start`` (H2, aggbox's
+bounded oplog; in a temporary ``AGGBOX_HOME``), either unless ``AGGBOX_MONGODB_URI`` is set.
+``--repeat N`` runs (a) and (c) N times, (c) alternating stream and polling mode, and reports
+the medians (each run is printed; ``runs`` in the JSON holds them all). (c) also reports the
+server's CPU per entry (``mongo_cpu_us_per_entry``: the writer's writes, the same in both
+modes, plus what the dispatcher asks of the server) and the dispatcher's.
+
 Usage: python bench/dispatch.py [--docs 2000] [--per 10] [--rate 1000] [--seconds 8]
-       [--scale-docs 2000] [--scale-per 10] [--skip-scale]
+       [--scale-docs 2000] [--scale-per 10] [--skip-scale] [--server memory|local]
+       [--repeat 1]
        python bench/dispatch.py --only formats [--docs 2000] [--per 10]
            # (a) with record_format aggbox and cloudevents, alternating, twice each
        python bench/dispatch.py --instructions [--instr-sizes 2000,4000] [--instr-repeat 2]
@@ -46,6 +56,7 @@ import argparse
 import json
 import os
 import platform
+import statistics
 import uuid
 from pathlib import Path
 from typing import Any
@@ -66,9 +77,16 @@ def main() -> None:
     ap.add_argument("--per", type=int, default=10)
     ap.add_argument("--rate", type=int, default=1000)
     ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--warmup", type=float, default=3.0,
+                    help="(c): seconds of the steady load before the measured ones")
     ap.add_argument("--scale-docs", type=int, default=2000, help="(d): documents")
     ap.add_argument("--scale-per", type=int, default=10, help="(d): entries per document")
     ap.add_argument("--skip-scale", action="store_true", help="leave (d) out")
+    ap.add_argument("--server", choices=["memory", "local"], default="memory",
+                    help="memory: a throw-away mongo-java-server per phase; local: the "
+                    "persistent local server (aggbox local start) per phase")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="runs of (a) and of (c) (alternating modes); medians reported")
     ap.add_argument("--only", choices=["throughput", "stream", "poll", "scale", "formats"],
                     default=None,
                     help="run one phase only (for profiling); formats: (a) in the aggbox "
@@ -84,32 +102,23 @@ def main() -> None:
     print(f"python {platform.python_version()}, {os.cpu_count()} CPUs")
     nothing: dict[str, Any] = {}
     tp, stream, poll, sc = nothing, nothing, nothing, nothing
+    runs: dict[str, list[dict[str, Any]]] = {"throughput": [], "stream": [], "poll": []}
     with start_local_kafka() as kafka:
         warm_up(kafka.bootstrap_servers)
-        if args.only in (None, "throughput"):
-            with local_mongo() as mongo:
-                print(f"mongo: {mongo.kind}, kafka {kafka.bootstrap_servers}")
-                tp = throughput(mongo, kafka, args.docs, args.per)
         if args.only == "formats":
-            runs: dict[str, list[dict[str, Any]]] = {"aggbox": [], "cloudevents": []}
-            with local_mongo() as mongo:
-                for _ in range(2):
-                    for fmt in runs:
-                        runs[fmt].append(throughput(mongo, kafka, args.docs, args.per, fmt))
-            cpu = {f: min(r["python_cpu_us_per_msg"] for r in v) for f, v in runs.items()}
-            rate = {f: max(r["dispatch_per_s"] for r in v) for f, v in runs.items()}
-            print(json.dumps({"cloudevents_vs_aggbox_cpu": round(cpu["cloudevents"]
-                                                                 / cpu["aggbox"], 3),
-                              "cloudevents_vs_aggbox_rate": round(rate["cloudevents"]
-                                                                  / rate["aggbox"], 3),
-                              "cpu_us_per_entry": cpu, "entries_per_s": rate}))
+            formats(args, kafka)
             return
-        if args.only in (None, "stream"):
-            with local_mongo() as mongo:
-                stream = latency(mongo, kafka, "stream", args.rate, args.seconds, tmp)
-        if args.only in (None, "poll"):
-            with local_mongo() as mongo:
-                poll = latency(mongo, kafka, "poll", args.rate, args.seconds, tmp)
+        for _ in range(max(1, args.repeat)):
+            if args.only in (None, "throughput"):
+                with local_mongo(args.server) as mongo:
+                    print(f"mongo: {mongo.kind}, kafka {kafka.bootstrap_servers}")
+                    runs["throughput"].append(throughput(mongo, kafka, args.docs, args.per))
+            for mode in ("stream", "poll"):
+                if args.only in (None, mode):
+                    with local_mongo(args.server) as mongo:
+                        runs[mode].append(latency(mongo, kafka, mode, args.rate,
+                                                  args.seconds, tmp, args.warmup))
+        tp, stream, poll = (median_run(runs[k]) for k in ("throughput", "stream", "poll"))
         if args.only == "scale" or (args.only is None and not args.skip_scale):
             sc = scale(kafka, args.scale_docs, args.scale_per, tmp)
     print(f"dispatcher logs: {tmp}")
@@ -124,9 +133,42 @@ def main() -> None:
         "scale_entries_per_s_1": sc.get("one", {}).get("entries_per_s"),
         "scale_entries_per_s_2": sc.get("two", {}).get("entries_per_s"),
         "scale_cpu_s_per_instance": sc.get("two", {}).get("cpu_s_per_instance"),
+        "mongo_cpu_us_per_entry_stream": stream.get("mongo_cpu_us_per_entry"),
+        "mongo_cpu_us_per_entry_poll": poll.get("mongo_cpu_us_per_entry"),
+        "server": args.server, "repeat": max(1, args.repeat),
         "throughput": tp, "stream": stream, "poll": poll, "scale": sc,
+        "runs": runs if args.repeat > 1 else None,
     }
     print(json.dumps(result))
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each numeric figure over ``runs`` (the one run's figures when one)."""
+    if len(runs) <= 1:
+        return runs[0] if runs else {}
+    out: dict[str, Any] = {}
+    for key, value in runs[0].items():
+        values = [r.get(key) for r in runs]
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            out[key] = statistics.median(values)  # type: ignore[type-var]
+        else:
+            out[key] = value
+    return out
+
+
+def formats(args: argparse.Namespace, kafka: Any) -> None:
+    """(a) with record_format aggbox and cloudevents, alternating, twice each."""
+    runs: dict[str, list[dict[str, Any]]] = {"aggbox": [], "cloudevents": []}
+    with local_mongo(args.server) as mongo:
+        for _ in range(2):
+            for fmt in runs:
+                runs[fmt].append(throughput(mongo, kafka, args.docs, args.per, fmt))
+    cpu = {f: min(r["python_cpu_us_per_msg"] for r in v) for f, v in runs.items()}
+    rate = {f: max(r["dispatch_per_s"] for r in v) for f, v in runs.items()}
+    print(json.dumps({"cloudevents_vs_aggbox_cpu": round(cpu["cloudevents"] / cpu["aggbox"], 3),
+                      "cloudevents_vs_aggbox_rate": round(rate["cloudevents"]
+                                                          / rate["aggbox"], 3),
+                      "cpu_us_per_entry": cpu, "entries_per_s": rate}))
 
 
 if __name__ == "__main__":

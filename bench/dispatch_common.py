@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aggbox.servers import LocalMongo, start_local_mongodb
+from aggbox.servers import start_local_mongodb
 from aggregates import AggboxSettings, AggregateType, Emit, Handled, Message, Registry, StoreWriter
 from dispatcher import DispatcherSettings, create_publisher
 
@@ -43,12 +44,40 @@ def _emit(state: Ticker, msg: Message) -> Handled[Ticker]:
 registry = Registry([emitters])
 
 
+@dataclass(frozen=True)
+class BenchMongo:
+    """The server of one phase: its URI, kind and process id (None: not ours)."""
+
+    uri: str
+    kind: str
+    pid: int | None
+
+
 @contextmanager
-def local_mongo() -> Iterator[LocalMongo]:
-    """A fresh local server (mongo-java-server scans its whole oplog per getMore, so each
-    phase gets its own), or AGGBOX_MONGODB_URI when set."""
-    with start_local_mongodb() as server:
-        yield server
+def local_mongo(server: str = "memory") -> Iterator[BenchMongo]:
+    """A fresh server per phase, or AGGBOX_MONGODB_URI when set: ``memory`` the throw-away
+    mongo-java-server (its stock oplog is read whole per getMore, so each phase gets its
+    own), ``local`` the persistent local server of ``aggbox local start`` (H2, aggbox's
+    bounded oplog) in a temporary ``AGGBOX_HOME``, deleted afterwards."""
+    if server == "local" and not os.environ.get("AGGBOX_MONGODB_URI", "").strip():
+        from aggbox.servers import persistent
+
+        saved = os.environ.get("AGGBOX_HOME")
+        os.environ["AGGBOX_HOME"] = tempfile.mkdtemp(prefix="aggbox-bench-home-")
+        try:
+            state, _started = persistent.start_persistent_mongodb()
+            try:
+                yield BenchMongo(state.uri, state.kind, state.pid)
+            finally:
+                persistent.stop_persistent_mongodb(delete_data=True)
+        finally:
+            if saved is None:
+                os.environ.pop("AGGBOX_HOME", None)
+            else:
+                os.environ["AGGBOX_HOME"] = saved
+        return
+    with start_local_mongodb() as mem:
+        yield BenchMongo(mem.uri, mem.kind, mem.pid)
 
 
 def write_entries(db: Any, docs: list[str], n: int, tag: str) -> int:
@@ -65,7 +94,7 @@ def producer_config(bootstrap: str) -> dict[str, Any]:
     return dict(publisher.config)  # type: ignore[attr-defined]  # KafkaPublisher's
 
 
-def spawn_dispatcher(mongo: LocalMongo, bootstrap: str, database: str, prefix: str,
+def spawn_dispatcher(mongo: BenchMongo, bootstrap: str, database: str, prefix: str,
                      log: Path, *extra: str) -> subprocess.Popen[bytes]:
     """``python -m aggbox.commands.dispatch`` on ``emitters`` with default settings but for
     the publisher, topic template, metrics port and ``extra``; output to ``log``."""
@@ -75,7 +104,9 @@ def spawn_dispatcher(mongo: LocalMongo, bootstrap: str, database: str, prefix: s
          os.environ.get("BENCH_DISPATCHER_LOG_LEVEL", "INFO"), "--collection", "emitters",
          "--publisher", "kafka", "--bootstrap-servers", bootstrap, "--topic-template",
          prefix + "-{aggregate_type}", "--metrics-port", "0", *extra],
-        cwd=ROOT, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
+        # Not the checkout as cwd: the code imported is the one on PYTHONPATH, else the
+        # installed one (a run against another revision sets PYTHONPATH to its tree).
+        cwd=log.parent, env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT)
 
 
 def lease_owners(db: Any) -> dict[str, int]:

@@ -9,15 +9,15 @@ import uuid
 from typing import Any
 
 from common import cpu_since, cpu_ticks, process_cpu_s
-from dispatch_common import producer_config, registry, write_entries
+from dispatch_common import BenchMongo, producer_config, registry, write_entries
 from pymongo import MongoClient
 
-from aggbox.servers import LocalKafka, LocalMongo, create_topic
+from aggbox.servers import LocalKafka, create_topic
 from aggregates import AggboxSettings, StoreWriter
 from dispatcher import Dispatcher, DispatcherSettings, OutboundRecord, build_record
 
 
-def throughput(mongo: LocalMongo, kafka: LocalKafka, n_docs: int, per: int,
+def throughput(mongo: BenchMongo, kafka: LocalKafka, n_docs: int, per: int,
                record_format: str = "aggbox") -> dict[str, Any]:
     client: MongoClient[dict[str, Any]] = MongoClient(mongo.uri, tz_aware=True)
     db = client["bench_dispatch"]

@@ -19,19 +19,28 @@ COMPONENTS = {
     "read_decode": "bson.decode of the documents as read (tz-aware), per entry",
     "record": "build_record of each entry: envelope, headers, key, topic, envelope JSON",
     "envelope_json": "the envelope JSON alone (the reference path's encoder)",
-    "builder": "what the dispatcher's cycle does: record_builder once per document, its "
-               "build per entry",
+    "builder": "what the dispatcher's cycle did before issue 42 (after read_decode): "
+               "record_builder once per document, its build per entry",
+    "native": "what the dispatcher's cycle does since issue 42, from the documents' BSON "
+              "to the records (its own decode included): a RawBSONDocument per document "
+              "as pymongo makes it, the native scan of its outbox, the native record of "
+              "each entry (Python's builder where the native core is not built)",
 }
 
 
 DERIVED = {"record_rest": "record − envelope_json (meaningful before issue 35's builder, "
-                          "which writes its JSON itself: the record without its JSON)"}
+                          "which writes its JSON itself: the record without its JSON)",
+           "decode_and_build": "read_decode + builder: the path before issue 42, to compare "
+                               "with native"}
 
 
 def derived(per_msg: dict[str, int]) -> dict[str, int]:
+    out: dict[str, int] = {}
     if "record" in per_msg and "envelope_json" in per_msg:
-        return {"record_rest": per_msg["record"] - per_msg["envelope_json"]}
-    return {}
+        out["record_rest"] = per_msg["record"] - per_msg["envelope_json"]
+    if "read_decode" in per_msg and "builder" in per_msg:
+        out["decode_and_build"] = per_msg["read_decode"] + per_msg["builder"]
+    return out
 
 
 def setup(n_max: int, uri: str | None, components: list[str]) -> dict[str, Any]:
@@ -94,6 +103,26 @@ def run(ctx: dict[str, Any], component: str, start: int, stop: int) -> None:
             build = record_builder("emitters", "Emitter", TOPIC_TEMPLATE).build
             for e in doc["outbox"]:
                 build(e, doc["_id"])
+    elif component == "native":
+        from bson.raw_bson import RawBSONDocument
+
+        from dispatcher.publishers.builder import record_builder
+        from dispatcher.publishers.native import RAW, maker, record_of, scan
+
+        for r in ctx["raw"][d0:d1]:
+            doc = scan(RawBSONDocument(r, RAW))
+            key = doc["_id"]
+            entries = getattr(doc, "entries", None)
+            if entries is None:  # no native core: decoded, through the builder
+                build = record_builder("emitters", "Emitter", TOPIC_TEMPLATE).build
+                for e in doc["outbox"]:
+                    build(e, key)
+                continue
+            build = maker("emitters", TOPIC_TEMPLATE).build  # as the cycle: per document
+            for _eid, raw in entries:
+                if build(raw, key) is None:
+                    record_of(raw, key, collection="emitters", source_type="Emitter",
+                              topic_template=TOPIC_TEMPLATE)
     elif component == "envelope_json":
         encode = ctx["envelope_json"]
         for env in ctx["envelopes"][start:stop]:

@@ -42,9 +42,16 @@ Printed: achieved schedule rate, timers scheduled/fired/lost/duplicates, lag p50
 (ms) overall and per 10 s of due time, publish calls, round trips, CPU; with ``--json`` the
 last line is one JSON object of these figures. Exit status 1 when a measured timer was lost.
 
+``--drain N`` (issue 42: the firer on the same footing as the outbox's throughput): N
+timers are scheduled first (N new jobs, due at once), then the dispatcher starts; fired
+timers per second = N ÷ the time from its activation (leases held) to the last
+acknowledgement — the firer's rate, not the writer's. Printed: that rate, lost and
+duplicates, the firer's round trips and the server's CPU per timer.
+
 Usage: python bench/timers.py [--rate 1000] [--seconds 30] [--delay-ms 2000] [--warmup 5]
        [--drain-seconds 30] [--ids random|sequential] [--mode auto|stream|poll]
        [--log-level WARNING] [--json]
+       python bench/timers.py --drain 20000 [--mode ...] [--json]
 """
 
 from __future__ import annotations
@@ -160,8 +167,10 @@ class RoundTrips(monitoring.CommandListener):
     def _kind(name: str, cmd: Mapping[str, Any]) -> str:
         target = cmd.get(name)
         if name == "find" and target == COLLECTION:
-            if "timers.due" in (cmd.get("filter") or {}):
-                return "timers: next due" if cmd.get("sort") else "timers: due page"
+            due = (cmd.get("filter") or {}).get("timers.due")
+            if due is not None:  # the next due time: {$exists}, limit 1; the due page: $lte
+                return ("timers: next due" if isinstance(due, Mapping) and "$exists" in due
+                        else "timers: due page")
             return "outbox: find"
         if name == "update" and target == COLLECTION:
             first = (cmd.get("updates") or [{}])[0].get("u") or {}
@@ -429,6 +438,85 @@ async def run(args: argparse.Namespace, uri: str, server_pid: int | None) -> dic
     }
 
 
+async def drain_run(args: argparse.Namespace, uri: str, server_pid: int | None
+                    ) -> dict[str, Any]:
+    """``--drain N``: N due timers, then the dispatcher; how fast it fires them."""
+    client: MongoClient[dict[str, Any]] = MongoClient(uri, tz_aware=True)
+    client.drop_database(DATABASE)
+    writer = StoreWriter(client[DATABASE], registry,
+                         settings=AggboxSettings.load(mongodb_uri=uri, database=DATABASE))
+    writer.ensure_indexes()
+    jobs = [uuid.uuid4().hex if args.ids == "random" else f"job-{i:09d}"
+            for i in range(args.drain)]
+    t = time.monotonic()
+    for k in range(0, len(jobs), 500):
+        writer.process([Message(f"place-{j}", "Place", "Job", j, {"ms": 0})
+                        for j in jobs[k:k + 500]])
+    print(f"scheduled {len(jobs):,} due timers in {time.monotonic() - t:.1f} s", flush=True)
+    pub = AckClock()
+    settings = DispatcherSettings.load(collections=[COLLECTION], metrics_port=0,
+                                       mode=args.mode)
+    trips = RoundTrips()
+    aclient: AsyncMongoClient[Any] = AsyncMongoClient(
+        uri, tz_aware=True, appname="aggbox-dispatcher", event_listeners=[trips],
+        serverSelectionTimeoutMS=10_000)
+    dispatcher = Dispatcher(settings, store=AggboxSettings.load(mongodb_uri=uri,
+                                                                database=DATABASE),
+                            publisher=pub, client=aclient)
+    task = asyncio.create_task(dispatcher.run())
+    expected = set(jobs)
+    try:
+        await asyncio.wait_for(dispatcher.started.wait(), 60)
+        while dispatcher.workers[0].mode == "standby" and not task.done():
+            await asyncio.sleep(0.01)
+        mode = dispatcher.workers[0].mode
+        cpu0, server0, wall0 = process_cpu_s(), cpu_ticks(server_pid), time.monotonic()
+        trips.active = True
+        deadline = wall0 + args.drain_seconds + args.drain / 100
+        while time.monotonic() < deadline and not task.done():
+            if len({a[1] for a in pub.acks}) >= len(expected):
+                break
+            await asyncio.sleep(0.02)
+        last_ack = max((a[3] for a in pub.acks), default=time.time())
+        wall = time.monotonic() - wall0 - max(0.0, time.time() - last_ack)
+        trips.active = False
+        cpu = process_cpu_s() - cpu0
+        server1 = cpu_ticks(server_pid)
+        server_cpu = ((server1 - server0) / os.sysconf("SC_CLK_TCK")
+                      if server0 is not None and server1 is not None else None)
+    finally:
+        dispatcher.request_stop()
+        rc = await asyncio.wait_for(task, 120)
+        await aclient.close()
+        client.close()
+    fired = {a[1] for a in pub.acks} & expected
+    return {
+        "drain": len(jobs), "mode": mode, "ids": args.ids, "fired": len(fired),
+        "lost": len(expected - fired), "duplicates": len(pub.acks) - len({a[0] for a in
+                                                                          pub.acks}),
+        "drain_s": round(wall, 2),
+        "fired_per_s": round(len(fired) / wall, 1) if wall > 0 else None,
+        "publish_calls": pub.calls,
+        "cpu_s_dispatcher": round(cpu, 2),
+        "cpu_s_server": round(server_cpu, 2) if server_cpu is not None else None,
+        "server_cpu_us_per_timer": round(server_cpu / len(fired) * 1e6, 1)
+        if server_cpu is not None and fired else None,
+        "round_trips": trips.figures(), "dispatcher_exit": rc,
+    }
+
+
+def drain_report(r: dict[str, Any]) -> None:
+    print(f"fired {r['fired']:,} of {r['drain']:,} due timers in {r['drain_s']} s = "
+          f"{r['fired_per_s']:,}/s ({r['mode']} mode, {r['ids']} ids); lost {r['lost']}, "
+          f"duplicates {r['duplicates']}; {r['publish_calls']} publish calls")
+    print(f"CPU: dispatcher {r['cpu_s_dispatcher']} s, server {r['cpu_s_server']} s "
+          f"({r['server_cpu_us_per_timer']} µs per timer)")
+    for what, f in r["round_trips"].items():
+        extra = f", {f['statements']:,} statements" if "statements" in f else ""
+        print(f"  {what}: {f['calls']:,}{extra}, {f['total_s']} s, p50 {f['p50_ms']} ms, "
+              f"max {f['max_ms']} ms")
+
+
 def report(r: dict[str, Any]) -> None:
     lag = r["lag"]
     print(f"schedule rate: {r['rate_achieved']:,}/s achieved of {r['rate_target']:g}/s "
@@ -473,6 +561,9 @@ def main() -> int:
     ap.add_argument("--ids", choices=["random", "sequential"], default="random",
                     help="job ids: random (uuid4), or ascending with time — the order "
                     "mongo-java-server returns documents in (by _id)")
+    ap.add_argument("--drain", type=int, default=0, metavar="N",
+                    help="instead: N timers due at once, then the dispatcher; fired per "
+                    "second")
     ap.add_argument("--log-level", default="WARNING", help="the dispatcher's log level")
     ap.add_argument("--json", action="store_true", help="last line: the figures as JSON")
     args = ap.parse_args()
@@ -485,11 +576,17 @@ def main() -> int:
         with local_server(home) as (uri, pid, kind):
             print(f"server: {kind} (pid {pid}); {os.cpu_count()} CPUs; load average "
                   f"{' '.join(f'{x:.2f}' for x in os.getloadavg())}", flush=True)
-            result = asyncio.run(run(args, uri, pid))
+            result = asyncio.run(drain_run(args, uri, pid) if args.drain
+                                 else run(args, uri, pid))
             result["server"] = kind
     finally:
         shutil.rmtree(home, ignore_errors=True)
     result["load_average_end"] = [round(x, 2) for x in os.getloadavg()]
+    if args.drain:
+        drain_report(result)
+        if args.json:
+            print(json.dumps(result))
+        return 0 if result["lost"] == 0 and result["dispatcher_exit"] == 0 else 1
     report(result)
     if args.json:
         print(json.dumps(result))

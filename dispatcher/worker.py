@@ -8,16 +8,17 @@ The worker only decides *what* to do next; each part is its own object, testable
   selected by :class:`~dispatcher.outbox.selection.Selection`, and starts over when it changes);
 - :class:`~dispatcher.outbox.streammode.StreamMode` — the change stream, its restarts and the
   resume-token checkpoints (docs/design.md "The dispatcher", steps 1, 3, 4);
-- :class:`~dispatcher.outbox.sweep.Sweeps` — start-up, recovery, periodic and ``--once`` sweeps;
-- :class:`~dispatcher.outbox.retries.Retries` — backoff and the documents kept for a retry;
+- :class:`~dispatcher.outbox.sweep.Sweeps` — start-up, recovery, periodic and ``--once``
+  sweeps; :class:`~dispatcher.outbox.retries.Retries` — backoff, documents kept for a retry;
 - :class:`~dispatcher.outbox.cycle.Cycle` — publishing, dead letters, ``$pull``;
-- :class:`~dispatcher.timers.firer.TimerFirer` — due timers, beside the outbox;
-- :class:`~dispatcher.outbox.outcomes.Outcomes` — counts, backoff and one line per failure;
-- :func:`~dispatcher.outbox.backlog.measure_backlog` — the backlog gauges.
+  :class:`~dispatcher.timers.firer.TimerFirer` — due timers, beside the outbox;
+- :class:`~dispatcher.outbox.outcomes.Outcomes` — counts, backoff, one line per failure;
+  :func:`~dispatcher.outbox.backlog.measure_backlog` — the backlog gauges;
+  :mod:`~dispatcher.leases.once` — ``--once``'s note, and its idle start without leases.
 
-Mode choice: ``auto`` opens a change stream and falls back to polling when the server has
-none (codes in :data:`~dispatcher.outbox.stream.CHANGE_STREAMS_UNSUPPORTED`); polling mode sweeps,
-publishes and pauses when idle. Both back off after failures without pulling anything and
+Mode choice (:meth:`~dispatcher.outbox.streammode.StreamMode.choose`): ``auto`` opens a
+change stream, polling (sweep, publish, pause when idle) when the server has none. Both
+back off after failures without pulling anything and
 stop publishing as soon as the lease is lost. A fatal store error (wrong password, missing
 privilege: :mod:`aggregates.core.storeerrors`) ends the worker with
 :class:`~dispatcher.core.errors.FatalStoreError`; every other failure is retried after backoff.
@@ -36,9 +37,8 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import OperationFailure, PyMongoError
+from pymongo.errors import PyMongoError
 
-from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TYPE
 from aggregates.wire.fence import fence_scope
 from dispatcher.core.errors import FatalStoreError, check_fatal
 from dispatcher.core.faults import Faults
@@ -46,6 +46,7 @@ from dispatcher.core.settings import DispatcherSettings
 from dispatcher.core.timing import REAL_TIME, Timing, pause
 from dispatcher.effects.guard import FleetEffects
 from dispatcher.leases.balancer import Balancer
+from dispatcher.leases.once import note_once, nothing_to_do
 from dispatcher.leases.partlease import PartitionLeases
 from dispatcher.observe.metrics import Health, Metrics
 from dispatcher.outbox.backlog import measure_backlog
@@ -54,10 +55,11 @@ from dispatcher.outbox.inflight import InFlight
 from dispatcher.outbox.outcomes import LeaseLost, Outcomes, WorkerStats
 from dispatcher.outbox.retries import Retries
 from dispatcher.outbox.selection import Selection
-from dispatcher.outbox.stream import CHANGE_STREAMS_UNSUPPORTED, Checkpoints, StreamFollower
+from dispatcher.outbox.stream import Checkpoints, StreamFollower
 from dispatcher.outbox.streammode import StreamMode
-from dispatcher.outbox.sweep import PENDING, Sweeps, sweep
+from dispatcher.outbox.sweep import Sweeps, poll
 from dispatcher.publishers.base import Publisher
+from dispatcher.publishers.native import NATIVE, RAW
 from dispatcher.timers.firer import TimerFirer
 
 __all__ = ["CollectionWorker", "WorkerStats"]
@@ -92,7 +94,7 @@ class CollectionWorker:
                                  on_error=lambda text: setattr(self.outcomes, "last_error", text),
                                  published=lambda: self.outcomes.counts.published,
                                  publishing=lambda: self.selection.partitions,
-                                 on_members=self._on_members if fleet else None)
+                                 on_members=self._on_members if fleet else None, eager=once)
         #: the partitions published in the current activation (empty while standby)
         self.selection = Selection()
         self.selection.set(())
@@ -114,18 +116,23 @@ class CollectionWorker:
             source_type=source_type, topic_template=s.topic_template,
             page_size=s.batch_size, faults=faults,
             on_error=lambda exc: self.outcomes.timers_failed(exc))
-        self.sweeps = Sweeps(self.coll, self.cycle, name=collection, page_size=s.batch_size,
-                             interval_s=s.sweep_interval_s, stop=stop, metrics=metrics,
-                             timing=timing, where=self.selection.query)
+        #: pages read as raw BSON where the native core builds records (publishers/native.py)
+        self.read_coll = self.coll.with_options(codec_options=RAW) if NATIVE else self.coll
         self.follower = StreamFollower(self.coll, batch_size=s.batch_size,
                                        pacing_s=s.pacing_ms / 1000, timing=timing,
-                                       where=self.selection.stream_match)
+                                       where=self.selection.stream_match,
+                                       partitions=self.selection.held,
+                                       read_coll=self.read_coll)
+        self.sweeps = Sweeps(self.read_coll, self.cycle, name=collection, page_size=s.batch_size,
+                             interval_s=s.sweep_interval_s, stop=stop, metrics=metrics,
+                             timing=timing, where=self.selection.query,
+                             learn=self.follower.meta.learn)
         self.stream = StreamMode(
             db, self.follower, Checkpoints(db[s.checkpoint_collection], key), name=collection,
             owner=owner, faults=faults, metrics=metrics, timing=timing,
             request_sweep=self.sweeps.request, publish=self._publish_streamed,
             retry_pending=lambda: self.retries.pending, on_contact=self._contact,
-            drain=self.cycle.drain)
+            pulls=self.cycle)
         self.mode: str = "standby"
         self.last_active_mode: str | None = None
         self._drained = False
@@ -165,7 +172,10 @@ class CollectionWorker:
         """Wait for partitions, publish them, start over whenever the set changes … until
         stopped. Raises :class:`FatalStoreError` on a store error no retry can fix."""
         self._set_standby()
-        self.balancer.start()
+        # --once with nothing to publish claims nothing (issue 44: no lease round to lapse)
+        idle = self._drained = self.once and await nothing_to_do(self.coll)
+        if not idle:
+            self.balancer.start()
         try:
             while not self.stop.is_set() and not self._drained:
                 partitions = await self.balancer.wait_active()
@@ -177,7 +187,7 @@ class CollectionWorker:
                 self._select(())
                 self._set_standby()
         finally:
-            await self._shutdown()
+            await self._shutdown(leases=not idle)
 
     def _select(self, partitions: frozenset[int] | tuple[()]) -> None:
         """Publish these partitions from now on (the stream, sweeps, retries and gauges
@@ -223,9 +233,19 @@ class CollectionWorker:
         self.metrics.set_mode(self.name, "standby")
         self.mode = "standby"
 
-    async def _shutdown(self) -> None:
+    async def _note_once(self) -> None:
+        """--once ended: a note for dispatch-status (dispatcher/leases/once.py)."""
+        await note_once(self.db[self.settings.member_collection], database=self.db.name,
+                        collection=self.name, instance=self.leases.instance,
+                        now=self.leases.now(), published=self.outcomes.counts.published,
+                        registry=self.metrics.registry)
+
+    async def _shutdown(self, *, leases: bool = True) -> None:
+        if self.once and self._drained:
+            await self._note_once()
         await self.stream.close()
-        await self.balancer.close()
+        if leases:  # (an idle --once took none)
+            await self.balancer.close()
         self.metrics.lease_active.labels(self.name).set(0)
         self.health.beat(self.name, role="stopped")
 
@@ -255,7 +275,7 @@ class CollectionWorker:
         if self.once:
             await self._run_once()
             return
-        mode = await self._choose_mode()
+        mode = await self.stream.choose(self.settings.mode)
         self.mode = self.last_active_mode = mode
         self.metrics.set_mode(self.name, mode)
         self.health.beat(self.name, role="active", mode=mode)
@@ -273,21 +293,6 @@ class CollectionWorker:
             else:
                 self.sweeps.request(None)
                 await self._loop(self._poll_step)
-
-    async def _choose_mode(self) -> str:
-        """``stream`` when the change stream opens; ``poll`` when the server has none and
-        the setting is ``auto`` (or ``poll``)."""
-        if self.settings.mode not in ("auto", "stream"):
-            return "poll"
-        try:
-            await self.stream.start()
-            return "stream"
-        except OperationFailure as exc:
-            if exc.code not in CHANGE_STREAMS_UNSUPPORTED or self.settings.mode == "stream":
-                raise
-            log.warning("%s: the server has no change streams (%s); polling mode",
-                        self.name, exc, extra={"collection": self.name})
-            return "poll"
 
     async def _loop(self, step: Callable[[], Awaitable[bool]]) -> None:
         while self._keep_going():
@@ -343,9 +348,10 @@ class CollectionWorker:
         """Run these documents again; if that fails, keep them for the next attempt instead
         of leaving them to the periodic sweep (and never checkpoint past them)."""
         try:
-            docs = await self.coll.find({"_id": {"$in": keys}, **PENDING,
-                                         **self.selection.query()},
-                                        {F_OUTBOX: 1, F_TYPE: 1, F_PARTITION: 1}).to_list()
+            # on _id alone (any server answers it from the _id index; mongo-java-server uses
+            # an index only for a filter of exactly its keys): the pending outbox and the
+            # partition are checked here
+            docs = await self.follower.fetch(keys)
             self._contact()
             await self._publish(docs)
         except BaseException:
@@ -354,13 +360,9 @@ class CollectionWorker:
 
     # -- polling and once ---------------------------------------------------------------
     async def _poll_step(self) -> bool:
-        self.metrics.sweeps.labels(self.name, "poll").inc()
-        res = await sweep(self.coll, self.cycle, page_size=self.settings.batch_size,
-                          stop=self.stop, where=self.selection.query())
-        self._contact()
-        self.outcomes.absorb(res.cycle)
-        if res.documents == 0:
-            await pause(self.timing, self.settings.poll_interval_ms / 1000, self.stop)
+        await poll(self.read_coll, self.cycle, self.settings, self.stop, self.metrics,
+                   self.timing, self.selection.query(), self.follower.meta.learn,
+                   self._contact, self.outcomes.absorb)
         return True
 
     async def _run_once(self) -> None:
@@ -390,7 +392,6 @@ class CollectionWorker:
                 self.sweeps.request("once")
             await self._guarded(self._pending)
 
-    # -- metrics ------------------------------------------------------------------------
     async def measure_backlog(self) -> Mapping[str, Any]:
         """Pending entries, documents and the oldest entry's age, into the gauges."""
         out = await measure_backlog(self.coll, self.metrics, self.name,

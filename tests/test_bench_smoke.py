@@ -47,12 +47,15 @@ SMOKE: dict[str, list[tuple[list[str], dict[str, Any]]]] = {
          {"json": ["instructions_per_msg", "instructions_derived"]}),
     ],
     "dispatch.py": [
-        (["--docs", "5", "--per", "2", "--rate", "50", "--seconds", "1", "--scale-docs", "5",
-          "--scale-per", "2"],
+        (["--docs", "5", "--per", "2", "--rate", "50", "--seconds", "1", "--warmup", "0.2",
+          "--scale-docs", "5", "--scale-per", "2"],
          {"json": ["dispatch_vs_raw_produce", "latency_p50_ms", "poll_latency_p50_ms",
                    "python_cpu_us_per_msg", "scale_2_vs_1"]}),
         (["--instructions", "--instr-sizes", "2,4"],
          {"json": ["instructions_per_msg", "instructions_derived"]}),
+        (["--server", "local", "--repeat", "2", "--only", "stream", "--rate", "50",
+          "--seconds", "1", "--warmup", "0"],
+         {"json": ["latency_p50_ms", "mongo_cpu_us_per_entry_stream"]}),
     ],
     "pipeline.py": [
         (["--sizes", "100", "--stages"],
@@ -71,6 +74,7 @@ SMOKE: dict[str, list[tuple[list[str], dict[str, Any]]]] = {
         (["--rate", "20", "--seconds", "1", "--warmup", "0", "--delay-ms", "100",
           "--drain-seconds", "30", "--json"],
          {"json": ["scheduled", "fired", "lost", "lag"]}),
+        (["--drain", "30", "--json"], {"json": ["fired_per_s", "lost", "duplicates"]}),
     ],
     "native.py": [
         (["--sizes", "5,10", "--timed-n", "50"], {"json": ["instructions_per_msg", "wall"]}),

@@ -105,3 +105,43 @@ def test_a_dead_row_is_not_padded_to_a_live_partition_list(
     out = _status(tmp_path, mongo_uri, db)
     b_row = next(line for line in out.splitlines() if line.startswith("  b "))
     assert "DEAD" in b_row and len(b_row) < 150, out
+
+
+def _once(tmp_path: Path, mongo_uri: str, db: Any) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(
+        [AGGBOX, "dispatch", "--once", "--aggregates", "aggbox.examples.orders",
+         "--publisher", "jsonl", "--jsonl-dir", str(tmp_path / "out"),
+         "--mongodb-uri", mongo_uri, "--database", db.name, "--metrics-port", "0"],
+        env=_env(tmp_path), cwd=tmp_path, capture_output=True, text=True, timeout=600,
+        check=False)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_once_on_an_idle_store_takes_no_lease_and_the_status_reads_as_normal(
+        tmp_path: Path, mongo_uri: str, db: Any) -> None:
+    """Issue 44, item 4: ``aggbox dispatch --once`` on an idle, empty store — a cron job's
+    usual run — logged ``ERROR … heartbeat lapsed … 256 partition(s) dropped`` on a busy
+    machine, and ``dispatch-status`` then said ``NOT fair … unowned: 256``. With nothing to
+    publish it claims nothing (no lease round, no heartbeat to lapse), and the status says
+    that no dispatcher runs and when the last --once ran; after a --once that had work,
+    the same, with what it published."""
+    done = _once(tmp_path, mongo_uri, db)
+    assert " ERROR " not in done.stderr and "lapsed" not in done.stderr, done.stderr
+    assert db.aggbox_dispatcher_partitions.count_documents({}) == 0  # nothing claimed
+    out = _status(tmp_path, mongo_uri, db)
+    header = out.splitlines()[0]
+    assert "no dispatcher running; last --once at " in header, out
+    assert "NOT fair" not in out, out
+    from aggbox.examples.orders import registry
+    from aggregates import AggboxSettings, Message, Source, StoreWriter
+
+    w = StoreWriter(db, registry, settings=AggboxSettings(database=db.name))
+    w.ensure_indexes()
+    w.process([Message("place-o1", "PlaceOrder", "Order", "o-1",
+                       {"customer_id": "c-1", "amount": 10}, source=Source("Checkout", "o-1", 1))])
+    _once(tmp_path, mongo_uri, db)
+    status = json.loads(_status(tmp_path, mongo_uri, db, "--json"))
+    orders = status["items"][0]
+    assert orders["running"] is False and orders["last_once"]["published"] == 1, status
+    assert "NOT fair" not in _status(tmp_path, mongo_uri, db)

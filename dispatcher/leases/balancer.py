@@ -50,8 +50,11 @@ class Balancer:
                  on_contact: Callable[[], None], on_error: Callable[[str], None],
                  published: Callable[[], int] = lambda: 0,
                  publishing: Callable[[], frozenset[int]] = frozenset,
-                 on_members: Callable[[PartitionLeases], None] | None = None) -> None:
+                 on_members: Callable[[PartitionLeases], None] | None = None,
+                 eager: bool = False) -> None:
         self.leases = leases
+        #: claim in the first round when no other instance is live (--once)
+        self.eager = eager
         #: called after each read of the members (the fleet's effect types)
         self._on_members = on_members
         self.name = name
@@ -277,8 +280,11 @@ class Balancer:
         await self._release(idle)
         # The first round only announces this instance: instances that start together see
         # each other in their second round (0.5 s later) and claim toward their fair
-        # share, instead of the first one to finish a round claiming everything.
-        claim = decided.claim if self.rounds > 1 else ()
+        # share, instead of the first one to finish a round claiming everything. A --once
+        # run that finds itself alone claims at once (``eager``): the claims are
+        # compare-and-set, an instance starting with it only costs a hand-over.
+        alone = self.eager and decided.members == (leases.owner,)
+        claim = decided.claim if self.rounds > 1 or alone else ()
         claimed = await leases.claim(claim, views) if claim else []
         now = leases.now()
         self.unowned = frozenset(p for p in range(leases.partitions)

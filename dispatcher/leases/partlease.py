@@ -44,13 +44,16 @@ from typing import Any
 
 from pymongo import UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
-from pymongo.errors import BulkWriteError
+from pymongo.errors import BulkWriteError, OperationFailure
 
 from aggregates.core.keys import join_parts
 from aggregates.core.partitions import F_PARTITION, PARTITIONS
 from dispatcher.leases.balance import LeaseView, valid_until
 
-__all__ = ["Claimed", "HeartbeatLapsed", "PartitionLeases", "default_instance_id"]
+__all__ = ["CLAIM_INDEX", "Claimed", "HeartbeatLapsed", "PartitionLeases", "default_instance_id"]
+
+#: The name of the claim index on the lease collection (:meth:`PartitionLeases.ensure`).
+CLAIM_INDEX = "aggbox_lease_claim"
 
 log = logging.getLogger("aggbox.dispatcher.lease")
 
@@ -191,6 +194,7 @@ class PartitionLeases:
             return
         docs = [{"_id": self.key(p), "scope": self.scope, "partition": p, "owner": None,
                  "epoch": 0} for p in range(self.partitions)]
+        await self._claim_index()
         existing = {d["_id"] async for d in self.leases.find({"scope": self.scope}, {"_id": 1})}
         missing = [d for d in docs if d["_id"] not in existing]
         if missing:
@@ -200,6 +204,15 @@ class PartitionLeases:
                 if any(e.get("code") != 11000 for e in exc.details.get("writeErrors", [])):
                     raise
         self._ensured = True
+
+    async def _claim_index(self) -> None:
+        """The unique index ``{_id, owner, epoch}`` (a claim's filter, which mongo-java-server
+        otherwise answers by scanning: issue 44); redundant on MongoDB; refused: left."""
+        try:
+            await self.leases.create_index([("_id", 1), ("owner", 1), ("epoch", 1)],
+                                           unique=True, name=CLAIM_INDEX)
+        except OperationFailure as exc:
+            log.debug("%s: no claim index (%s)", self.scope, exc)
 
     def _heartbeat_fields(self, now: datetime, published: int) -> dict[str, Any]:
         return {"scope": self.scope, "instance": self.instance, "member": self.owner,

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,11 +32,14 @@ from dispatcher.core.faults import Faults
 from dispatcher.core.timing import REAL_TIME, Timing
 from dispatcher.observe.metrics import Metrics
 from dispatcher.observe.tracing import publish_spans
+from dispatcher.outbox.fenced import Pull, _Doc, still_fenced
 from dispatcher.outbox.inflight import InFlight
 from dispatcher.outbox.pull import pull_entries
+from dispatcher.outbox.results import CycleResult
 from dispatcher.publishers.base import Publisher, PublishResult
 from dispatcher.publishers.builder import record_builder
 from dispatcher.publishers.letters import invalid_letter, rejected_letter
+from dispatcher.publishers.native import ScannedDoc, decoded_entry, raw_builder
 from dispatcher.publishers.record import H_FENCE, InvalidEntry, OutboundRecord
 
 __all__ = ["INVALID_OUTBOX_ENTRY", "Cycle", "CycleResult"]
@@ -46,42 +48,6 @@ log = logging.getLogger("aggbox.dispatcher")
 
 #: Dead-letter reason of an entry that cannot form a valid envelope.
 INVALID_OUTBOX_ENTRY = Reason.INVALID_OUTBOX_ENTRY
-
-
-@dataclass(slots=True)
-class CycleResult:
-    documents: int = 0
-    published: int = 0
-    #: of ``published``, the effect entries executed instead (dispatcher.effects)
-    executed: int = 0
-    dead_lettered: int = 0
-    stale: int = 0
-    #: documents with entries still pending after a retryable failure (retry after backoff)
-    retry: list[Any] = field(default_factory=list)
-    retry_error: str | None = None
-    #: the lease was not held: nothing was published
-    lease_lost: bool = False
-
-    def add(self, other: CycleResult) -> None:
-        self.documents += other.documents
-        self.published += other.published
-        self.executed += other.executed
-        self.dead_lettered += other.dead_lettered
-        self.stale += other.stale
-        self.retry.extend(other.retry)
-        self.retry_error = self.retry_error or other.retry_error
-        self.lease_lost = self.lease_lost or other.lease_lost
-
-
-@dataclass(slots=True)
-class _Doc:
-    key: Any
-    records: list[OutboundRecord | InvalidEntry]
-    stale: list[str]
-    #: the ``fence`` header its records carry (None: none), and the document it came from
-    #: (to compute the fence again before the pull)
-    fence: str | None = None
-    doc: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
 
 class Cycle:
@@ -122,7 +88,13 @@ class Cycle:
         self.backoff_initial_s = backoff_initial_s
         self.backoff_max_s = backoff_max_s
         self.timing = timing
-        self._pulling: asyncio.Task[None] | None = None
+        self._pulling: asyncio.Task[None] | None = None  # the last pull started
+        self._behind: asyncio.Task[None] | None = None  # the one before it
+        self._pull_errors: list[Exception] = []
+        #: pulls started, and the last one done (in order): a stream batch's token is saved
+        #: once the pull started with it is done
+        self.pulls_started = 0
+        self.pulls_done = 0
         c = self.collection
         self._m_published = metrics.published.labels(c)
         self._m_stale = metrics.stale_skipped.labels(c)
@@ -165,25 +137,40 @@ class Cycle:
         return total
 
     async def drain(self) -> None:
-        """Wait for the ``$pull`` still running, if any (raises its error)."""
-        task, self._pulling = self._pulling, None
+        """Wait for the ``$pull``s still running, if any (raises the first error of one)."""
+        task, self._pulling, self._behind = self._pulling, None, None
         if task is not None:
             await task
+        self._raise_pull_error()
+
+    async def drain_if_done(self) -> None:
+        """Raise the error of a ``$pull`` that failed; :meth:`drain` when all are over."""
+        if self._pulling is not None and self._pulling.done():
+            await self.drain()
+        self._raise_pull_error()
 
     def _prepare(self, doc: Mapping[str, Any]) -> _Doc | None:
         key = doc.get("_id")
-        outbox = doc.get(F_OUTBOX) or []
-        if not isinstance(outbox, list) or not outbox:
-            return None
-        claim = self.inflight.claim(key, outbox)
+        if type(doc) is ScannedDoc:  # read as raw BSON: its entries' ids and bytes
+            outbox: Any = doc.entries
+            if not outbox:
+                return None
+            claim = self.inflight.claim(key, outbox, ids=[eid for eid, _ in outbox])
+        else:
+            outbox = doc.get(F_OUTBOX) or []
+            if not isinstance(outbox, list) or not outbox:
+                return None
+            claim = self.inflight.claim(key, outbox)
         if claim.malformed:
             log.error("%s/%r: %d outbox entries without an id are ignored (they cannot be "
                       "pulled by id; remove them by hand)", self.collection, key,
                       claim.malformed, extra={"collection": self.collection})
         if not claim.fresh and not claim.stale:
             return None
-        build = record_builder(self.collection, str(doc.get(F_TYPE) or self.source_type),
-                               self.topic_template).build
+        source_type = str(doc.get(F_TYPE) or self.source_type)
+        build = (raw_builder(self.collection, source_type, self.topic_template)
+                 if type(doc) is ScannedDoc
+                 else record_builder(self.collection, source_type, self.topic_template).build)
         records: list[OutboundRecord | InvalidEntry] = []
         for entry in claim.fresh:
             try:
@@ -193,6 +180,8 @@ class Cycle:
             except Exception as exc:  # e.g. a hand-edited entry with out-of-range values
                 # Dead-letter it like any other invalid entry: an exception here would leave
                 # the document claimed (in flight) for the life of the process.
+                if type(doc) is ScannedDoc:
+                    entry = decoded_entry(entry)
                 records.append(InvalidEntry(str(entry.get("id")) if isinstance(entry, Mapping)
                                             else repr(entry),
                                             f"{type(exc).__name__}: {exc}", entry=entry))
@@ -218,7 +207,7 @@ class Cycle:
         by_record = dict(zip((id(r) for r in records), outcomes, strict=True))
         now = datetime.now(UTC)
         letters: list[DeadLetter] = []
-        pulls: list[tuple[_Doc, list[str], list[str]]] = []
+        pulls: list[Pull] = []
         for d in docs:
             done, released, doc_letters = self._settle(d, by_record, now, result)
             letters.extend(doc_letters)
@@ -229,15 +218,48 @@ class Cycle:
             if letters:
                 await self._write_letters(letters, now)
             self.faults.hit("after_publish")
-            await self.drain()  # one pull at a time, in order
+        except BaseException:
+            self._release(pulls)
+            raise
+        # The documents stay claimed until their pull is done (their newer entries wait:
+        # a pull that fails or comes too late — "Fencing" — republishes them, and nothing
+        # newer of the document may have gone out before that). Other documents are
+        # published while this pull runs.
+        # Pulls run one at a time, in order, each after the one before it (chained: the
+        # next batch is read and published meanwhile); at most two wait.
+        prev = self._pulling
+        try:
+            if prev is not None and self._behind is not None and not self._behind.done():
+                await asyncio.wait([self._behind])
         except BaseException:
             self._release(pulls)
             raise
         # Executed effects have their own metrics (dispatcher.effects): the published
         # counter counts only what a broker acknowledged.
-        self._pulling = asyncio.create_task(
-            self._complete(pulls, result.published - result.executed))
+        self.pulls_started += 1
+        self._behind = prev
+        self._pulling = asyncio.create_task(self._chained(
+            prev, pulls, result.published - result.executed, self.pulls_started))
+        self._raise_pull_error()
         return result
+
+    async def _chained(self, prev: asyncio.Task[None] | None,
+                       pulls: list[Pull], published: int,
+                       seq: int) -> None:
+        """This pull once the one before it is over; its error is kept for :meth:`drain`
+        (the next pull goes ahead: its entries are published too)."""
+        if prev is not None:
+            await asyncio.wait([prev])
+        try:
+            await self._complete(pulls, published, seq)
+        except Exception as exc:
+            self._pull_errors.append(exc)
+
+    def _raise_pull_error(self) -> None:
+        if self._pull_errors:
+            error = self._pull_errors[0]
+            self._pull_errors.clear()
+            raise error
 
     async def _publish(self, docs: list[_Doc], records: list[OutboundRecord]
                        ) -> list[PublishResult]:
@@ -309,12 +331,12 @@ class Cycle:
             result.retry.append(d.key)
         return done, released, letters
 
-    def _release(self, pulls: list[tuple[_Doc, list[str], list[str]]]) -> None:
+    def _release(self, pulls: list[Pull]) -> None:
         for d, _done, _released in pulls:  # published but not pulled: sent again later
             self.inflight.finish(d.key, (), self._ids(d.records))
 
-    async def _complete(self, pulls: list[tuple[_Doc, list[str], list[str]]],
-                        published: int) -> None:
+    async def _complete(self, pulls: list[Pull],
+                        published: int, seq: int = 0) -> None:
         pulls = self._still_fenced(pulls)
         try:
             await pull_entries(self.coll, [(d.key, done + d.stale) for d, done, _ in pulls
@@ -329,37 +351,17 @@ class Cycle:
         for d, done, released in pulls:
             self.inflight.finish(d.key, done, released)
             stale += len(d.stale)
+        self.pulls_done = max(self.pulls_done, seq)
         if published:
             self._m_published.inc(published)
         if stale:
             self._m_stale.inc(stale)
         self._m_batches.inc()
 
-    def _still_fenced(self, pulls: list[tuple[_Doc, list[str], list[str]]]
-                      ) -> list[tuple[_Doc, list[str], list[str]]]:
-        """The pulls of documents whose lease is still held at the epoch their records were
-        published under (without a fence: while the whole set is held); the others are
-        released, not pulled. A record the publisher acknowledged after its lease ended is
-        a late copy (docs/design.md "Fencing"): left in the outbox, its entry is published
-        again by the owner that took over, under a higher epoch — pulled, the late copy
-        could be its only copy, and a consumer that drops late copies would lose it."""
-        keep: list[tuple[_Doc, list[str], list[str]]] = []
-        late: list[tuple[_Doc, list[str], list[str]]] = []
-        for pull in pulls:
-            d = pull[0]
-            if d.fence is None or self.fence is None:
-                held = self.lease_held()
-            else:
-                held = self.fence(d.doc) == d.fence
-            (keep if held else late).append(pull)
-        if late:
-            entries = sum(len(done) for _d, done, _r in late)
-            log.warning("%s: %d published entr%s of %d document(s) left in the outbox: the "
-                        "lease they were published under ended before the publisher answered "
-                        "(late copies; the partition's next owner publishes them again)",
-                        self.collection, entries, "y" if entries == 1 else "ies", len(late),
-                        extra={"collection": self.collection})
-            self._release(late)
+    def _still_fenced(self, pulls: list[Pull]) -> list[Pull]:
+        keep, late = still_fenced(pulls, fence=self.fence, lease_held=self.lease_held,
+                                  collection=self.collection)
+        self._release(late)
         return keep
 
     @staticmethod

@@ -29,8 +29,7 @@ class Claim:
 
     __slots__ = ("fresh", "malformed", "stale")
 
-    def __init__(self, fresh: list[dict[str, Any]], stale: list[str], malformed: int = 0
-                 ) -> None:
+    def __init__(self, fresh: list[Any], stale: list[str], malformed: int = 0) -> None:
         self.fresh = fresh  #: entries to publish, in outbox order
         self.stale = stale  #: ids published already (pull them again, do not publish)
         self.malformed = malformed  #: entries without a string id (cannot be pulled by id)
@@ -50,17 +49,22 @@ class InFlight:
     def busy(self, doc_key: Any) -> bool:
         return doc_key in self._docs
 
-    def claim(self, doc_key: Any, outbox: Sequence[Any]) -> Claim:
-        """Claim the document's entries that nobody publishes yet. A busy document yields
-        nothing and is marked dirty (re-read it after :meth:`finish`)."""
+    def claim(self, doc_key: Any, outbox: Sequence[Any],
+              ids: Sequence[str | None] | None = None) -> Claim:
+        """Claim the document's entries that nobody publishes yet (``ids``: their ids, when
+        the entries are not decoded). A busy document yields nothing and is marked dirty
+        (re-read it after :meth:`finish`)."""
         if doc_key in self._docs:
             self.dirty.add(doc_key)
             return Claim([], [])
-        fresh: list[dict[str, Any]] = []
+        fresh: list[Any] = []
         stale: list[str] = []
         malformed = 0
-        for entry in outbox:
-            eid = entry.get("id") if isinstance(entry, dict) else None
+        for i, entry in enumerate(outbox):
+            if ids is not None:
+                eid = ids[i]
+            else:
+                eid = entry.get("id") if isinstance(entry, dict) else None
             if not isinstance(eid, str) or not eid:
                 malformed += 1
             elif eid in self._done:

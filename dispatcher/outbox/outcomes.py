@@ -13,7 +13,7 @@ from pymongo.errors import PyMongoError
 from dispatcher.core.errors import RateLimitedLog, describe_store_error, one_line
 from dispatcher.core.timing import Timing
 from dispatcher.observe.metrics import Health, Metrics
-from dispatcher.outbox.cycle import CycleResult
+from dispatcher.outbox.results import CycleResult
 from dispatcher.outbox.retries import Retries
 
 __all__ = ["LeaseLost", "Outcomes", "WorkerStats"]

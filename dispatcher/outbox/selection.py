@@ -50,6 +50,10 @@ class Selection:
         self._stream = partition_filter(self.partitions, total=self.total,
                                         prefix="fullDocument.")
 
+    def held(self) -> frozenset[int] | None:
+        """The partitions, ``None`` when all are held (no filter)."""
+        return None if self.full else self.partitions
+
     @property
     def full(self) -> bool:
         return len(self.partitions) >= self.total

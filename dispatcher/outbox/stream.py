@@ -1,10 +1,19 @@
 """Following a collection's change stream, and the resume-token checkpoints.
 
-Contract with the server (it holds for MongoDB and for mongo-java-server):
+Contract with the server (it holds for MongoDB and for mongo-java-server run by aggbox's
+launchers; docs/design.md "How stream mode finds new entries"):
 
-- ``full_document="updateLookup"``; we match on ``operationType`` and
-  ``fullDocument.outbox`` only, never on ``updateDescription`` (mongo-java-server has none,
-  and on MongoDB ``outbox`` vs ``outbox.N`` keys in ``updatedFields`` are not stable);
+- no full-document lookup: an update event is read for its ``documentKey._id`` and its
+  ``updateDescription`` (:mod:`dispatcher.outbox.changes` says what it tells and when the
+  document is read instead, in one batched ``find`` per read). The pipeline
+  (:func:`~dispatcher.outbox.changes.delta_pipeline`) drops the ``$pull`` that empties an
+  outbox and leaves out of each event the fields the dispatcher never reads (the state,
+  the dedup record, the timers);
+- a server whose update events name no document (mongo-java-server's own oplog: its
+  ``documentKey`` is the update, it has no ``updateDescription``) is detected at its first
+  such event (:class:`~dispatcher.outbox.changes.NoDocumentKey`): the stream is reopened from
+  before that read with ``full_document="updateLookup"`` (:data:`LOOKUP_PIPELINE`: matched on
+  ``operationType`` and ``fullDocument.outbox``), and stays so;
 - the stream is read with ``try_next`` and a ``batch_size``; after an empty read we pause
   ourselves (``pacing``): mongo-java-server's ``getMore`` answers at once instead of
   waiting, so ``async for`` would spin. On MongoDB ``max_await_time_ms`` makes the server
@@ -25,7 +34,7 @@ import calendar
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -35,17 +44,30 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import PyMongoError
 
-from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TYPE
 from dispatcher.core.errors import describe_store_error
 from dispatcher.core.timing import REAL_TIME, Timing, pause
+from dispatcher.outbox.changes import (
+    FETCH_PROJECTION,
+    LOOKUP_PIPELINE,
+    PIPELINE,
+    ChangeSet,
+    DocMeta,
+    NoDocumentKey,
+    delta_pipeline,
+    pipeline,
+    selected,
+)
+from dispatcher.publishers.native import pending, scan
 
 __all__ = [
     "CHANGE_STREAMS_UNSUPPORTED",
+    "LOOKUP_PIPELINE",
     "PIPELINE",
     "TOKEN_UNUSABLE",
     "Checkpoints",
     "StreamBatch",
     "StreamFollower",
+    "delta_pipeline",
     "latest_documents",
     "pipeline",
     "server_time",
@@ -60,41 +82,23 @@ TOKEN_UNUSABLE: Final = frozenset({286, 280, 260, 2, 9})
 #: NotImplemented: FerretDB's '`aggregate` stage "$changeStream" is not implemented yet').
 CHANGE_STREAMS_UNSUPPORTED: Final = frozenset({40573, 40324, 115, 238})
 
-PIPELINE: Final[list[dict[str, Any]]] = [
-    {"$match": {
-        "operationType": {"$in": ["insert", "update", "replace"]},
-        f"fullDocument.{F_OUTBOX}.0": {"$exists": True},
-    }},
-    # Only what the dispatcher reads: the looked-up document's id, type and outbox (its
-    # state, dedup record … are neither sent nor decoded), and the event's own fields.
-    {"$project": {"operationType": 1, "clusterTime": 1, "fullDocument._id": 1,
-                  f"fullDocument.{F_TYPE}": 1, f"fullDocument.{F_OUTBOX}": 1,
-                  f"fullDocument.{F_PARTITION}": 1}},
-]
+async def server_time(db: AsyncDatabase[Any], *, round_up: bool = False) -> Timestamp:
+    """The server's position: a start point for a new stream, taken *before* the sweep that
+    accompanies it, or (``round_up``) the time after which every event is newer than now.
 
-
-def pipeline(where: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """:data:`PIPELINE` with ``where`` added to its ``$match``."""
-    if not where:
-        return PIPELINE
-    return [{"$match": {**PIPELINE[0]["$match"], **where}}, *PIPELINE[1:]]
-
-
-async def server_time(db: AsyncDatabase[Any]) -> Timestamp:
-    """A start point for a new stream, taken *before* the sweep that accompanies it.
-
-    The ``operationTime`` of a ``ping`` when the server reports one (replica sets); else
-    (mongo-java-server) the server's ``localTime`` rounded down to the second — replaying a
-    few events rather than missing one."""
+    The ``operationTime`` of a ``ping`` when the server reports one (replica sets, and
+    aggbox's launchers of mongo-java-server); else the server's ``localTime`` rounded down
+    to the second — replaying a few events rather than missing one — or, ``round_up``, to
+    the next second."""
     reply = await db.client.admin.command("ping")
     op_time = reply.get("operationTime")
     if isinstance(op_time, Timestamp):
         return op_time
     hello = await db.client.admin.command("isMaster")
     local = hello.get("localTime")
-    if isinstance(local, datetime):
-        return Timestamp(calendar.timegm(local.utctimetuple()), 0)
-    return Timestamp(int(time.time()), 0)
+    seconds = (calendar.timegm(local.utctimetuple()) if isinstance(local, datetime)
+               else int(time.time()))
+    return Timestamp(seconds + 1 if round_up else seconds, 0)
 
 
 class Checkpoints:
@@ -138,6 +142,8 @@ class Checkpoints:
 
 @dataclass(slots=True)
 class StreamBatch:
+    #: views of the documents the events showed (one per document, in order of its last
+    #: event; :mod:`dispatcher.outbox.changes`)
     documents: list[Mapping[str, Any]]
     events: int
     newest: Timestamp | None
@@ -145,6 +151,10 @@ class StreamBatch:
     #: a new one ``start_after`` :attr:`end_token`
     ended: bool = False
     end_token: Mapping[str, Any] | None = None
+    #: documents to read (:meth:`StreamFollower.fetch`) before publishing
+    to_read: list[Any] = field(default_factory=list)
+    #: the server's events name no document: reopen (with lookup) from before this read
+    reopen: bool = False
 
 
 class StreamFollower:
@@ -152,10 +162,23 @@ class StreamFollower:
 
     def __init__(self, coll: AsyncCollection[Any], *, batch_size: int, pacing_s: float,
                  timing: Timing = REAL_TIME,
-                 where: Callable[[], Mapping[str, Any]] = dict) -> None:
+                 where: Callable[[], Mapping[str, Any]] = dict,
+                 partitions: Callable[[], frozenset[int] | None] = lambda: None,
+                 read_coll: AsyncCollection[Any] | None = None) -> None:
         self.coll = coll
+        #: the collection documents are read from (raw BSON for the native builder)
+        self.read_coll = read_coll if read_coll is not None else coll
         #: extra ``$match`` conditions on the event (the worker's partitions), read at open
         self._where = where
+        #: the partitions held (``None``: all), for the documents of update events
+        self._partitions = partitions
+        #: ``_type`` and ``_p`` of the documents seen
+        self.meta = DocMeta()
+        #: full-document lookup per event (the fallback for a server whose update events
+        #: name no document); set at the first such event, kept
+        self.lookup = False
+        #: the server's time when the stream was opened: older events are not viewed
+        self.fresh_after: Timestamp | None = None
         self.batch_size = batch_size
         self.pacing_s = pacing_s
         self.timing = timing
@@ -181,9 +204,14 @@ class StreamFollower:
             kwargs["resume_after"] = resume_after
         else:
             kwargs["start_at_operation_time"] = start_at
+        if self.lookup:
+            kwargs["full_document"] = "updateLookup"
         self._stream = await self.coll.watch(
-            pipeline(self._where()), full_document="updateLookup", batch_size=self.batch_size,
+            pipeline(self._where(), lookup=self.lookup), batch_size=self.batch_size,
             max_await_time_ms=max(1, int(self.pacing_s * 1000)), **kwargs)
+        # Events up to now may show entries a previous owner (or this instance, before)
+        # has pulled since: their documents are read, not viewed (changes.py).
+        self.fresh_after = await server_time(self.coll.database, round_up=True)
 
     @property
     def resume_token(self) -> Mapping[str, Any] | None:
@@ -202,7 +230,8 @@ class StreamFollower:
         if self._ended is not None:  # nothing more will come (never spin on it either)
             await pause(self.timing, self.pacing_s)
             return self._ended
-        docs: list[Mapping[str, Any]] = []
+        changes = ChangeSet(self.meta, self._partitions, fresh_after=self.fresh_after,
+                            looked_up=self.lookup)
         newest: Timestamp | None = None
         n = 0
         start_token = self._stream.resume_token
@@ -232,9 +261,10 @@ class StreamFollower:
                 token = event.get("_id")
                 end_token = token if isinstance(token, Mapping) else None
                 break
-            doc = event.get("fullDocument")
-            if isinstance(doc, Mapping) and doc.get(F_OUTBOX):
-                docs.append(doc)
+            try:
+                changes.add(event)
+            except NoDocumentKey:
+                return self._fall_back(start_token)
             if _batch_used_up(self._stream, event):
                 break  # the server's batch is used up: publish it now, no extra getMore
             if self.timing.monotonic() - first_at >= self.pacing_s:
@@ -243,13 +273,46 @@ class StreamFollower:
                 # steady load, and the batch grew to batch_size (issue 35: 500 events, p50
                 # 354 ms at 1,000 entries/s). What came within pacing_s goes out now.
                 break
+        docs, to_read = changes.resolve()
         if ended:
             self._ended = StreamBatch([], 0, None, ended=True,
                                       end_token=end_token or self._stream.resume_token)
-            return StreamBatch(docs, n, newest, ended=True, end_token=self._ended.end_token)
+            return StreamBatch(docs, n, newest, ended=True, end_token=self._ended.end_token,
+                               to_read=to_read)
         if n == 0:
             await pause(self.timing, self.pacing_s - (self.timing.monotonic() - started))
-        return StreamBatch(docs, n, newest)
+        return StreamBatch(docs, n, newest, to_read=to_read)
+
+    def _fall_back(self, start_token: Mapping[str, Any] | None) -> StreamBatch:
+        """An update event named no document (mongo-java-server's own change events): from
+        now on the stream looks documents up; the caller reopens it from before this read
+        (the events read so far in it are read again)."""
+        self.lookup = True
+        if start_token is not None:
+            self._rewind = start_token
+        log.info("%s: the server's update events name no document (documentKey without "
+                 "_id: mongo-java-server's own oplog?); the change stream looks each "
+                 "document up instead", self.coll.name, extra={"collection": self.coll.name})
+        return StreamBatch([], 1, None, reopen=True)
+
+    async def fetch(self, keys: list[Any]) -> list[Mapping[str, Any]]:
+        """The documents ``keys`` (one ``find`` on ``_id`` alone, which any server answers
+        from its ``_id`` index), those with pending entries in the partitions held, in the
+        order of ``keys``."""
+        if not keys:
+            return []
+        found = {d["_id"]: d for d in (scan(x) for x in await self.read_coll.find(
+            {"_id": {"$in": keys}}, FETCH_PROJECTION).to_list())}
+        parts = self._partitions()
+        out: list[Mapping[str, Any]] = []
+        for key in keys:
+            doc = found.get(key)
+            if doc is None:
+                continue
+            self.meta.learn(doc)
+            if pending(doc) and selected(doc, parts):
+                out.append(doc)
+        return out
 
     def end(self) -> StreamBatch:
         """Make the stream behave as after an ``invalidate`` event at its current position

@@ -7,9 +7,11 @@ token (codes in :data:`~dispatcher.outbox.stream.TOKEN_UNUSABLE`) means a new st
 time and a full sweep; an ``invalidate`` event a new stream ``start_after`` it and a full
 sweep at once; a read error a reopen from the last token (rewound before the failed read).
 After each published batch with no retry pending, the resume token is saved — once the
-batch's ``$pull`` is done. With ``drain`` (the worker's), that pull runs on while the next
-batch is read: the next step waits for it (``drain``, which raises its error) before it
-saves the previous batch's token and publishes anything new.
+batch's ``$pull`` is done. With ``pulls`` (the worker's cycle), that pull runs on while the
+next batches are read and published (a document of the pulled batch stays claimed until
+its pull is done: its newer entries wait, dispatcher/outbox/inflight.py); each step raises
+the error of a pull that failed and saves the token of the last batch whose pull is done
+(at most once a second).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any
+from typing import Any, Protocol
 
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import OperationFailure, PyMongoError
@@ -36,12 +38,24 @@ from dispatcher.outbox.stream import (
     server_time,
 )
 
-__all__ = ["StreamMode"]
+__all__ = ["Pulls", "StreamMode"]
 
 log = logging.getLogger("aggbox.dispatcher")
 
 _IDLE_CHECKPOINT_S = 1.0
+_CHECKPOINT_EVERY_S = 1.0
 _REOPEN_ATTEMPTS = 3
+
+
+class Pulls(Protocol):
+    """The pulls of the worker's cycle (:class:`~dispatcher.outbox.cycle.Cycle`)."""
+
+    pulls_started: int
+    pulls_done: int
+
+    async def drain(self) -> None: ...
+
+    async def drain_if_done(self) -> None: ...
 
 
 class StreamMode:
@@ -58,7 +72,7 @@ class StreamMode:
                  publish: Callable[[list[Mapping[str, Any]]], Awaitable[None]],
                  retry_pending: Callable[[], bool],
                  on_contact: Callable[[], None],
-                 drain: Callable[[], Awaitable[None]] | None = None) -> None:
+                 pulls: Pulls | None = None) -> None:
         self.db = db
         self.follower = follower
         self.checkpoints = checkpoints
@@ -71,15 +85,35 @@ class StreamMode:
         self._publish = publish
         self._retry_pending = retry_pending
         self._contact = on_contact
-        self._drain = drain
-        #: token of the last published batch whose pull may still be running (with drain)
-        self._unsaved: Mapping[str, Any] | None = None
+        self._pulls = pulls
+        #: (the pull that carries the batch, the batch's token), oldest first (with pulls)
+        self._unsaved: list[tuple[int, Mapping[str, Any]]] = []
+        #: the newest token whose batch's pull is done, not saved yet
+        self._saveable: Mapping[str, Any] | None = None
+        self._last_save = float("-inf")
+        #: events read since a token was last remembered
+        self._events = 0
         self.restarts = 0
         self.invalidations = 0
         self._start_after: Mapping[str, Any] | None = None
         self._last_idle_checkpoint = 0.0
 
     # -- opening ------------------------------------------------------------------------
+    async def choose(self, setting: str) -> str:
+        """The worker's mode: ``stream`` when the change stream opens; ``poll`` when the
+        server has none and ``setting`` is ``auto`` (or when it is ``poll``)."""
+        if setting not in ("auto", "stream"):
+            return "poll"
+        try:
+            await self.start()
+            return "stream"
+        except OperationFailure as exc:
+            if exc.code not in CHANGE_STREAMS_UNSUPPORTED or setting == "stream":
+                raise
+            log.warning("%s: the server has no change streams (%s); polling mode",
+                        self.name, exc, extra={"collection": self.name})
+            return "poll"
+
     async def start(self) -> None:
         """Open from the checkpoint when there is one (else at the current time) and ask for
         the start-up sweep. Raises ``OperationFailure`` with a code of
@@ -152,22 +186,33 @@ class StreamMode:
         batch = await self._read()
         if batch is None:
             return True
+        if batch.reopen:  # the server's events name no document: look them up from now on
+            await self.follower.close()
+            await self._reopen()
+            return True
         self._observe(batch)
         await self._settle()
-        if batch.documents:
-            # An insert event carries the document as inserted and a looked-up one may
-            # predate our last pull: entries published already are recognised by the
-            # in-flight set (pulled again, not republished).
-            await self._publish(latest_documents(batch.documents))
-            if not self._retry_pending() and not batch.ended:
-                if self._drain is None:
-                    await self.checkpoint()
-                else:  # saved by the next step, once this batch's pull is done
-                    self._unsaved = self.follower.resume_token
-        elif (not self._retry_pending() and not batch.ended
+        docs = batch.documents
+        if batch.to_read:
+            docs = [*docs, *await self.follower.fetch(batch.to_read)]
+            self._contact()
+        self._events += batch.events
+        if docs:
+            # An event shows the document as it was then (dispatcher/outbox/changes.py) and
+            # a read one may predate our last pull: entries published already are
+            # recognised by the in-flight set (pulled again, not republished).
+            await self._publish(latest_documents(docs))
+            if not batch.ended:
+                self._events = 0
+                await self._remember(self.follower.resume_token)
+        elif (self._events and not batch.ended
               and self._monotonic() - self._last_idle_checkpoint > _IDLE_CHECKPOINT_S):
+            # Events that published nothing (other partitions, other fields): past them. An
+            # idle stream's token moves too (the server's postBatchResumeToken), but saving
+            # it would write a checkpoint every second for nothing.
             self._last_idle_checkpoint = self._monotonic()
-            await self.checkpoint()
+            self._events = 0
+            await self._remember(self.follower.resume_token)
         if batch.ended:
             await self._invalidated(batch.end_token)
         return batch.events > 0
@@ -235,14 +280,42 @@ class StreamMode:
         self._contact()
 
     # -- checkpoints --------------------------------------------------------------------
-    async def _settle(self) -> None:
-        """Wait for the previous batch's pull (raising its error: then its token is not
-        saved), then save that batch's token."""
-        if self._drain is None:
+    async def _remember(self, token: Mapping[str, Any] | None) -> None:
+        """This batch's token, saved once the pulls started so far are done (at once without
+        ``pulls``)."""
+        if token is None:
             return
-        token, self._unsaved = self._unsaved, None
-        await self._drain()
-        if token is not None and not self._retry_pending():
+        if self._pulls is None:
+            if not self._retry_pending():
+                await self._save(token)
+            return
+        self._unsaved.append((self._pulls.pulls_started, token))
+        await self._save_pulled()
+
+    async def _settle(self, *, wait: bool = False) -> None:
+        """Save the token of the last batch whose pull is done, and raise the error of a
+        pull that failed (``wait``: wait for the running one first)."""
+        if self._pulls is None:
+            return
+        try:
+            if wait:
+                await self._pulls.drain()
+            else:
+                await self._pulls.drain_if_done()
+        finally:
+            await self._save_pulled()
+
+    async def _save_pulled(self) -> None:
+        """Save the token of the last batch whose pull is done — at most once a second (it
+        bounds what a restart reads again; each save is a write to the server)."""
+        assert self._pulls is not None
+        done = self._pulls.pulls_done
+        while self._unsaved and self._unsaved[0][0] <= done:
+            self._saveable = self._unsaved.pop(0)[1]
+        if (self._saveable is not None and not self._retry_pending()
+                and self._monotonic() - self._last_save >= _CHECKPOINT_EVERY_S):
+            token, self._saveable = self._saveable, None
+            self._last_save = self._monotonic()
             await self._save(token)
 
     async def checkpoint(self) -> None:
@@ -256,7 +329,7 @@ class StreamMode:
     async def final_checkpoint(self, *, sweep_pending: bool) -> None:
         """On leaving stream mode: save the token unless a retry or a sweep is pending."""
         try:
-            await self._settle()
+            await self._settle(wait=True)
         except PyMongoError as exc:
             log.warning("%s: pull before the final checkpoint failed: %s", self.name,
                         describe_store_error(exc), extra={"collection": self.name})
@@ -270,5 +343,6 @@ class StreamMode:
                         describe_store_error(exc), extra={"collection": self.name})
 
     async def close(self) -> None:
-        self._unsaved = None  # a later activation never saves a token of this one
+        self._unsaved = []  # a later activation never saves a token of this one
+        self._saveable = None
         await self.follower.close()

@@ -17,11 +17,14 @@ from typing import Any
 from pymongo.asynchronous.collection import AsyncCollection
 
 from aggregates.fold.document import F_OUTBOX, F_PARTITION, F_TYPE
-from dispatcher.core.timing import Timing
+from dispatcher.core.settings import DispatcherSettings
+from dispatcher.core.timing import Timing, pause
 from dispatcher.observe.metrics import Metrics
-from dispatcher.outbox.cycle import Cycle, CycleResult
+from dispatcher.outbox.cycle import Cycle
+from dispatcher.outbox.results import CycleResult
+from dispatcher.publishers.native import scan
 
-__all__ = ["PENDING", "SweepResult", "Sweeps", "sweep"]
+__all__ = ["PENDING", "SweepResult", "Sweeps", "poll", "sweep"]
 
 log = logging.getLogger("aggbox.dispatcher")
 
@@ -39,35 +42,61 @@ class SweepResult:
 
 async def sweep(coll: AsyncCollection[Any], cycle: Cycle, *, page_size: int,
                 stop: asyncio.Event | None = None,
-                where: Mapping[str, Any] | None = None) -> SweepResult:
-    """Publish every pending document (of the partitions ``where`` selects, if given)."""
+                where: Mapping[str, Any] | None = None,
+                learn: Callable[[Mapping[str, Any]], None] | None = None) -> SweepResult:
+    """Publish every pending document (of the partitions ``where`` selects, if given).
+    ``learn`` sees each document read (the stream remembers their ``_type`` and ``_p``)."""
     out = SweepResult()
-    last: Any = None
+    base = {**PENDING, **(where or {})}
+
+    async def read(after: Any) -> list[Mapping[str, Any]]:
+        query = base if after is None else {**base, "_id": {"$gt": after}}
+        # raw where the native builder takes it (dispatcher/publishers/native.py)
+        return [scan(d) for d in await coll.find(
+            query, {F_OUTBOX: 1, F_TYPE: 1, F_PARTITION: 1}).sort(
+            "_id", 1).limit(page_size).to_list()]
+
+    ahead: asyncio.Task[list[Mapping[str, Any]]] | None = None
     try:
-        while True:
-            query = {**PENDING, **(where or {})}
-            if last is not None:
-                query["_id"] = {"$gt": last}
-            page = await coll.find(query, {F_OUTBOX: 1, F_TYPE: 1, F_PARTITION: 1}).sort(
-                "_id", 1).limit(page_size).to_list()
-            if not page:
-                break
+        page = await read(None)
+        while page:
             out.documents += len(page)
-            # The page's pull overlaps with reading and publishing the next page.
+            if learn is not None:
+                for doc in page:
+                    learn(doc)
+            # The next page is read while this one is published (other documents: _id
+            # after this page's), and this page's pull overlaps with both.
+            ahead = (asyncio.create_task(read(page[-1]["_id"]))
+                     if len(page) >= page_size else None)
             res = await cycle.run(page, wait=False)
             out.cycle.add(res)
-            if res.retry or res.lease_lost:
+            if res.retry or res.lease_lost or (stop is not None and stop.is_set()):
                 out.complete = False
                 break
-            if stop is not None and stop.is_set():
-                out.complete = False
+            if ahead is None:
                 break
-            if len(page) < page_size:
-                break
-            last = page[-1]["_id"]
+            page, ahead = await ahead, None
     finally:
+        if ahead is not None:
+            ahead.cancel()
+            await asyncio.gather(ahead, return_exceptions=True)
         await cycle.drain()
     return out
+
+
+async def poll(coll: AsyncCollection[Any], cycle: Cycle, settings: DispatcherSettings,
+               stop: asyncio.Event, metrics: Metrics, timing: Timing, where: Mapping[str, Any],
+               learn: Callable[[Mapping[str, Any]], None], on_contact: Callable[[], None],
+               absorb: Callable[[CycleResult], None]) -> None:
+    """One step of polling mode: a sweep (``absorb`` takes its result: it may raise, e.g.
+    lease lost), then the poll interval's pause when it found nothing."""
+    metrics.sweeps.labels(coll.name, "poll").inc()
+    res = await sweep(coll, cycle, page_size=settings.batch_size, stop=stop, where=where,
+                      learn=learn)
+    on_contact()
+    absorb(res.cycle)
+    if res.documents == 0:
+        await pause(timing, settings.poll_interval_ms / 1000, stop)
 
 
 class Sweeps:
@@ -80,8 +109,10 @@ class Sweeps:
 
     def __init__(self, coll: AsyncCollection[Any], cycle: Cycle, *, name: str, page_size: int,
                  interval_s: float, stop: asyncio.Event, metrics: Metrics, timing: Timing,
-                 where: Callable[[], Mapping[str, Any]] = dict) -> None:
+                 where: Callable[[], Mapping[str, Any]] = dict,
+                 learn: Callable[[Mapping[str, Any]], None] | None = None) -> None:
         self.coll = coll
+        self._learn = learn
         self._where = where
         self.cycle = cycle
         self.name = name
@@ -115,7 +146,7 @@ class Sweeps:
         self.metrics.sweeps.labels(self.name, reason).inc()
         self.count += 1
         res = await sweep(self.coll, self.cycle, page_size=self.page_size, stop=self.stop,
-                          where=self._where())
+                          where=self._where(), learn=self._learn)
         on_contact()
         if self._partial is None:
             self._partial = CycleResult()

@@ -12,7 +12,6 @@ and, with ONE aggregation on the collection, the pending outbox entries per part
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -23,11 +22,18 @@ from aggregates.core.partitions import F_PARTITION, PARTITIONS
 from aggregates.fold.document import F_OUTBOX
 from dispatcher.leases.balance import fair
 from dispatcher.outbox.sweep import PENDING
+from dispatcher.status.model import (
+    DispatchStatus,
+    Handover,
+    InstanceStatus,
+    OnceRun,
+    PartitionLag,
+)
 from dispatcher.status.text import columns, compress_ranges, format_age, pending_text
 
 __all__ = ["DEFAULT_MEMBER_COLLECTION", "DEFAULT_PARTITION_COLLECTION", "DispatchStatus",
-           "Handover", "InstanceStatus", "PartitionLag", "compress_ranges", "format_age",
-           "format_status", "read_status"]
+           "Handover", "InstanceStatus", "OnceRun", "PartitionLag", "compress_ranges",
+           "format_age", "format_status", "read_status"]
 
 #: The defaults of the dispatcher settings ``partition_collection`` and ``member_collection``.
 DEFAULT_PARTITION_COLLECTION = "aggbox_dispatcher_partitions"
@@ -47,142 +53,6 @@ _LAG_PIPELINE: list[dict[str, Any]] = [
 ]
 
 
-# -- the result ------------------------------------------------------------------------------
-@dataclass(slots=True)
-class PartitionLag:
-    """The pending entries of one partition."""
-
-    partition: int
-    entries: int
-    documents: int
-    #: age of the oldest pending entry (the earliest first entry of a pending document)
-    oldest_age_s: float
-    #: owner of the partition's live lease, ``None`` when unowned
-    owner: str | None = None
-
-
-@dataclass(slots=True)
-class Handover:
-    """How the current owner of a partition got it."""
-
-    partition: int
-    previous: str | None
-    #: ``None``: released by ``previous`` when it stopped, not taken by anyone yet
-    owner: str | None
-    #: ``released`` (gracefully by ``previous``) or ``expired`` (``previous``'s lease ran out)
-    kind: str
-    at: datetime
-    epoch: int | None = None
-
-
-@dataclass(slots=True)
-class InstanceStatus:
-    """One dispatcher instance of the collection."""
-
-    instance: str
-    host: str | None = None
-    pid: int | None = None
-    #: its member document has not expired
-    live: bool = False
-    #: when its heartbeat (and with it every lease it holds) expires
-    expires_at: datetime | None = None
-    heartbeat_age_s: float | None = None
-    started_at: datetime | None = None
-    published: int | None = None
-    #: partitions whose live lease it holds (authoritative)
-    partitions: list[int] = field(default_factory=list)
-    #: partitions its member document listed at the last heartbeat
-    reported: list[int] = field(default_factory=list)
-    pending_entries: int = 0
-    pending_documents: int = 0
-    oldest_age_s: float | None = None
-    #: the effect types it executes (from its heartbeat)
-    effects: list[str] = field(default_factory=list)
-    #: not live, and its process (host, pid) now runs as this live instance (a heartbeat
-    #: that lapsed, e.g. while the process was paused, rejoins under a new name: ``X#2``)
-    replaced_by: str | None = None
-
-
-@dataclass(slots=True)
-class DispatchStatus:
-    """The dispatch state of one collection at ``now``."""
-
-    database: str
-    collection: str
-    now: datetime
-    partitions: int = PARTITIONS
-    instances: list[InstanceStatus] = field(default_factory=list)
-    #: partitions without a live lease
-    unowned: list[int] = field(default_factory=list)
-    #: partitions with pending entries, the oldest pending entry first
-    lag: list[PartitionLag] = field(default_factory=list)
-    last_handover: Handover | None = None
-    #: every partition held, live instances within one partition of each other
-    fair: bool = False
-
-    @property
-    def scope(self) -> str:
-        return f"{self.database}.{self.collection}"
-
-    @property
-    def pending_entries(self) -> int:
-        return sum(p.entries for p in self.lag)
-
-    @property
-    def pending_documents(self) -> int:
-        return sum(p.documents for p in self.lag)
-
-    @property
-    def oldest_age_s(self) -> float | None:
-        return max((p.oldest_age_s for p in self.lag), default=None)
-
-    @property
-    def effects_disagree(self) -> dict[str, list[str]]:
-        """Live instance → the effect types other live instances execute and it lacks (only
-        instances that lack some): their entries wait there (dispatcher/effects/guard.py)."""
-        live = [i for i in self.instances if i.live]
-        everywhere = {t for i in live for t in i.effects}
-        return {i.instance: sorted(everywhere - set(i.effects)) for i in live
-                if everywhere - set(i.effects)}
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready (datetimes as ISO 8601 strings)."""
-        return {
-            "database": self.database,
-            "collection": self.collection,
-            "scope": self.scope,
-            "now": self.now.isoformat(),
-            "partitions": self.partitions,
-            "fair": self.fair,
-            "pending_entries": self.pending_entries,
-            "pending_documents": self.pending_documents,
-            "oldest_age_s": self.oldest_age_s,
-            "instances": [{
-                "instance": i.instance, "host": i.host, "pid": i.pid, "live": i.live,
-                "heartbeat_age_s": i.heartbeat_age_s,
-                "started_at": _iso(i.started_at), "published": i.published,
-                "owned": len(i.partitions), "partitions": list(i.partitions),
-                "ranges": compress_ranges(i.partitions), "reported": list(i.reported),
-                "pending_entries": i.pending_entries,
-                "pending_documents": i.pending_documents, "oldest_age_s": i.oldest_age_s,
-                "effects": list(i.effects), "replaced_by": i.replaced_by,
-            } for i in self.instances],
-            "effects_missing": self.effects_disagree,
-            "unowned": list(self.unowned),
-            "lag": [{"partition": p.partition, "owner": p.owner, "entries": p.entries,
-                     "documents": p.documents, "oldest_age_s": p.oldest_age_s}
-                    for p in self.lag],
-            "last_handover": None if self.last_handover is None else {
-                "partition": self.last_handover.partition,
-                "previous": self.last_handover.previous,
-                "owner": self.last_handover.owner,
-                "kind": self.last_handover.kind,
-                "at": _iso(self.last_handover.at),
-                "epoch": self.last_handover.epoch,
-            },
-        }
-
-
 # -- reading ---------------------------------------------------------------------------------
 def read_status(db: Database[Any], collection: str, *,
                 partition_collection: str = DEFAULT_PARTITION_COLLECTION,
@@ -195,7 +65,7 @@ def read_status(db: Database[Any], collection: str, *,
     scope = f"{db.name}.{collection}"
     status = DispatchStatus(database=db.name, collection=collection, now=now,
                             partitions=partitions)
-    instances = _read_members(db[member_collection], scope, now)
+    instances, status.last_once = _read_members(db[member_collection], scope, now)
     owners, status.last_handover = _read_leases(db[partition_collection], scope, instances,
                                                 partitions)
     status.unowned = [p for p in range(partitions) if p not in owners]
@@ -222,16 +92,25 @@ def read_status(db: Database[Any], collection: str, *,
 
 
 def _read_members(coll: Collection[Any], scope: str, now: datetime
-                  ) -> dict[str, InstanceStatus]:
+                  ) -> tuple[dict[str, InstanceStatus], OnceRun | None]:
     """Read 1: the instances (member heartbeats) of ``scope``, by name; live while their
-    heartbeat has not expired."""
+    heartbeat has not expired; and the note of the last ``--once`` run."""
     instances: dict[str, InstanceStatus] = {}
+    once: OnceRun | None = None
     for doc in coll.find({"scope": scope}):
+        at = _opt_utc(doc.get("once_at"))
+        if at is not None and "member" not in doc and "instance" not in doc:
+            by, published, fired = (doc.get("once_by"), doc.get("published"),
+                                    doc.get("timers_fired"))
+            once = OnceRun(at, by if isinstance(by, str) else None,
+                           published if isinstance(published, int) else None,
+                           fired if isinstance(fired, int) else None)
+            continue
         member = _member(doc, now)
         if member is not None:
             instances[member.instance] = member
             member.live = member.expires_at is not None and member.expires_at > now
-    return instances
+    return instances, once
 
 
 _LEASE_FIELDS: Final = {f: 1 for f in ("partition", "owner", "epoch", "previous", "handover",
@@ -340,10 +219,16 @@ def format_status(status: DispatchStatus, *, top: int = TOP_LAGGING) -> str:
     """The text form: a header, one line per instance, the unowned partitions, the ``top``
     partitions with the oldest pending entries and the last hand-over."""
     live = [i for i in status.instances if i.live]
+    # Fairness is a question for running instances: with none, the partitions are simply
+    # not held (a cron-style --once run left them, as it should).
+    share = (f"{len(live)} live instance{'' if len(live) == 1 else 's'}, "
+             f"{'fair' if status.fair else 'NOT fair'}" if live else "no dispatcher running")
+    once = status.last_once
+    if once is not None:
+        share += (f"; last --once at {once.at.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%SZ')}"
+                  f" ({format_age(_age(once.at, status.now))} ago)")
     lines = [
-        f"{status.scope}: {status.partitions} partitions, {len(live)} live "
-        f"instance{'' if len(live) == 1 else 's'}, "
-        f"{'fair' if status.fair else 'NOT fair'}; pending: "
+        f"{status.scope}: {status.partitions} partitions, {share}; pending: "
         f"{pending_text(status.pending_entries, status.pending_documents)}, oldest: "
         f"{format_age(status.oldest_age_s)}"]
     rows: list[list[str]] = []

@@ -10,12 +10,13 @@
 //! raises (circular references, unencodable names).
 
 mod bsonw;
+mod envelope;
 mod fold;
+mod records;
 mod slots;
 mod snap;
 mod values;
 mod write;
-mod envelope;
 
 use std::io::Write;
 use std::ptr::addr_of_mut;
@@ -580,5 +581,6 @@ fn _aggbox_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(noop, m)?)?;
     fold::register(m)?;
     envelope::register(m)?;
+    records::register(m)?;
     Ok(())
 }

@@ -336,38 +336,54 @@ def test_invalidate_reopens_after_the_event_with_a_sweep() -> None:
     asyncio.run(main())
 
 
-def test_with_drain_a_batch_token_is_saved_only_after_its_pull() -> None:
+def test_with_pulls_a_batch_token_is_saved_only_after_its_pull() -> None:
+    """The pull of a batch runs on while the next batches are read and published; a batch's
+    token is saved once its pull is done, and a failed pull is raised before anything new
+    is published (no checkpoint past it)."""
     from dispatcher.outbox.stream import StreamBatch
     from dispatcher.outbox.streammode import StreamMode
+
+    class Pulls:  # the worker's cycle, as far as stream mode looks
+        def __init__(self) -> None:
+            self.pulls_started = self.pulls_done = 0
+            self.failing = False
+            self.running = False
+
+        async def drain(self) -> None:
+            await self.drain_if_done()
+
+        async def drain_if_done(self) -> None:
+            if self.failing:
+                self.failing = False
+                raise AutoReconnect("pull failed")
 
     async def main() -> None:
         doc = {"_id": "o1", "outbox": [{"id": "m1"}]}
         follower = ScriptedFollower(*[StreamBatch([doc], 1, None) for _ in range(3)])
         cps = MemoryCheckpoints()
         published: list[Any] = []
-        failing = [False]
+        pulls = Pulls()
 
         async def publish(docs: list[Any]) -> None:
             published.extend(docs)
-
-        async def drain() -> None:  # the running pull of the previous batch
-            if failing[0]:
-                raise AutoReconnect("pull failed")
+            pulls.pulls_started += 1  # the batch's pull starts, and runs on
 
         mode = StreamMode(FakeDb(), follower, cps, name="orders",  # type: ignore[arg-type]
                           owner="me", faults=Faults(), metrics=Metrics(),
                           timing=FakeTime().timing, request_sweep=lambda _: None,
                           publish=publish, retry_pending=lambda: False,
-                          on_contact=lambda: None, drain=drain)
+                          on_contact=lambda: None, pulls=pulls)
         await mode.start()
-        await mode.step()  # published; its pull may still run: no checkpoint yet
+        await mode.step()  # published; its pull still runs: no checkpoint yet
         assert len(published) == 1 and cps.saved == []
         follower.resume_token = {"_data": "t1"}
-        await mode.step()  # the first pull is done: its token is saved, then the next batch
-        assert len(published) == 2 and cps.saved == [{"_data": "t0"}]
-        failing[0] = True
+        await mode.step()  # the second batch is published while the first pull runs
+        assert len(published) == 2 and cps.saved == []
+        pulls.pulls_done = 1  # the first pull is done: its batch's token is saved
+        follower.resume_token = {"_data": "t2"}
+        pulls.failing = True  # … and the second one failed
         with pytest.raises(AutoReconnect):
-            await mode.step()  # the second pull failed: nothing new, no checkpoint past it
+            await mode.step()
         assert len(published) == 2 and cps.saved == [{"_data": "t0"}]
 
     asyncio.run(main())

@@ -22,8 +22,9 @@ pytestmark = [pytest.mark.mongo]
 Doc = dict[str, Any]
 
 #: The launcher's sources, one concern each.
-SOURCES = ["AggboxMongoH2Server.java", "BoundedOplog.java", "ServerStats.java",
-           "StorageErrors.java", "VersionGuardedH2Backend.java"]
+SOURCES = ["AggboxH2Database.java", "AggboxMongoH2Server.java", "BoundedOplog.java",
+           "ChangeEvents.java", "ServerStats.java", "StorageErrors.java",
+           "VersionGuardedH2Backend.java"]
 
 
 def test_the_launcher_folder_compiles_as_one_unit() -> None:

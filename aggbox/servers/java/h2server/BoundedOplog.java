@@ -175,8 +175,29 @@ final class BoundedOplog implements Oplog {
             return;
         }
         append(modifiedIds.stream()
-            .map(id -> body("u", namespace).append("o", query).append("o2", new Document("_id", id)))
+            .map(id -> updateBody(namespace, query, id))
             .collect(Collectors.toList()));
+    }
+
+    /**
+     * An update's entry: as mongo-java-server's ("o" the update, "o2" the _id), plus what
+     * MongoDB's event reports and the stock one lacks (ChangeEvents.java): "ud", the update
+     * description, for an update of operators; for a replacement "o" is the document as
+     * replaced and "rep" is set (a "replace" event carrying it). Without the post-image (not
+     * captured: an update outside updateDocuments) the entry is the stock one, and its event
+     * has no updateDescription.
+     */
+    private static Document updateBody(String namespace, Document query, Object id) {
+        Document body = body("u", namespace);
+        Document after = ChangeEvents.PostImages.take(id);
+        if (after != null && !ChangeEvents.isOperatorUpdate(query)) {
+            return body.append("o", after.cloneDeeply()).append("o2", new Document("_id", id)).append("rep", true);
+        }
+        body.append("o", query).append("o2", new Document("_id", id));
+        if (after != null) {
+            body.append("ud", ChangeEvents.describe(query, after));
+        }
+        return body;
     }
 
     @Override
@@ -318,6 +339,52 @@ final class BoundedOplog implements Oplog {
 
     // ---- reading -------------------------------------------------------------------------
 
+    /**
+     * The postBatchResumeToken MongoDB sends with every change-stream batch (since 4.0.7):
+     * the point the stream has read to, past the events its pipeline filtered out. A reader
+     * resumes there; pymongo's resume_token is this token once the batch's last event was
+     * returned, which tells a reader that nothing more is buffered (the dispatcher publishes
+     * a batch as soon as the server's batch ends instead of reading on). The token of a
+     * batch that went through to the end of the oplog is marked ("hw": the high-water mark,
+     * distinct from its last event's own token even where their position is the same); one
+     * cut by the batch size is the last event's token (more follow).
+     */
+    static Document postBatchToken(long position, boolean complete) {
+        Document token = new Document("_data", Long.toHexString(position));
+        return complete ? token.append("hw", true) : token;
+    }
+
+    /**
+     * The operationTime a replica set member puts in its replies: the time of the last
+     * operation in the oplog (the current second's start when there is none). aggbox adds
+     * it to ping replies, where clients read the server's position (a reader that opens a
+     * change stream knows that every event after it is newer than its open). Without it,
+     * the server's localTime rounded to the second was all a client had.
+     */
+    BsonTimestamp operationTime() {
+        synchronized (appendLock) {
+            return new BsonTimestamp(lastTs > 0 ? lastTs : Instant.now().getEpochSecond() << 32);
+        }
+    }
+
+    /** Adds the cursor's postBatchResumeToken to a change stream's aggregate or getMore
+     * reply (mongo-java-server sends none). */
+    void addPostBatchResumeToken(Document reply) {
+        if (!(reply.get("cursor") instanceof Document cursor) || !(cursor.get("id") instanceof Number id)
+            || id.longValue() == 0) {
+            return;
+        }
+        Object open;
+        try {
+            open = cursorRegistry.getCursor(id.longValue());
+        } catch (MongoServerError e) { // closed meanwhile
+            return;
+        }
+        if (open instanceof StreamCursor stream && stream.batchToken != null) {
+            cursor.put("postBatchResumeToken", stream.batchToken);
+        }
+    }
+
     private static MongoServerError historyLost(String what) {
         return new MongoServerError(CHANGE_STREAM_HISTORY_LOST, "ChangeStreamHistoryLost",
             "Resume of change stream was not possible, as the resume point may no longer be in the oplog ("
@@ -362,6 +429,7 @@ final class BoundedOplog implements Oplog {
                 after = lastTs;
             }
         }
+        ChangeEvents.fastExclusions(aggregation);
         StreamCursor cursor = new StreamCursor(cursorRegistry.generateCursorId(), changeStreamDocument,
             namespace, aggregation, after);
         cursorRegistry.add(cursor);
@@ -435,6 +503,8 @@ final class BoundedOplog implements Oplog {
         private final String namespace;
         private final Aggregation aggregation;
         private long position;
+        /** The postBatchResumeToken of the last batch (see postBatchResumeToken). */
+        private volatile Document batchToken;
 
         StreamCursor(long id, Document changeStreamDocument, String namespace, Aggregation aggregation, long after) {
             super(id);
@@ -473,11 +543,13 @@ final class BoundedOplog implements Oplog {
             if (!documents.isEmpty()) {
                 position = tokenTs((Document) documents.get(documents.size() - 1).get("_id"));
             }
-            if (numberToReturn <= 0 || documents.size() < numberToReturn) {
+            boolean complete = numberToReturn <= 0 || documents.size() < numberToReturn;
+            if (complete) {
                 // the read went through to the end: the entries scanned and not returned were
                 // filtered out by the namespace or the pipeline; do not scan them again
                 position = Math.max(position, scanned[0]);
             }
+            batchToken = postBatchToken(position, complete);
             return documents;
         }
 
@@ -494,10 +566,36 @@ final class BoundedOplog implements Oplog {
                         .append("documentKey", new Document("_id", o.get("_id")))
                         .append("clusterTime", ts);
                 case "u":
+                    if (Boolean.TRUE.equals(entry.get("rep"))) {
+                        return new Document("_id", id)
+                            .append("operationType", "replace")
+                            .append("clusterTime", ts)
+                            .append("wallTime", entry.get("wall"))
+                            .append("ns", ns(entry))
+                            .append("documentKey", entry.get("o2"))
+                            .append("fullDocument", o);
+                    }
+                    if (entry.get("ud") instanceof Document description) {
+                        // as MongoDB: the _id as documentKey, the update description, and the
+                        // document only when asked for (updateLookup)
+                        Document event = new Document("_id", id)
+                            .append("operationType", "update")
+                            .append("clusterTime", ts)
+                            .append("wallTime", entry.get("wall"))
+                            .append("ns", ns(entry))
+                            .append("documentKey", entry.get("o2"))
+                            .append("updateDescription", description);
+                        if ("updateLookup".equals(changeStreamDocument.get("fullDocument"))) {
+                            event.append("fullDocument", lookUp(entry));
+                        }
+                        return event;
+                    }
+                    // an entry without a description (written by an earlier launcher): as
+                    // mongo-java-server's own events, with the _id as documentKey
                     return new Document("_id", id)
                         .append("operationType", "update")
                         .append("fullDocument", lookUp(entry))
-                        .append("documentKey", o) // as mongo-java-server's own oplog
+                        .append("documentKey", entry.get("o2"))
                         .append("clusterTime", ts);
                 case "d":
                     return new Document("_id", id)
@@ -512,6 +610,12 @@ final class BoundedOplog implements Oplog {
                 default:
                     throw new IllegalArgumentException("unexpected oplog operation: " + op);
             }
+        }
+
+        private Document ns(Document entry) {
+            String ns = (String) entry.get("ns");
+            return new Document("db", Utils.getDatabaseNameFromFullName(ns))
+                .append("coll", Utils.getCollectionNameFromFullName(ns));
         }
 
         private Document lookUp(Document entry) {

@@ -1,6 +1,7 @@
 /* Chunk registration of the local server: see AggboxMongoH2Server.java and docs/design.md
  * "The local server". */
 
+import de.bwaldvogel.mongo.MongoDatabase;
 import de.bwaldvogel.mongo.backend.QueryResult;
 import de.bwaldvogel.mongo.backend.h2.H2Backend;
 import de.bwaldvogel.mongo.bson.Document;
@@ -38,9 +39,16 @@ final class VersionGuardedH2Backend extends H2Backend {
     private volatile BoundedOplog boundedOplog;
 
     VersionGuardedH2Backend(MVStore store, BoundedOplog.Settings oplogSettings) {
-        super(store);
+        super(AggboxH2Database.use(store)); // H2Backend opens the existing databases at once
         this.store = store;
         this.oplogSettings = oplogSettings;
+    }
+
+    /** aggbox's databases (AggboxH2Database.java): index keys compared without serializing
+     * them again, post-images kept for the change events. */
+    @Override
+    protected MongoDatabase openOrCreateDatabase(String databaseName) {
+        return new AggboxH2Database(databaseName, getMvStore(), getCursorRegistry());
     }
 
     @Override
@@ -50,7 +58,14 @@ final class VersionGuardedH2Backend extends H2Backend {
         }
         MVStore.TxCounter usage = store.registerVersionUsage();
         try {
-            return super.handleCommand(channel, databaseName, command, query);
+            Document reply = super.handleCommand(channel, databaseName, command, query);
+            BoundedOplog oplog = boundedOplog;
+            if (oplog != null && ("getMore".equals(command) || "aggregate".equals(command))) {
+                oplog.addPostBatchResumeToken(reply);
+            } else if (oplog != null && "ping".equalsIgnoreCase(command)) {
+                reply.put("operationTime", oplog.operationTime());
+            }
+            return reply;
         } catch (RuntimeException e) {
             if (StorageErrors.is(e) && !store.isClosed()) {
                 StorageErrors.report("command " + command + " on " + databaseName, e);
