@@ -146,8 +146,20 @@ class ListPublisher:
         return None
 
 
+def _guard(timeout: float) -> float:
+    """The hang guard for a wait expected to take ``timeout``: four times it, at least a
+    minute. A wait that succeeds returns as soon as its condition holds, so the guard costs
+    nothing unless something is really stuck."""
+    return max(4 * timeout, 60.0)
+
+
 async def wait_for(predicate: Callable[[], bool | Awaitable[bool]], timeout: float = 30.0,
                    what: str = "condition") -> None:
+    """Wait until ``predicate`` holds. ``timeout`` is what the condition takes on an idle
+    machine; the wait gives up only after :func:`_guard` of it — a hang guard, not a time
+    limit a correct run can trip on a busy laptop (lease rounds, heartbeats and the server
+    all share two cores with the rest of the suite)."""
+    timeout = _guard(timeout)
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -162,6 +174,8 @@ async def wait_for(predicate: Callable[[], bool | Awaitable[bool]], timeout: flo
 
 def wait_sync(predicate: Callable[[], bool], timeout: float = 30.0, what: str = "condition"
               ) -> None:
+    """:func:`wait_for` for threads: gives up after :func:`_guard` of ``timeout``."""
+    timeout = _guard(timeout)
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:

@@ -250,7 +250,7 @@ def test_permanent_rejections_are_dead_lettered_pulled_and_do_not_block(
 def test_two_instances_share_the_partitions_and_a_lost_lease_stops_publishing(
         mode: str, writer: StoreWriter, ddb: Database[Any], store: AggboxSettings) -> None:
     pub_a, pub_b = ListPublisher(), ListPublisher()
-    over = dict(lease_ttl_s=1.5, takeover_grace_s=0.2, mode=mode)
+    over = dict(lease_ttl_s=3.0, takeover_grace_s=0.2, mode=mode)
     a = Dispatcher(settings(instance_id="A", **over), store=store, publisher=pub_a)
     b = Dispatcher(settings(instance_id="B", **over), store=store, publisher=pub_b)
     leases = ddb.aggbox_dispatcher_partitions
