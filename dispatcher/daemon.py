@@ -35,6 +35,7 @@ import logging
 import signal
 from typing import Any
 
+import pymongo
 from pymongo import AsyncMongoClient, ReadPreference
 from pymongo.errors import PyMongoError
 
@@ -42,11 +43,13 @@ from aggregates.core.errors import AggboxError, ConfigurationError
 from aggregates.core.settings import AggboxSettings
 from aggregates.domain.effects import Effects
 from dispatcher.core.errors import (
+    FIRST_LOOK_S,
     TRACE_LOGGER,
     FatalStoreError,
     check_fatal,
     is_unreachable,
     never_reached,
+    refused_everywhere,
 )
 from dispatcher.core.faults import Faults
 from dispatcher.core.settings import DispatcherSettings
@@ -249,16 +252,31 @@ class Dispatcher:
 
     async def _reach_store(self, client: AsyncMongoClient[Any]) -> None:
         """``--once``: one ``ping`` first. A server not reached within the server selection
-        timeout ends the run at once with one line naming the (redacted) URI — the workers
-        would only retry until ``once_timeout_s``. Any member answers (``nearest``): a
-        replica set without a primary was reached, and is left to the workers."""
+        timeout — or within :data:`FIRST_LOOK_S` when every server refused the connection or
+        has a name that does not resolve (:func:`refused_everywhere`) — ends the run at once
+        with one line naming the (redacted) URI: the workers would only retry until
+        ``once_timeout_s``. Any member answers (``nearest``): a replica set without a primary
+        was reached, and is left to the workers."""
+        timeout: float = client.options.server_selection_timeout
         try:
-            await client.admin.command("ping", read_preference=ReadPreference.NEAREST)
+            if timeout > FIRST_LOOK_S:
+                try:  # a refused port or an unknown name is an answer: do not wait it out
+                    with pymongo.timeout(FIRST_LOOK_S):
+                        await client.admin.command("ping",
+                                                   read_preference=ReadPreference.NEAREST)
+                    return
+                except PyMongoError:
+                    if refused_everywhere(client):
+                        timeout = FIRST_LOOK_S
+                        raise
+                with pymongo.timeout(timeout - FIRST_LOOK_S):  # the rest of the timeout
+                    await client.admin.command("ping", read_preference=ReadPreference.NEAREST)
+            else:
+                await client.admin.command("ping", read_preference=ReadPreference.NEAREST)
         except PyMongoError as exc:
             check_fatal(exc, "MongoDB")  # e.g. a wrong password: FatalStoreError
             if not is_unreachable(exc):
                 return  # the server answered: the workers deal with the rest
-            timeout = client.options.server_selection_timeout
             message = never_reached(self.store.mongodb_uri or "", exc, timeout)
             logging.getLogger(TRACE_LOGGER).error(
                 message, exc_info=(type(exc), exc, exc.__traceback__))

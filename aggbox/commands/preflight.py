@@ -25,7 +25,14 @@ from typing import Any, Final
 
 from aggregates.core.errors import AggboxError
 from aggregates.core.uri import redact_uri
-from dispatcher.core.errors import TRACE_LOGGER, URI_OPTIONS, describe_store_error, never_reached
+from dispatcher.core.errors import (
+    FIRST_LOOK_S,
+    TRACE_LOGGER,
+    URI_OPTIONS,
+    describe_store_error,
+    never_reached,
+    refused_everywhere,
+)
 
 __all__ = ["DEFAULT_TIMEOUT_S", "JAVA_MAJOR", "PreflightError", "StoreNotReached",
            "add_py_files_to_path", "check_aggregates", "check_archives", "check_before_spark",
@@ -163,23 +170,6 @@ def check_archives(db: Any, aggregates: str) -> None:
         logging.getLogger(TRACE_LOGGER).error("%s", exc, exc_info=exc)
         raise PreflightError(str(exc)) from None
 
-
-#: How long the ping waits before it looks whether every server refused the connection or
-#: has a name that does not resolve (issue 44, item 5): pymongo itself keeps retrying those
-#: until the whole server selection timeout has passed.
-FIRST_LOOK_S: Final = 1.0
-#: A connection attempt that ended in one of these is an answer: nobody listens there, or the
-#: name does not exist. (errno 111/61/10061: refused; EAI_NONAME -2, EAI_NODATA -5, macOS 8.)
-_DEFINITE = re.compile(r"\[Errno (111|61|10061|-2|-5|8)\]|connection refused"
-                       r"|name or service not known|nodename nor servname", re.IGNORECASE)
-
-
-def refused_everywhere(client: Any) -> bool:
-    """Every server of ``client``'s topology was tried, and each attempt ended in a refused
-    connection or a name that does not resolve: waiting longer would only repeat that."""
-    servers = client.topology_description.server_descriptions().values()
-    return bool(servers) and all(
-        sd.error is not None and _DEFINITE.search(str(sd.error)) for sd in servers)
 
 
 def ping(client: Any, uri: str, *, source: str) -> None:

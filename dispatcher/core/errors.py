@@ -19,7 +19,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, Final
 
 from pymongo.errors import (
     ConnectionFailure,
@@ -147,6 +147,25 @@ def is_unreachable(exc: BaseException) -> bool:
     """No server could be reached at all (server selection timed out, or the connection
     itself failed) — as opposed to a server that answered with an error."""
     return isinstance(exc, ConnectionFailure) and not isinstance(exc, NotPrimaryError)
+
+
+#: How long the ping waits before it looks whether every server refused the connection or
+#: has a name that does not resolve (issue 44, item 5): pymongo itself keeps retrying those
+#: until the whole server selection timeout has passed.
+FIRST_LOOK_S: Final = 1.0
+
+#: A connection attempt that ended in one of these is an answer: nobody listens there, or the
+#: name does not exist. (errno 111/61/10061: refused; EAI_NONAME -2, EAI_NODATA -5, macOS 8.)
+_DEFINITE = re.compile(r"\[Errno (111|61|10061|-2|-5|8)\]|connection refused"
+                       r"|name or service not known|nodename nor servname", re.IGNORECASE)
+
+
+def refused_everywhere(client: Any) -> bool:
+    """Every server of ``client``'s topology was tried, and each attempt ended in a refused
+    connection or a name that does not resolve: waiting longer would only repeat that."""
+    servers = client.topology_description.server_descriptions().values()
+    return bool(servers) and all(
+        sd.error is not None and _DEFINITE.search(str(sd.error)) for sd in servers)
 
 
 #: Where the dispatcher's MongoDB URI comes from, as :func:`never_reached` names it.
