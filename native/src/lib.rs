@@ -247,7 +247,7 @@ pub(crate) fn push_i64(out: &mut Vec<u8>, v: i64) {
 
 /// `float.__repr__` (and json's NaN / Infinity / -Infinity): the shortest round-tripping
 /// digits, positional when the decimal exponent is in [-4, 16), else `d.ddde+XX`.
-fn encode_float(out: &mut Vec<u8>, x: f64) {
+pub(crate) fn encode_float(out: &mut Vec<u8>, x: f64) {
     if x.is_nan() {
         out.extend_from_slice(b"NaN");
         return;

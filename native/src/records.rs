@@ -15,6 +15,7 @@
 //! `_p` and its outbox entries' ids and bytes. `BsonEntry` is the stored entry of a record
 //! (a read-only mapping, decoded with `bson.decode` on first use).
 
+use crate::push_i64;
 use std::collections::HashMap;
 use std::io::Write;
 use std::sync::OnceLock;
@@ -376,80 +377,9 @@ fn json_str(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
 }
 
-fn push_i64(out: &mut Vec<u8>, v: i64) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    let mut u = v.unsigned_abs();
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (u % 10) as u8;
-        u /= 10;
-        if u == 0 {
-            break;
-        }
-    }
-    if v < 0 {
-        out.push(b'-');
-    }
-    out.extend_from_slice(&buf[i..]);
-}
-
-/// `float.__repr__` of a finite double: the shortest round-tripping digits, positional
-/// when the decimal exponent is in [-4, 16), else `d.ddde+XX` (as lib.rs's canonical JSON).
+/// `float.__repr__` of a finite double, as lib.rs's canonical JSON writes it.
 fn push_float(out: &mut Vec<u8>, x: f64) {
-    let mut sci = [0u8; 40];
-    let n = {
-        let mut cur = std::io::Cursor::new(&mut sci[..]);
-        write!(cur, "{:e}", x).expect("40 bytes hold any f64");
-        cur.position() as usize
-    };
-    let sci = &sci[..n];
-    let (neg, body) = if sci[0] == b'-' { (true, &sci[1..]) } else { (false, sci) };
-    let epos = body.iter().position(|&b| b == b'e').expect("{:e} has an exponent");
-    let mut digits = [0u8; 24];
-    let mut nd = 0;
-    for &b in &body[..epos] {
-        if b != b'.' {
-            digits[nd] = b;
-            nd += 1;
-        }
-    }
-    let digits = &digits[..nd];
-    let exp: i32 = std::str::from_utf8(&body[epos + 1..]).unwrap().parse().unwrap();
-    let decpt = exp + 1;
-    if neg {
-        out.push(b'-');
-    }
-    if decpt <= -4 || decpt > 16 {
-        out.push(digits[0]);
-        if nd > 1 {
-            out.push(b'.');
-            out.extend_from_slice(&digits[1..]);
-        }
-        out.push(b'e');
-        out.push(if exp < 0 { b'-' } else { b'+' });
-        let a = exp.unsigned_abs();
-        if a < 10 {
-            out.push(b'0');
-        }
-        push_i64(out, a as i64);
-    } else if decpt <= 0 {
-        out.extend_from_slice(b"0.");
-        for _ in 0..(-decpt) {
-            out.push(b'0');
-        }
-        out.extend_from_slice(digits);
-    } else if decpt as usize >= nd {
-        out.extend_from_slice(digits);
-        for _ in 0..(decpt as usize - nd) {
-            out.push(b'0');
-        }
-        out.extend_from_slice(b".0");
-    } else {
-        out.extend_from_slice(&digits[..decpt as usize]);
-        out.push(b'.');
-        out.extend_from_slice(&digits[decpt as usize..]);
-    }
+    crate::encode_float(out, x)
 }
 
 /// A payload key `plain_payload` accepts: not `$…`, no `.` (BSON keys hold no NUL).
