@@ -17,7 +17,6 @@
 
 use crate::push_i64;
 use std::collections::HashMap;
-use std::io::Write;
 use std::sync::OnceLock;
 
 use pyo3::exceptions::PyRuntimeError;

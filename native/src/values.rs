@@ -90,12 +90,8 @@ pub(crate) unsafe fn plain_json(o: *mut ffi::PyObject, depth: u32) -> bool {
         let mut k: *mut ffi::PyObject = std::ptr::null_mut();
         let mut v: *mut ffi::PyObject = std::ptr::null_mut();
         while ffi::PyDict_Next(o, &mut pos, &mut k, &mut v) != 0 {
-            if !b::is_str(k) {
+            if !plain_key(k) {
                 return false;
-            }
-            match b::utf8(k) {
-                Some(s) if s.first() != Some(&b'$') && !s.contains(&b'.') && !s.contains(&0) => {}
-                _ => return false,
             }
             if !plain_json(v, depth + 1) {
                 return false;
@@ -115,6 +111,13 @@ pub(crate) unsafe fn plain_json(o: *mut ffi::PyObject, depth: u32) -> bool {
     false
 }
 
+/// A key stored as it is: a `str`, not `$…`, without `.` or NUL.
+unsafe fn plain_key(k: *mut ffi::PyObject) -> bool {
+    b::is_str(k)
+        && matches!(b::utf8(k),
+                    Some(s) if s.first() != Some(&b'$') && !s.contains(&b'.') && !s.contains(&0))
+}
+
 /// A dict state the codec stores as it is (`to_bson` of plain values copies them; keys
 /// checked by `check_field_names`): like [`plain_json`], NaN and infinities allowed.
 pub(crate) unsafe fn plain_state(o: *mut ffi::PyObject, depth: u32) -> bool {
@@ -129,12 +132,8 @@ pub(crate) unsafe fn plain_state(o: *mut ffi::PyObject, depth: u32) -> bool {
         let mut k: *mut ffi::PyObject = std::ptr::null_mut();
         let mut v: *mut ffi::PyObject = std::ptr::null_mut();
         while ffi::PyDict_Next(o, &mut pos, &mut k, &mut v) != 0 {
-            if !b::is_str(k) {
+            if !plain_key(k) {
                 return false;
-            }
-            match b::utf8(k) {
-                Some(s) if s.first() != Some(&b'$') && !s.contains(&b'.') && !s.contains(&0) => {}
-                _ => return false,
             }
             if !plain_state(v, depth + 1) {
                 return false;
