@@ -17,10 +17,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from html import escape
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aggregates.debug.diagram import OUTCOME_COLOURS, write_svg
+from aggregates.debug.diagram import OUTCOME_COLOURS, SvgFigure
 from aggregates.message.outcomes import OUTCOME_KINDS, Outcome
 
 if TYPE_CHECKING:
@@ -42,7 +41,7 @@ class Bar:
 
 
 @dataclass(frozen=True)
-class OutcomeChart:
+class OutcomeChart(SvgFigure):
     """The bars, run by run; ``svg`` renders them."""
 
     title: str
@@ -81,15 +80,6 @@ class OutcomeChart:
                     f'<text x="{x0 + length + 6:.1f}" y="{y - 5}">{b.count:,}</text></g>')
         out.append("</svg>")
         return "\n".join(out) + "\n"
-
-    def _repr_svg_(self) -> str:
-        return self.svg()
-
-    def _repr_html_(self) -> str:
-        return self.svg()
-
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        return write_svg(self.svg(), path)
 
 
 def outcome_chart(audit: pd.DataFrame | str | os.PathLike[str]

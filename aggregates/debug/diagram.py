@@ -25,7 +25,7 @@ from html import escape
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["NOWHERE", "OUTCOME_COLOURS", "Arrow", "Note", "SequenceDiagram", "Traced",
+__all__ = ["NOWHERE", "OUTCOME_COLOURS", "Arrow", "Note", "SequenceDiagram", "SvgFigure", "Traced",
            "timeline_diagram", "trace_diagram", "write_svg"]
 
 #: Arrow colours by outcome (an effect's answers too); anything else is drawn grey.
@@ -73,8 +73,26 @@ class Note:
     lane: str
 
 
+class SvgFigure:
+    """A figure that renders itself as SVG (:meth:`svg`): shown as such in a notebook,
+    written to a file by :meth:`save`."""
+
+    def svg(self) -> str:
+        raise NotImplementedError
+
+    def _repr_svg_(self) -> str:
+        return self.svg()
+
+    def _repr_html_(self) -> str:
+        return self.svg()
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write :meth:`svg` to ``path``; the path."""
+        return write_svg(self.svg(), path)
+
+
 @dataclass(frozen=True)
-class SequenceDiagram:
+class SequenceDiagram(SvgFigure):
     """Lanes (left to right) and rows (arrows and notes, top to bottom). ``svg`` renders it."""
 
     title: str
@@ -125,16 +143,6 @@ class SequenceDiagram:
                        else _arrow(row, xs, y))
         out.append("</svg>")
         return "\n".join(out) + "\n"
-
-    def _repr_svg_(self) -> str:
-        return self.svg()
-
-    def _repr_html_(self) -> str:
-        return self.svg()
-
-    def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write :meth:`svg` to ``path``; the path."""
-        return write_svg(self.svg(), path)
 
 
 def write_svg(svg: str, path: str | os.PathLike[str]) -> Path:
