@@ -17,9 +17,6 @@ subprocess in a team's folder:
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -28,8 +25,7 @@ import pytest
 
 import aggbox.configref
 import aggbox.reasonref
-
-AGGBOX = str(Path(sys.executable).with_name("aggbox"))
+from tests.teamcli import run_aggbox, team_env
 
 SHOP = '''
 from dataclasses import dataclass
@@ -55,16 +51,10 @@ def named(state: Category, msg: Message) -> Handled[Category]:
 
 
 def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.upper().startswith("AGGBOX_") and k != "PYTHONPATH"}
-    env.update(AGGBOX_HOME=str(tmp_path / "home"), AGGBOX_LOG_FILE=str(tmp_path / "trace.log"),
-               COLUMNS="200", **extra)
-    return env
+    return team_env(tmp_path, COLUMNS="200", **extra)
 
 
-def _aggbox(cwd: Path, env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([AGGBOX, *argv], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600, check=False)  # a hang guard, not a time limit
+_aggbox = run_aggbox
 
 
 @pytest.fixture

@@ -15,17 +15,15 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.teamcli import run_aggbox, team_env
+
 pytestmark = pytest.mark.mongo
 
-AGGBOX = str(Path(sys.executable).with_name("aggbox"))
 
 #: A two-type domain as a team writes it: an emit across types and a timer.
 FLEET = '''
@@ -63,16 +61,10 @@ def arrived(state: Depot, msg: Message) -> Depot:
 
 
 def _env(tmp_path: Path, mongo_uri: str, db: Any) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.upper().startswith("AGGBOX_") and k != "PYTHONPATH"}
-    env.update(AGGBOX_HOME=str(tmp_path / "home"), AGGBOX_LOG_FILE=str(tmp_path / "trace.log"),
-               AGGBOX_MONGODB_URI=mongo_uri, AGGBOX_DATABASE=db.name)
-    return env
+    return team_env(tmp_path, AGGBOX_MONGODB_URI=mongo_uri, AGGBOX_DATABASE=db.name)
 
 
-def _aggbox(cwd: Path, env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([AGGBOX, *argv], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=600, check=False)  # a hang guard, not a time limit
+_aggbox = run_aggbox
 
 
 @pytest.fixture
