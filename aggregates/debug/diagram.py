@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from html import escape
@@ -73,12 +74,13 @@ class Note:
     lane: str
 
 
-class SvgFigure:
+class SvgFigure(ABC):
     """A figure that renders itself as SVG (:meth:`svg`): shown as such in a notebook,
     written to a file by :meth:`save`."""
 
+    @abstractmethod
     def svg(self) -> str:
-        raise NotImplementedError
+        """The figure as an SVG document."""
 
     def _repr_svg_(self) -> str:
         return self.svg()
