@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
-import os
 import uuid
 from datetime import datetime
 from typing import Any, Final
+
+from aggregates.core.native_core import native_core
 
 #: Namespace of every id aggbox derives. Never change it: ids would stop matching.
 AGGBOX_NAMESPACE: Final = uuid.UUID("5b1f3c8e-9a47-5d0e-8c3b-2f6a9e41d7c0")
@@ -84,13 +84,8 @@ def _native_core() -> Any:
     tests/aggregates/test_ids_native.py) when importable, unless ``AGGBOX_PURE=1``. What it
     does not handle (datetime, bytes, subclasses, lone surrogates...) it hands back to the
     Python definitions above."""
-    if os.environ.get("AGGBOX_PURE") == "1":
-        return None
-    try:
-        core = importlib.import_module("_aggbox_native")
-    except ModuleNotFoundError as e:  # not built: pure Python (a broken build raises)
-        if e.name != "_aggbox_native":
-            raise
+    core = native_core()
+    if core is None:
         return None
     core.init(_NS_BYTES, payload_hash, emitted_message_id,
               lambda ns, name: uuid5(uuid.UUID(bytes=ns), name))

@@ -29,7 +29,6 @@ to Python's on the same corpus.
 from __future__ import annotations
 
 import gc
-import importlib
 import json
 import sys
 from array import array
@@ -38,6 +37,7 @@ from typing import Any, Final
 
 from aggregates.core import ids
 from aggregates.core.gcpause import gc_paused
+from aggregates.core.native_core import native_core
 from aggregates.message.envelope import MAX_ID_LENGTH, MAX_RECORD_DEPTH, Message, Source
 from aggregates.message.fastpath import (
     _BSON_PER_CHAR,
@@ -232,10 +232,10 @@ def _native_prove() -> Callable[..., NativeResult] | None:
     for :data:`_PROBE` exactly the message Python builds; else None (the Python path)."""
     if not ids.NATIVE:
         return None
-    core = importlib.import_module("_aggbox_native")
-    prove: Callable[..., NativeResult] | None = getattr(core, "prove_envelopes", None)
-    if prove is None:  # a core built before the parse existed: the Python path
+    core = native_core(needs="prove_envelopes")  # a core built before the parse: None
+    if core is None:
         return None
+    prove: Callable[..., NativeResult] = core.prove_envelopes
     try:  # Message's layout is read from its slots' descriptors
         core.envelope_init(Message, _MESSAGE_SLOTS, Source, ("type", "id", "seq"))
     except (TypeError, ValueError):  # not plain slots (e.g. compiled): the Python path

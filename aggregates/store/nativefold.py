@@ -11,7 +11,6 @@ Without the core (no Rust toolchain, or ``AGGBOX_PURE=1``) every slice takes the
 from __future__ import annotations
 
 import dataclasses
-import os
 import threading
 import types
 import typing
@@ -25,6 +24,7 @@ from pymongo import InsertOne, UpdateOne
 
 from aggregates.codec.check import scalar_dataclass_fields
 from aggregates.core.ids import AGGBOX_NAMESPACE
+from aggregates.core.native_core import native_core
 from aggregates.core.tracecontext import emit_trace, trace_headers
 from aggregates.dedup import HighWater, Inbox, NoDedup
 from aggregates.domain.aggregate import AggregateType, TypedHandler, dump_payload_checked
@@ -34,15 +34,8 @@ from aggregates.message.outcomes import Outcome
 
 __all__ = ["NATIVE", "RAW_OPTIONS", "available", "spec_of"]
 
-try:
-    if os.environ.get("AGGBOX_PURE") == "1":
-        raise ImportError("AGGBOX_PURE=1")
-    import _aggbox_native as _core  # type: ignore[import-untyped]
-
-    _ = _core.fold_slice  # a core built before the batch fold: pure path
-    NATIVE: Any = _core
-except (ImportError, AttributeError):
-    NATIVE = None
+#: The native core when it has the batch fold (a core built before it: the pure path).
+NATIVE: Any = native_core(needs="fold_slice")
 
 #: How the batch fold reads documents: their BSON, undecoded.
 RAW_OPTIONS: CodecOptions[RawBSONDocument] = CodecOptions(document_class=RawBSONDocument)

@@ -14,8 +14,6 @@ is false, :data:`READ_OPTIONS` decodes).
 
 from __future__ import annotations
 
-import importlib
-import os
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
@@ -24,6 +22,7 @@ from bson.codec_options import CodecOptions
 from bson.raw_bson import RawBSONDocument
 from bson.tz_util import utc
 
+from aggregates.core.native_core import native_core
 from dispatcher.publishers.builder import record_builder
 from dispatcher.publishers.record import OutboundRecord, render_topic
 
@@ -42,15 +41,8 @@ def _decode(raw: bytes | memoryview) -> dict[str, Any]:
 
 
 def _load() -> Any:
-    if os.environ.get("AGGBOX_PURE") == "1":
-        return None
-    try:
-        core = importlib.import_module("_aggbox_native")
-    except ModuleNotFoundError as e:  # not built: pure Python (a broken build raises)
-        if e.name != "_aggbox_native":
-            raise
-        return None
-    if not hasattr(core, "RecordMaker"):  # an older build of the native core
+    core = native_core(needs="RecordMaker")
+    if core is None:
         return None
     core.records_init(OutboundRecord, render_topic, utc, _decode)
     Mapping.register(core.BsonEntry)
